@@ -1,0 +1,132 @@
+"""The interface every transport implements, and the registry the core picks one from by name.
+
+A channel moves *messages* (a sequence of buffers, concatenated on the wire) between ranks, each tagged
+with an *edge* (the id of the operation it belongs to). Per (peer, edge) it enforces credit-based flow
+control: the receiver grants ``buffer_size * buffer_count`` bytes of credit; a message may be sent while
+the bytes in flight plus its own size fit the credit, and a message larger than the whole credit may
+travel when nothing else is in flight on that (peer, edge). Credit comes back when the receiving side
+calls the ``release`` function it was handed with the message, so a consumer that stops consuming
+stops its senders (back pressure) and memory stays bounded.
+
+Threading contract (what the core guarantees, so channels need no locks of their own):
+
+* ``start``, ``send``, ``progress``, ``has_pending`` and ``close`` are called by one thread at a time: the
+  progress thread, or in manual mode the thread running ``Context.progress``.
+* ``wakeup`` and the ``release`` functions handed out with messages may be called from any thread.
+* handler callbacks run on the thread that called ``progress``.
+
+Messages between one ordered pair of ranks on one edge are delivered in the order they were sent.
+Edge ids are non-negative 31-bit integers (< 2**31); edges >= CONTROL_EDGE_BASE are reserved for the core.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence, Union
+
+if TYPE_CHECKING:
+    from .config import Config
+
+Buffer = Union[bytes, bytearray, memoryview]
+#: Largest edge id, exclusive. Edges from CONTROL_EDGE_BASE up are reserved for core services.
+MAX_EDGE = 1 << 31
+CONTROL_EDGE_BASE = MAX_EDGE - 1024
+
+
+class ChannelHandler(Protocol):
+    """What a channel reports to the core."""
+
+    def on_message(self, peer: int, edge: int, data: memoryview, release: Callable[[], None]) -> None:
+        """A whole message arrived. ``data`` is handed over: the channel never reuses its memory, so
+        the core may keep views of it. ``release`` (call exactly once) returns the credit."""
+
+    def on_credit(self, peer: int, edge: int) -> None:
+        """Credit for (peer, edge) came back: a send that returned False may now succeed."""
+
+    def on_sent(self, token: object) -> None:
+        """A message sent with a non-None ``token`` left this process: its buffers may be reused."""
+
+    def on_peer_lost(self, peer: int, reason: str) -> None:
+        """``peer`` died or became unreachable (connection reset, heartbeat silence, MPI error)."""
+
+
+class Channel(ABC):
+    """A transport between the ``world`` ranks of a job; this process is ``rank``."""
+
+    #: Short name used in the registry and in logs ("tcp", "mpi", "local").
+    name: str = ""
+
+    def __init__(self, rank: int, world: int, config: "Config") -> None:
+        self.rank = rank
+        self.world = world
+        self.config = config
+
+    @abstractmethod
+    def start(self, handler: ChannelHandler) -> None:
+        """Begin delivering to ``handler``. Called once, before any other method but ``wakeup``."""
+
+    @abstractmethod
+    def send(self, peer: int, edge: int, parts: Sequence[Buffer], token: object = None) -> bool:
+        """Queue one message (the concatenation of ``parts``) for ``peer`` on ``edge``.
+
+        Returns False, queuing nothing, when (peer, edge) lacks credit; the handler's ``on_credit``
+        says when to retry. The channel keeps references to ``parts`` (no copy) until the message has
+        left this process; if ``token`` is not None, ``on_sent(token)`` reports that moment. ``peer``
+        is never this channel's own rank.
+        """
+
+    @abstractmethod
+    def progress(self, timeout: float = 0.0) -> bool:
+        """Move bytes: send what is queued, receive, deliver, return credit. Waits up to ``timeout``
+        seconds for something to happen (``wakeup`` cuts the wait short). Returns True if it did work."""
+
+    @abstractmethod
+    def wakeup(self) -> None:
+        """Interrupt a ``progress`` call that is waiting. Thread-safe, cheap, may be called often."""
+
+    @abstractmethod
+    def has_pending(self, peer: int | None = None) -> bool:
+        """Whether messages for ``peer`` (or any peer) are queued but not yet fully sent."""
+
+    @abstractmethod
+    def close(self, timeout: float) -> None:
+        """Flush queued messages (up to ``timeout`` seconds), tell peers this rank leaves cleanly,
+        wait for theirs, and release every resource. A peer that leaves cleanly is not reported lost."""
+
+    def abort(self, reason: str) -> None:
+        """Leave at once *without* the clean goodbye, so peers report this rank as lost (used when the
+        program fails). Channels should override this; the default falls back to a short close."""
+        self.close(0.0)
+
+
+ChannelFactory = Callable[..., Channel]
+_REGISTRY: dict[str, str | ChannelFactory] = {
+    # name -> factory, or "module:attribute" imported on first use (so the core imports no transport).
+    "tcp": "channels.tcp:create_channel",
+    "mpi": "channels.mpi:create_channel",
+    "local": "channels.local:create_channel",
+}
+
+
+def register_channel(name: str, factory: str | ChannelFactory) -> None:
+    """Make a transport available to ``tn.init(channel=name)``.
+
+    ``factory`` is a callable or a ``"module:attribute"`` string. It is called as
+    ``factory(config=..., **launch_info)`` and returns a started-ready Channel (see each channel).
+    """
+    _REGISTRY[name] = factory
+
+
+def channel_factory(name: str) -> ChannelFactory:
+    """The factory registered under ``name``, importing it if it was registered by path."""
+    try:
+        entry = _REGISTRY[name]
+    except KeyError:
+        from .errors import ConfigError
+        raise ConfigError("channel", f"no channel named {name!r}; known: {', '.join(sorted(_REGISTRY))}") from None
+    if isinstance(entry, str):
+        import importlib
+        module, _, attr = entry.partition(":")
+        entry = getattr(importlib.import_module(module), attr)
+        _REGISTRY[name] = entry
+    return entry

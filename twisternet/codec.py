@@ -1,0 +1,329 @@
+"""Codec: turns values into buffers and back, with no sizes or serializers asked of the user.
+
+Record layout (all lengths little-endian u64, so objects over 2 GiB and 4 GiB work):
+
+* ``0x00`` + msgpack body — the common case: no out-of-band buffers.
+* ``0x01`` + u32 n + u64 body_len + n * u64 buffer_len + body + buffer_0 + ... + buffer_{n-1} — large
+  numpy arrays and large bytes-like values travel *out of band*: the body holds a reference and the
+  raw bytes follow untouched (zero-copy on send; on receive arrays are views of the received memory).
+
+msgpack carries None, bool, int (64-bit), float, str, bytes, list and dict; bytes-like values
+(bytes, bytearray, memoryview) arrive as ``bytes``. Extension types keep what
+msgpack would lose: tuples stay tuples, numpy arrays and scalars keep dtype and shape, ints beyond 64
+bits keep their value. Anything else goes through cloudpickle, but only when ``allow_pickle`` is true
+(it is refused on decode too, so a process that forbids pickle never unpickles peer bytes).
+
+Keys of keyed operations use :class:`KeyCodec`: fixed-size keys (int, float) carry no length, variable
+keys (str, bytes, object) carry a u64 length.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+from typing import Any, Callable, Sequence
+
+import msgpack
+import numpy as np
+
+from .errors import CodecError
+
+Buffer = bytes | bytearray | memoryview
+
+_EXT_TUPLE = 1
+_EXT_NDARRAY = 2        # inline: [dtype, shape, bytes]
+_EXT_NDARRAY_OOB = 3    # out of band: [dtype, shape, index]
+_EXT_BYTES_OOB = 4      # out of band: [index, kind]  kind 0 bytes, 1 bytearray
+_EXT_PICKLE = 5
+_EXT_BIGINT = 6
+_EXT_NPSCALAR = 7       # [dtype, bytes]
+
+_U64 = struct.Struct("<Q")
+_OOB_HEAD = struct.Struct("<BIQ")
+KIND_PLAIN = 0
+KIND_OOB = 1
+
+#: Arrays and bytes at least this large travel out of band by default.
+DEFAULT_OOB_THRESHOLD = 64 << 10
+
+
+def _dtype_ok(dt: np.dtype) -> bool:
+    return not dt.hasobject
+
+
+class _Encoder:
+    __slots__ = ("allow_pickle", "threshold", "oob", "_packer", "busy")
+
+    def __init__(self, allow_pickle: bool, threshold: int) -> None:
+        self.allow_pickle = allow_pickle
+        self.threshold = threshold
+        self.oob: list[Buffer] = []
+        self.busy = False
+        self._packer = msgpack.Packer(default=self._default, strict_types=True, use_bin_type=True,
+                                      autoreset=True)
+
+    def _sub(self, obj: Any) -> bytes:
+        # Nested values are packed by a separate call: one Packer must not be re-entered.
+        return msgpack.packb(obj, default=self._default, strict_types=True, use_bin_type=True)
+
+    def _default(self, obj: Any) -> Any:
+        t = type(obj)
+        if t is tuple:
+            return msgpack.ExtType(_EXT_TUPLE, self._sub(list(obj)))
+        if t is np.ndarray and _dtype_ok(obj.dtype):
+            dt = obj.dtype.str if obj.dtype.names is None else obj.dtype.descr
+            if not obj.flags.c_contiguous:
+                obj = np.ascontiguousarray(obj)
+            if obj.nbytes >= self.threshold:
+                self.oob.append(memoryview(obj).cast("B") if obj.ndim else obj.tobytes())
+                return msgpack.ExtType(_EXT_NDARRAY_OOB,
+                                       self._sub([dt, list(obj.shape), len(self.oob) - 1]))
+            return msgpack.ExtType(_EXT_NDARRAY, self._sub([dt, list(obj.shape), obj.tobytes()]))
+        if t in (bytearray, memoryview) or (t is bytes and len(obj) >= self.threshold):
+            mv = memoryview(obj)
+            if not mv.c_contiguous:
+                mv = memoryview(mv.tobytes())
+            self.oob.append(mv.cast("B") if mv.ndim != 1 or mv.format != "B" else mv)
+            return msgpack.ExtType(_EXT_BYTES_OOB, self._sub([len(self.oob) - 1,
+                                                                      1 if t is bytearray else 0]))
+        if t is int:  # only reached when it does not fit 64 bits
+            return msgpack.ExtType(_EXT_BIGINT, str(obj).encode())
+        if isinstance(obj, np.generic) and _dtype_ok(obj.dtype):
+            return msgpack.ExtType(_EXT_NPSCALAR, self._sub([obj.dtype.str, obj.tobytes()]))
+        if not self.allow_pickle:
+            raise CodecError(f"cannot encode a value of type {t.__module__}.{t.__qualname__} without "
+                             "pickle (config allow_pickle is false)")
+        import cloudpickle
+        try:
+            return msgpack.ExtType(_EXT_PICKLE, cloudpickle.dumps(obj, protocol=5))
+        except Exception as e:  # noqa: BLE001 - surface any pickling failure as a codec error
+            raise CodecError(f"cannot encode a value of type {t.__qualname__}: {e}") from e
+
+    def encode(self, obj: Any) -> list[Buffer]:
+        t = type(obj)
+        try:
+            body = self._packer.pack(obj)
+        except OverflowError:  # an int beyond 64 bits inside a container msgpack tried natively
+            self._packer.reset()
+            body = self._pack_bigints(obj)
+        except CodecError:
+            self._packer.reset()
+            raise
+        except (TypeError, ValueError) as e:
+            self._packer.reset()
+            raise CodecError(f"cannot encode a value of type {t.__qualname__}: {e}") from e
+        if not self.oob:
+            return [b"\x00", body]
+        head = _OOB_HEAD.pack(KIND_OOB, len(self.oob), len(body))
+        lens = b"".join(_U64.pack(memoryview(b).nbytes) for b in self.oob)
+        return [head, lens, body, *self.oob]
+
+    def _pack_bigints(self, obj: Any) -> bytes:
+        def conv(o: Any) -> Any:
+            t = type(o)
+            if t is int and not -(1 << 63) <= o < (1 << 64):
+                return msgpack.ExtType(_EXT_BIGINT, str(o).encode())
+            if t is list:
+                return [conv(x) for x in o]
+            if t is tuple:
+                return msgpack.ExtType(_EXT_TUPLE, self._sub([conv(x) for x in o]))
+            if t is dict:
+                return {conv(k): conv(v) for k, v in o.items()}
+            return o
+        return self._packer.pack(conv(obj))
+
+
+class _Decoder:
+    __slots__ = ("allow_pickle", "oob", "copy")
+
+    def __init__(self, allow_pickle: bool, oob: Sequence[memoryview], copy: bool) -> None:
+        self.allow_pickle = allow_pickle
+        self.oob = oob
+        self.copy = copy
+
+    def ext_hook(self, code: int, data: bytes) -> Any:
+        if code == _EXT_TUPLE:
+            return tuple(self._unpack(data))
+        if code == _EXT_NDARRAY:
+            dt, shape, raw = self._unpack(data)
+            arr = np.frombuffer(raw, dtype=_dtype(dt)).reshape(shape)
+            return arr.copy()  # writable, like the sender's
+        if code == _EXT_NDARRAY_OOB:
+            dt, shape, idx = self._unpack(data)
+            buf = self._oob(idx)
+            arr = np.frombuffer(buf, dtype=_dtype(dt)).reshape(shape)
+            return arr.copy() if self.copy else arr
+        if code == _EXT_BYTES_OOB:
+            idx, kind = self._unpack(data)
+            buf = self._oob(idx)
+            return bytes(buf)
+        if code == _EXT_BIGINT:
+            return int(data.decode())
+        if code == _EXT_NPSCALAR:
+            dt, raw = self._unpack(data)
+            return np.frombuffer(raw, dtype=_dtype(dt))[0]
+        if code == _EXT_PICKLE:
+            if not self.allow_pickle:
+                raise CodecError("received a pickled value but config allow_pickle is false")
+            import cloudpickle
+            return cloudpickle.loads(data)
+        raise CodecError(f"unknown codec extension type {code}")
+
+    def _oob(self, idx: int) -> memoryview:
+        if not 0 <= idx < len(self.oob):
+            raise CodecError(f"out-of-band buffer {idx} missing (record has {len(self.oob)})")
+        return self.oob[idx]
+
+    def _unpack(self, data: bytes) -> Any:
+        return msgpack.unpackb(data, ext_hook=self.ext_hook, raw=False, strict_map_key=False,
+                               max_bin_len=1 << 62, max_str_len=1 << 62)
+
+
+def _dtype(spec: Any) -> np.dtype:
+    try:
+        if isinstance(spec, list):
+            return np.dtype([tuple(f) for f in spec])
+        return np.dtype(spec)
+    except TypeError as e:
+        raise CodecError(f"bad dtype in record: {spec!r}") from e
+
+
+class Codec:
+    """Encodes values to a list of buffers (concatenated on the wire) and decodes them back."""
+
+    def __init__(self, *, allow_pickle: bool = True, oob_threshold: int = DEFAULT_OOB_THRESHOLD) -> None:
+        self.allow_pickle = allow_pickle
+        self.oob_threshold = oob_threshold
+        self._local = threading.local()  # one reusable encoder per thread
+
+    def encode(self, obj: Any) -> list[Buffer]:
+        """Buffers whose concatenation is the record for ``obj``; large arrays/bytes are not copied."""
+        enc = getattr(self._local, "enc", None)
+        if enc is None or enc.busy:
+            enc = _Encoder(self.allow_pickle, self.oob_threshold)
+            if getattr(self._local, "enc", None) is None:
+                self._local.enc = enc
+        enc.busy = True
+        try:
+            return enc.encode(obj)
+        finally:
+            enc.oob = []
+            enc.busy = False
+
+    def encode_bytes(self, obj: Any) -> bytes:
+        """The record for ``obj`` as one bytes object (a copy)."""
+        return b"".join(self.encode(obj))
+
+    def decode(self, record: Buffer, *, copy: bool = False) -> Any:
+        """The value of a whole record. With ``copy=False`` large arrays are views of ``record``."""
+        mv = memoryview(record)
+        if mv.ndim != 1 or mv.format != "B":
+            mv = mv.cast("B")
+        if len(mv) < 1:
+            raise CodecError("empty record")
+        kind = mv[0]
+        try:
+            if kind == KIND_PLAIN:
+                dec = _Decoder(self.allow_pickle, (), copy)
+                return msgpack.unpackb(mv[1:], ext_hook=dec.ext_hook, raw=False, strict_map_key=False,
+                                       max_bin_len=1 << 62, max_str_len=1 << 62)
+            if kind == KIND_OOB:
+                if len(mv) < _OOB_HEAD.size:
+                    raise CodecError("truncated record header")
+                _, n, body_len = _OOB_HEAD.unpack_from(mv, 0)
+                pos = _OOB_HEAD.size
+                if n > (len(mv) - pos) // 8:
+                    raise CodecError(f"record claims {n} buffers but is {len(mv)} bytes")
+                lens = [_U64.unpack_from(mv, pos + 8 * i)[0] for i in range(n)]
+                pos += 8 * n
+                if pos + body_len + sum(lens) != len(mv):
+                    raise CodecError(f"record lengths do not add up: header says "
+                                     f"{pos + body_len + sum(lens)} bytes, got {len(mv)}")
+                body = mv[pos:pos + body_len]
+                pos += body_len
+                oob = []
+                for ln in lens:
+                    oob.append(mv[pos:pos + ln])
+                    pos += ln
+                dec = _Decoder(self.allow_pickle, oob, copy)
+                return msgpack.unpackb(body, ext_hook=dec.ext_hook, raw=False, strict_map_key=False,
+                                       max_bin_len=1 << 62, max_str_len=1 << 62)
+        except CodecError:
+            raise
+        except Exception as e:  # msgpack's own errors for corrupt bytes
+            raise CodecError(f"corrupt record: {e}") from e
+        raise CodecError(f"unknown record kind {kind}")
+
+
+def record_size(parts: Sequence[Buffer]) -> int:
+    """Total bytes of a record given as parts."""
+    return sum(memoryview(p).nbytes for p in parts)
+
+
+# ------------------------------------------------------------------------------------------------ keys
+_KEY_FIXED = {"int": struct.Struct("<q"), "float": struct.Struct("<d")}
+
+
+class KeyCodec:
+    """Compact encoding of keys: ``int`` and ``float`` are 8 bytes with no length; ``str``, ``bytes``
+    and ``object`` (any codec value) are length-prefixed (u64)."""
+
+    TYPES = ("int", "float", "str", "bytes", "object")
+
+    def __init__(self, key_type: str, codec: Codec | None = None) -> None:
+        if key_type not in self.TYPES:
+            raise CodecError(f"key_type must be one of {', '.join(self.TYPES)}, got {key_type!r}")
+        self.key_type = key_type
+        self.fixed_size: int | None = _KEY_FIXED[key_type].size if key_type in _KEY_FIXED else None
+        self._codec = codec or Codec()
+        self.encode: Callable[[Any], bytes]
+        self.decode_from: Callable[[Buffer, int], tuple[Any, int]]
+        st = _KEY_FIXED.get(key_type)
+        if st is not None:
+            pytype = int if key_type == "int" else float
+
+            def enc_fixed(key: Any) -> bytes:
+                if type(key) is not pytype and not (pytype is float and type(key) is int) \
+                        and not isinstance(key, np.integer if pytype is int else np.floating):
+                    raise CodecError(f"key {key!r} is not of key_type {key_type!r}")
+                try:
+                    return st.pack(key)
+                except struct.error as e:
+                    raise CodecError(f"key {key!r} does not fit key_type {key_type!r}: {e}") from e
+
+            def dec_fixed(buf: Buffer, pos: int) -> tuple[Any, int]:
+                return st.unpack_from(buf, pos)[0], pos + st.size
+            self.encode, self.decode_from = enc_fixed, dec_fixed
+        else:
+            def enc_var(key: Any) -> bytes:
+                if key_type == "str":
+                    if type(key) is not str:
+                        raise CodecError(f"key {key!r} is not of key_type 'str'")
+                    raw = key.encode()
+                elif key_type == "bytes":
+                    if not isinstance(key, (bytes, bytearray, memoryview)):
+                        raise CodecError(f"key {key!r} is not of key_type 'bytes'")
+                    raw = bytes(key)
+                else:
+                    raw = self._codec.encode_bytes(key)
+                return _U64.pack(len(raw)) + raw
+
+            def dec_var(buf: Buffer, pos: int) -> tuple[Any, int]:
+                (n,) = _U64.unpack_from(buf, pos)
+                pos += 8
+                raw = bytes(memoryview(buf)[pos:pos + n])
+                if len(raw) != n:
+                    raise CodecError("truncated key")
+                if key_type == "str":
+                    return raw.decode(), pos + n
+                if key_type == "bytes":
+                    return raw, pos + n
+                return self._codec.decode(raw, copy=True), pos + n
+            self.encode, self.decode_from = enc_var, dec_var
+
+    def decode(self, buf: Buffer) -> Any:
+        """The key encoded in the whole of ``buf``."""
+        key, end = self.decode_from(buf, 0)
+        if end != memoryview(buf).nbytes:
+            raise CodecError(f"{memoryview(buf).nbytes - end} trailing bytes after key")
+        return key

@@ -1,0 +1,265 @@
+"""Configuration: one frozen dataclass, layered defaults < TOML file < TWISTERNET_* env < keyword args.
+
+Unknown keys and invalid values raise :class:`ConfigError` naming the key, at whichever layer they appear.
+Sizes accept plain integers or strings with a unit (``"4MiB"``, ``"1GB"``, ``"512k"``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import sys
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Mapping
+
+from .errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised only on 3.10
+    import tomli as tomllib
+
+ENV_PREFIX = "TWISTERNET_"
+#: Environment variable naming a TOML file to read (not itself a config key).
+ENV_CONFIG_FILE = "TWISTERNET_CONFIG"
+
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 1000, "kb": 1000, "kib": 1 << 10,
+    "m": 1000**2, "mb": 1000**2, "mib": 1 << 20,
+    "g": 1000**3, "gb": 1000**3, "gib": 1 << 30,
+    "t": 1000**4, "tb": 1000**4, "tib": 1 << 40,
+}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(key: str, value: Any) -> int:
+    """Parse a byte size (int, or string with a unit); raises ConfigError naming ``key``."""
+    if isinstance(value, bool):
+        raise ConfigError(key, f"expected a size in bytes, got {value!r}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        m = _SIZE_RE.match(value)
+        if m and m.group(2).lower() in _UNITS:
+            return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    raise ConfigError(key, f"expected a size in bytes such as 1048576 or '1MiB', got {value!r}")
+
+
+@dataclass(frozen=True)
+class Config:
+    """Every tunable of a twisternet process. Build it with :func:`load_config`, not directly."""
+
+    # --- buffers and flow control -------------------------------------------------------------
+    #: Size of one pool buffer; small records are packed into buffers of this size, and the wire
+    #: carries frames of at most this many payload bytes.
+    buffer_size: int = 1 << 20
+    #: Receive credit a receiver grants each (peer, edge): this many buffers' worth of bytes may be in
+    #: flight before the sender must wait. A single larger message may always travel alone.
+    buffer_count: int = 8
+    #: Buffers in each process's pool (packing of small records, receive of small messages).
+    pool_buffers: int = 64
+    #: Records an operation may hold undelivered at a destination before it stops accepting
+    #: (back pressure then reaches the senders through withheld credit).
+    receive_pending_limit: int = 100_000
+    #: Messages larger than this are sent zero-copy as their own channel message.
+    zero_copy_threshold: int = 256 << 10
+    #: Bytes of batch data (gather, keyed gather, partition) kept in memory before spilling to disk.
+    memory_limit: int = 256 << 20
+    #: Directory for spill files (default: the system temp directory).
+    spill_dir: str | None = None
+
+    # --- timing ---------------------------------------------------------------------------------
+    #: Default timeout (seconds) for blocking operations: a batch result, a blocked send.
+    timeout: float = 300.0
+    #: Seconds to establish the full mesh / reach the bootstrap master.
+    connect_timeout: float = 60.0
+    #: Seconds a connection may take to pass the token challenge before it is dropped.
+    handshake_timeout: float = 5.0
+    #: Seconds of silence (no data, no heartbeat) after which a peer is declared lost.
+    peer_timeout: float = 15.0
+    #: Seconds between heartbeats on idle connections.
+    heartbeat_interval: float = 1.0
+
+    # --- progress and channel -------------------------------------------------------------------
+    #: "thread" (a background progress thread) or "manual" (the program calls ``ctx.progress()``).
+    progress: str = "thread"
+    #: "auto" (MPI under mpirun, else TCP), "tcp", "mpi", or "local" (threads in one process).
+    channel: str = "auto"
+    #: Use TCP sockets even between peers on one host (default: Unix-domain sockets there).
+    force_tcp: bool = False
+    #: Socket send/receive buffer sizes requested from the kernel (0 = kernel default).
+    socket_buffer: int = 4 << 20
+    #: Address the TCP listener binds (peers connect to the advertised address).
+    bind_host: str = "0.0.0.0"
+    #: Address advertised to peers for TCP (default: the address used to reach the master).
+    advertise_host: str | None = None
+
+    # --- security and codec ---------------------------------------------------------------------
+    #: Job token (hex or text) that every connection must prove it holds.
+    token: str | None = field(default=None, repr=False)
+    #: Whether values that msgpack cannot carry travel as cloudpickle (only between authenticated peers).
+    allow_pickle: bool = True
+
+    # --- launch (set by the launcher / worker CLI) ----------------------------------------------
+    #: Bootstrap master address HOST:PORT.
+    master: str | None = None
+    #: Rank requested by the launcher (None: the master assigns one).
+    rank: int | None = None
+    #: Number of workers in the job.
+    world: int | None = None
+
+    #: Logging level for the ``twisternet`` loggers ("" leaves logging alone).
+    log_level: str = ""
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+    def replace(self, **changes: Any) -> "Config":
+        """A copy with ``changes`` applied and validated (unknown keys raise ConfigError)."""
+        return _build({**dataclasses.asdict(self), **changes}, source="replace()")
+
+    @property
+    def token_bytes(self) -> bytes | None:
+        """The token as bytes, as used for HMAC."""
+        return None if self.token is None else self.token.encode()
+
+
+_FIELDS = {f.name: f for f in fields(Config)}
+_SIZE_KEYS = {"buffer_size", "zero_copy_threshold", "memory_limit", "socket_buffer"}
+_CHOICES = {"progress": ("thread", "manual"), "channel": ("auto", "tcp", "mpi", "local")}
+
+
+def _validate(c: Config) -> None:
+    def positive(key: str, minimum: float = 1) -> None:
+        v = getattr(c, key)
+        if v < minimum:
+            raise ConfigError(key, f"must be >= {minimum}, got {v!r}")
+
+    positive("buffer_size", 64)
+    positive("buffer_count")
+    positive("pool_buffers", 2)
+    positive("receive_pending_limit")
+    positive("zero_copy_threshold", 0)
+    positive("memory_limit", 1024)
+    positive("socket_buffer", 0)
+    for k in ("timeout", "connect_timeout", "handshake_timeout", "peer_timeout", "heartbeat_interval"):
+        if not c.__getattribute__(k) > 0:
+            raise ConfigError(k, f"must be > 0 seconds, got {getattr(c, k)!r}")
+    if c.heartbeat_interval >= c.peer_timeout:
+        raise ConfigError("heartbeat_interval", "must be smaller than peer_timeout")
+    for k, choices in _CHOICES.items():
+        if getattr(c, k) not in choices:
+            raise ConfigError(k, f"must be one of {', '.join(choices)}; got {getattr(c, k)!r}")
+    if c.world is not None and c.world < 1:
+        raise ConfigError("world", f"must be >= 1, got {c.world}")
+    if c.rank is not None and (c.rank < 0 or (c.world is not None and c.rank >= c.world)):
+        raise ConfigError("rank", f"must be in [0, world), got {c.rank}")
+    if c.master is not None:
+        host, sep, port = c.master.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError("master", f"must be HOST:PORT, got {c.master!r}")
+    if c.token is not None and len(c.token) < 8:
+        raise ConfigError("token", "must be at least 8 characters")
+
+
+def _coerce(key: str, value: Any, source: str) -> Any:
+    """Convert ``value`` (from TOML, env text or kwargs) to the type of field ``key``."""
+    if key not in _FIELDS:
+        close = [k for k in _FIELDS if k.startswith(key[:4])]
+        hint = f" (did you mean {', '.join(close)}?)" if close else ""
+        raise ConfigError(key, f"unknown key from {source}{hint}")
+    if key in _SIZE_KEYS:
+        return parse_size(key, value)
+    default = _FIELDS[key].default
+    if value is None:
+        if default is None:
+            return None
+        raise ConfigError(key, f"may not be None (from {source})")
+    kind = type(default) if default is not None else None
+    if key in ("rank", "world"):
+        kind = int
+    elif key in ("spill_dir", "advertise_host", "token", "master"):
+        kind = str
+    try:
+        if kind is bool:
+            if isinstance(value, bool):
+                return value
+            if isinstance(value, str) and value.strip().lower() in ("1", "true", "yes", "on"):
+                return True
+            if isinstance(value, str) and value.strip().lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError
+        if kind is int:
+            if isinstance(value, bool):
+                raise ValueError
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError
+            return int(value)
+        if kind is float:
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
+        if kind is str:
+            if not isinstance(value, str):
+                raise ValueError
+            return value
+    except (TypeError, ValueError):
+        pass
+    else:
+        return value
+    raise ConfigError(key, f"expected {kind.__name__ if kind else 'a value'}, got {value!r} (from {source})")
+
+
+def _build(values: Mapping[str, Any], source: str) -> Config:
+    return Config(**{k: _coerce(k, v, source) for k, v in values.items()})
+
+
+def load_config(path: str | os.PathLike[str] | None = None, *, env: Mapping[str, str] | None = None,
+                **overrides: Any) -> Config:
+    """Build a Config from defaults < TOML file < ``TWISTERNET_*`` environment < ``overrides``.
+
+    ``path`` defaults to ``$TWISTERNET_CONFIG``. A TOML file may put keys at top level or under a
+    ``[twisternet]`` table. ``None`` in ``overrides`` means "not given" and is skipped.
+    """
+    env = os.environ if env is None else env
+    values: dict[str, Any] = {}
+    if path is None:
+        path = env.get(ENV_CONFIG_FILE) or None
+    if path is not None:
+        p = Path(path)
+        try:
+            data = tomllib.loads(p.read_text())
+        except FileNotFoundError:
+            raise ConfigError("config file", f"{p} does not exist") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError("config file", f"{p} is not valid TOML: {e}") from None
+        table = data.get("twisternet", data)
+        if not isinstance(table, dict):
+            raise ConfigError("twisternet", f"{p}: [twisternet] must be a table")
+        for k, v in table.items():
+            values[k] = _coerce(k, v, f"file {p}")
+    for name, text in env.items():
+        if not name.startswith(ENV_PREFIX) or name == ENV_CONFIG_FILE:
+            continue
+        key = name[len(ENV_PREFIX):].lower()
+        values[key] = _coerce(key, text, f"environment variable {name}")
+    for k, v in overrides.items():
+        if v is None and k in _FIELDS:
+            continue
+        values[k] = _coerce(k, v, "keyword argument")
+    return Config(**values)
+
+
+def to_env(config: Config) -> dict[str, str]:
+    """The ``TWISTERNET_*`` variables that reproduce the non-default values of ``config``."""
+    out: dict[str, str] = {}
+    for f in fields(Config):
+        v = getattr(config, f.name)
+        if v != f.default and v is not None:
+            out[ENV_PREFIX + f.name.upper()] = str(v)
+    return out

@@ -1,0 +1,594 @@
+"""Context: one process's view of a job — rank, world, task plan, channel — and its progress engine.
+
+The Context turns values into records (codec), packs small records into pool buffers per
+(peer, edge) and sends large ones zero-copy, hands incoming records to the operation registered on
+their edge, and runs the channel's progress either on a background thread (default) or when the
+program calls :meth:`Context.progress` (``progress="manual"``).
+
+Threading rules that operations rely on:
+
+* Handlers registered with :meth:`register` run on the progress thread (or the thread inside
+  ``progress()`` in manual mode), never while the Context holds its own locks, one at a time.
+* :meth:`send` is thread-safe. Called from a user thread it blocks under back pressure. Called from
+  inside a handler it never blocks (blocking there would stop the very progress that frees space):
+  it queues regardless of limits. A handler that wants to propagate back pressure checks
+  :meth:`can_send` and returns False (refusing its input) while the way onward is congested.
+* Records on one (source rank, edge) are delivered in the order they were sent; a refused record and
+  everything after it from that source on that edge wait until it is accepted.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from typing import Any, Callable
+
+from .channel import CONTROL_EDGE_BASE, Channel
+from .codec import Codec, record_size
+from .config import Config
+from .errors import (BackPressureTimeout, ClosedError, OperationTimeout, PeerLostError, ProtocolError,
+                     TwisternetError)
+from .framing import BufferPool, Packer, Unpacker
+from .task_plan import TaskPlan
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[int, Any], bool]
+_BATCH = b"\x00"
+_DIRECT = b"\x01"
+_RETRY_INTERVAL = 0.005
+
+
+class _OutMsg:
+    __slots__ = ("parts", "nbytes", "pool_buf", "done")
+
+    def __init__(self, parts: list, nbytes: int, pool_buf: bytearray | None,
+                 done: threading.Event | None) -> None:
+        self.parts = parts
+        self.nbytes = nbytes
+        self.pool_buf = pool_buf
+        self.done = done
+
+
+class _OutStream:
+    __slots__ = ("peer", "edge", "packer", "queue", "queued_bytes")
+
+    def __init__(self, peer: int, edge: int, pool: BufferPool) -> None:
+        self.peer = peer
+        self.edge = edge
+        self.packer = Packer(pool)
+        self.queue: deque[_OutMsg] = deque()
+        self.queued_bytes = 0
+
+
+class _MsgRef:
+    """Counts the records of one received message still undelivered; releases credit at zero."""
+
+    __slots__ = ("count", "release")
+
+    def __init__(self, release: Callable[[], None]) -> None:
+        self.count = 0
+        self.release = release
+
+    def done_one(self) -> None:
+        self.count -= 1
+        if self.count == 0:
+            self.release()
+
+
+class _InStream:
+    __slots__ = ("src", "edge", "unpacker", "pending")
+
+    def __init__(self, src: int, edge: int) -> None:
+        self.src = src
+        self.edge = edge
+        self.unpacker = Unpacker()
+        self.pending: deque[tuple[Any, _MsgRef]] = deque()
+
+
+class _LocalRef(_MsgRef):
+    """Accounting of a record sent to this same rank (no channel, so no credit): bytes held per edge."""
+
+    __slots__ = ("ctx", "edge", "nbytes")
+
+    def __init__(self, ctx: "Context", edge: int, nbytes: int) -> None:
+        super().__init__(self._free)
+        self.ctx, self.edge, self.nbytes = ctx, edge, nbytes
+        self.count = 1
+
+    def _free(self) -> None:
+        with self.ctx._lock:
+            self.ctx._local_bytes[self.edge] -= self.nbytes
+
+
+class Context:
+    """A process's handle on a job. Create it with :func:`twisternet.init`."""
+
+    def __init__(self, channel: Channel, config: Config, plan: TaskPlan | None = None, *,
+                 on_close: Callable[[], None] | None = None) -> None:
+        self.channel = channel
+        self.config = config
+        self.rank = channel.rank
+        self.world = channel.world
+        self.plan = plan if plan is not None else TaskPlan(self.world)
+        if self.plan.world != self.world:
+            raise TwisternetError(f"task plan is for {self.plan.world} ranks but the job has {self.world}")
+        self.codec = Codec(allow_pickle=config.allow_pickle,
+                           oob_threshold=min(config.zero_copy_threshold, config.buffer_size))
+        self.pool = BufferPool(config.buffer_size, config.pool_buffers)
+        self._credit = config.buffer_size * config.buffer_count
+        self._zc = config.zero_copy_threshold
+        self._on_close = on_close
+
+        self._lock = threading.RLock()
+        self._cond = threading.Condition(self._lock)
+        self._gen = 0
+        self._chan_lock = threading.Lock()
+        self._progress_thread_id: int | None = None
+        self._in_progress = threading.local()
+
+        self._out: dict[tuple[int, int], _OutStream] = {}
+        self._out_ready: set[tuple[int, int]] = set()     # streams with queued messages
+        self._out_partial: set[tuple[int, int]] = set()   # streams with a partly filled buffer
+        self._in: dict[tuple[int, int], _InStream] = {}
+        self._in_dirty: set[tuple[int, int]] = set()      # streams with deliverable records
+        self._local_bytes: dict[int, int] = {}
+        self._handlers: dict[int, tuple[Handler, str]] = {}
+        self._refused: dict[tuple[int, int], float] = {}  # stream -> time of refusal
+        self._lost: dict[int, str] = {}
+        self._failure: BaseException | None = None
+        self._closed = False
+        self._stop = False
+
+        self.services: dict[str, Any] = {}
+        self.channel.start(self)
+        self._thread: threading.Thread | None = None
+        if config.progress == "thread":
+            self._thread = threading.Thread(target=self._run, name=f"twisternet-progress-{self.rank}",
+                                            daemon=True)
+            self._thread.start()
+
+    # ------------------------------------------------------------------------------ public API
+    @property
+    def tasks(self) -> list[int]:
+        """All task ids of the task plan."""
+        return self.plan.tasks
+
+    @property
+    def my_tasks(self) -> list[int]:
+        """Tasks that run in this process."""
+        return self.plan.tasks_of(self.rank)
+
+    def register(self, edge: int, handler: Handler, *, name: str = "") -> None:
+        """Deliver records arriving on ``edge`` to ``handler(src_rank, obj) -> accepted``."""
+        self._check_edge(edge)
+        with self._lock:
+            if self._closed:
+                raise ClosedError("context is closed")
+            if edge in self._handlers:
+                raise TwisternetError(f"edge {edge} is already used by {self._handlers[edge][1] or 'an operation'}; "
+                                      "give each concurrent operation its own edge")
+            self._handlers[edge] = (handler, name)
+            for key, ins in self._in.items():
+                if key[1] == edge and ins.pending:
+                    self._in_dirty.add(key)
+        self.channel.wakeup()
+
+    def unregister(self, edge: int) -> None:
+        """Stop delivering ``edge``; records still arriving for it are kept until a new register."""
+        with self._lock:
+            self._handlers.pop(edge, None)
+
+    def resume(self, edge: int) -> None:
+        """A handler that refused a record on ``edge`` can accept again: offer it now."""
+        with self._lock:
+            for key in [k for k in self._refused if k[1] == edge]:
+                del self._refused[key]
+                self._in_dirty.add(key)
+        self.channel.wakeup()
+
+    def send(self, dst_rank: int, edge: int, obj: Any, *, timeout: float | None = None) -> None:
+        """Send ``obj`` to ``dst_rank`` on ``edge``; blocks under back pressure (see module doc)."""
+        self._send(dst_rank, edge, obj, block=True, timeout=timeout)
+
+    def try_send(self, dst_rank: int, edge: int, obj: Any) -> bool:
+        """Like :meth:`send` but returns False instead of blocking when there is no room."""
+        return self._send(dst_rank, edge, obj, block=False, timeout=0.0)
+
+    def can_send(self, dst_rank: int, edge: int) -> bool:
+        """Whether a send to ``dst_rank`` on ``edge`` would go through without waiting now."""
+        with self._lock:
+            if dst_rank == self.rank:
+                return self._local_bytes.get(edge, 0) < self._credit
+            s = self._out.get((dst_rank, edge))
+            return s is None or s.queued_bytes < self._credit
+
+    def flush(self) -> None:
+        """Send partly filled buffers now instead of waiting for the channel to go idle."""
+        with self._lock:
+            for key in list(self._out_partial):
+                self._emit_partial(self._out[key])
+        self.channel.wakeup()
+
+    def progress(self, timeout: float = 0.0) -> bool:
+        """Run the engine once (manual mode); in thread mode, wait up to ``timeout`` for activity."""
+        if self._thread is not None:
+            if timeout > 0:
+                with self._cond:
+                    self._cond.wait(timeout)
+            self._raise_failures()
+            return False
+        return self._progress_once(timeout)
+
+    def wait_until(self, predicate: Callable[[], bool], *, timeout: float | None = None,
+                   on_timeout: Callable[[], BaseException] | None = None) -> None:
+        """Block until ``predicate()``; raise PeerLostError on a lost peer, ``on_timeout()`` on timeout."""
+        limit = self.config.timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        while True:
+            with self._lock:
+                gen = self._gen
+            if predicate():
+                return
+            self._raise_failures()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise (on_timeout() if on_timeout else OperationTimeout("wait_until timed out", timeout=limit))
+            self._wait_change(gen, min(remaining, 0.5))
+
+    def notify(self) -> None:
+        """Wake every waiter so it re-checks its predicate."""
+        with self._cond:
+            self._gen += 1
+            self._cond.notify_all()
+
+    @property
+    def lost_peers(self) -> dict[int, str]:
+        """Ranks lost so far, with the reason."""
+        with self._lock:
+            return dict(self._lost)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Flush pending sends, leave the job cleanly (waiting for the peers to leave too), stop."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        limit = self.config.timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        try:
+            if not self._lost and self._failure is None:
+                self.flush()
+                self._drain(deadline)
+        finally:
+            self._stop = True
+            self.channel.wakeup()
+            if self._thread is not None and self._thread is not threading.current_thread():
+                self._thread.join(max(1.0, deadline - time.monotonic()))
+            with self._chan_lock:
+                try:
+                    if self._failure is not None:
+                        self.channel.abort(f"rank {self.rank} failed: {self._failure!r}")
+                    else:
+                        self.channel.close(max(0.5, min(deadline - time.monotonic(), self.config.peer_timeout)))
+                except Exception:  # noqa: BLE001 - closing must finish; log what went wrong
+                    log.exception("rank %d: error while closing the channel", self.rank)
+            with self._lock:
+                for s in self._out.values():
+                    s.packer.discard()
+            self.notify()
+            if self._on_close is not None:
+                self._on_close()
+
+    def __enter__(self) -> "Context":
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            # Do not wait for peers that may be waiting for us: leave quickly.
+            with self._lock:
+                if self._failure is None:
+                    self._failure = exc if isinstance(exc, BaseException) else TwisternetError(str(exc))
+            self.close(timeout=min(5.0, self.config.timeout))
+
+    def __repr__(self) -> str:
+        return f"<Context rank={self.rank} world={self.world} channel={self.channel.name}>"
+
+    # ------------------------------------------------------------------------------ sending
+    def _check_edge(self, edge: int) -> None:
+        if not isinstance(edge, int) or isinstance(edge, bool) or not 0 <= edge < CONTROL_EDGE_BASE:
+            raise TwisternetError(f"edge must be an int in [0, {CONTROL_EDGE_BASE}), got {edge!r}")
+
+    def _on_engine_thread(self) -> bool:
+        return threading.get_ident() == self._progress_thread_id or getattr(self._in_progress, "active", False)
+
+    def _send(self, dst: int, edge: int, obj: Any, *, block: bool, timeout: float | None) -> bool:
+        if not isinstance(dst, int) or not 0 <= dst < self.world:
+            raise TwisternetError(f"destination rank must be in [0, {self.world}), got {dst!r}")
+        if edge < CONTROL_EDGE_BASE:
+            self._check_edge(edge)
+        if self._closed and not self._on_engine_thread():
+            raise ClosedError("context is closed")
+        parts = self.codec.encode(obj)
+        n = record_size(parts)
+        forced = self._on_engine_thread()
+        limit = self.config.timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        if dst == self.rank:
+            return self._send_local(edge, parts, n, block=block, forced=forced, deadline=deadline, limit=limit)
+        key = (dst, edge)
+        done: threading.Event | None = None
+        while True:
+            with self._lock:
+                gen = self._gen
+                if dst in self._lost:
+                    raise PeerLostError(dst, self._lost[dst])
+                s = self._out.get(key)
+                if s is None:
+                    s = self._out[key] = _OutStream(dst, edge, self.pool)
+                direct = n >= self._zc
+                room = s.queued_bytes < self._credit and (
+                    direct or self.pool.available >= s.packer.space_needed(n))
+                if room or forced:
+                    wake = False
+                    if direct or not room:
+                        # own channel message; zero-copy unless we must not block for its completion
+                        if s.packer.pending_bytes:
+                            self._emit_partial(s)
+                        if forced:
+                            payload = [_DIRECT, b"".join(parts)]
+                        else:
+                            done = threading.Event()
+                            payload = [_DIRECT, *parts]
+                        self._queue(s, _OutMsg(payload, n + 1, None, done))
+                        wake = True
+                    else:
+                        had_partial = s.packer.pending_bytes > 0
+                        for buf in s.packer.add(parts):
+                            self._queue(s, _OutMsg([_BATCH, buf], len(buf) + 1, buf, None))
+                            wake = True
+                        if s.packer.pending_bytes:
+                            self._out_partial.add(key)
+                            wake = wake or not had_partial
+                        else:
+                            self._out_partial.discard(key)
+                    break
+                if not block:
+                    return False
+            self._raise_failures()
+            if time.monotonic() >= deadline:
+                raise BackPressureTimeout("send blocked by back pressure", edge=edge, timeout=limit)
+            self._wait_change(gen, min(deadline - time.monotonic(), 0.5))
+        if wake:
+            self.channel.wakeup()
+        if done is not None:
+            while not done.is_set():
+                with self._lock:
+                    gen = self._gen
+                if done.is_set():
+                    break
+                self._raise_failures()
+                if time.monotonic() >= deadline:
+                    raise BackPressureTimeout("large send did not complete", edge=edge, timeout=limit)
+                self._wait_change(gen, min(deadline - time.monotonic(), 0.5))
+        return True
+
+    def _send_local(self, edge: int, parts: list, n: int, *, block: bool, forced: bool,
+                    deadline: float, limit: float) -> bool:
+        while True:
+            with self._lock:
+                gen = self._gen
+                held = self._local_bytes.get(edge, 0)
+                if forced or held == 0 or held + n <= self._credit:
+                    self._local_bytes[edge] = held + n
+                    obj = self.codec.decode(b"".join(parts))  # copy semantics, as for a remote peer
+                    key = (self.rank, edge)
+                    ins = self._in.get(key)
+                    if ins is None:
+                        ins = self._in[key] = _InStream(self.rank, edge)
+                    ins.pending.append((obj, _LocalRef(self, edge, n)))
+                    self._in_dirty.add(key)
+                    break
+                if not block:
+                    return False
+            self._raise_failures()
+            if time.monotonic() >= deadline:
+                raise BackPressureTimeout("send to own rank blocked by back pressure", edge=edge, timeout=limit)
+            self._wait_change(gen, min(deadline - time.monotonic(), 0.5))
+        if not forced:
+            self.channel.wakeup()
+        return True
+
+    def _queue(self, s: _OutStream, msg: _OutMsg) -> None:
+        s.queue.append(msg)
+        s.queued_bytes += msg.nbytes
+        self._out_ready.add((s.peer, s.edge))
+
+    def _emit_partial(self, s: _OutStream) -> None:
+        got = s.packer.flush()
+        self._out_partial.discard((s.peer, s.edge))
+        if got is not None:
+            buf, view = got
+            self._queue(s, _OutMsg([_BATCH, view], len(view) + 1, buf, None))
+
+    # ------------------------------------------------------------------------------ engine
+    def _run(self) -> None:
+        self._progress_thread_id = threading.get_ident()
+        try:
+            while not self._stop:
+                self._progress_once(0.05)
+        except BaseException as e:  # noqa: BLE001 - the engine must report, not vanish
+            log.exception("rank %d: progress engine failed", self.rank)
+            with self._lock:
+                if self._failure is None:
+                    self._failure = e
+            self.notify()
+
+    def _progress_once(self, timeout: float) -> bool:
+        with self._chan_lock:
+            self._in_progress.active = True
+            try:
+                did = self._pump()
+                did = self.channel.progress(0.0 if did or self._in_dirty else timeout) or did
+                did = self._pump() or did
+                did = self._deliver() or did
+            finally:
+                self._in_progress.active = False
+        if did:
+            self.notify()
+        return did
+
+    def _pump(self) -> bool:
+        """Hand queued messages to the channel while it has credit; flush idle partial buffers."""
+        did = False
+        with self._lock:
+            for key in list(self._out_partial):
+                s = self._out[key]
+                if not s.queue and not self.channel.has_pending(s.peer):
+                    self._emit_partial(s)
+            for key in list(self._out_ready):
+                s = self._out[key]
+                while s.queue:
+                    msg = s.queue[0]
+                    if not self.channel.send(s.peer, s.edge, msg.parts, msg):
+                        break
+                    s.queue.popleft()
+                    s.queued_bytes -= msg.nbytes
+                    did = True
+                if not s.queue:
+                    self._out_ready.discard(key)
+        return did
+
+    def _deliver(self) -> bool:
+        """Offer pending records to their handlers (outside the Context lock)."""
+        did = False
+        now = time.monotonic()
+        with self._lock:
+            for key, t in list(self._refused.items()):
+                if now - t >= _RETRY_INTERVAL:
+                    del self._refused[key]
+                    self._in_dirty.add(key)
+            work = [k for k in self._in_dirty if k not in self._refused]
+            self._in_dirty.clear()
+        for key in work:
+            with self._lock:
+                ins = self._in.get(key)
+                entry = self._handlers.get(key[1])
+            if ins is None or entry is None:
+                continue
+            handler = entry[0]
+            while True:
+                with self._lock:
+                    if not ins.pending:
+                        break
+                    obj, ref = ins.pending[0]
+                try:
+                    ok = handler(ins.src, obj)
+                except BaseException as e:  # noqa: BLE001 - a failing handler fails the waiters
+                    log.exception("rank %d: handler of edge %d raised", self.rank, key[1])
+                    with self._lock:
+                        if self._failure is None:
+                            self._failure = e
+                    return True
+                if ok is False:
+                    with self._lock:
+                        self._refused[key] = time.monotonic()
+                    break
+                with self._lock:
+                    ins.pending.popleft()
+                ref.done_one()
+                did = True
+        return did
+
+    def _wait_change(self, gen: int, timeout: float) -> None:
+        if timeout <= 0:
+            return
+        if self._thread is None:
+            # manual mode: this thread drives the engine
+            if not self._chan_lock.locked() or not getattr(self._in_progress, "active", False):
+                self._progress_once(min(timeout, 0.01))
+            return
+        with self._cond:
+            if self._gen == gen:
+                self._cond.wait(timeout)
+
+    def _drain(self, deadline: float) -> None:
+        """Wait until every queued message has been handed to the channel and sent."""
+        def drained() -> bool:
+            with self._lock:
+                busy = any(s.queue for s in self._out.values()) or bool(self._out_partial)
+            return not busy and not self.channel.has_pending()
+        while not drained():
+            self._raise_failures()
+            if time.monotonic() >= deadline:
+                log.warning("rank %d: close timed out with sends still pending", self.rank)
+                return
+            with self._lock:
+                gen = self._gen
+                for key in list(self._out_partial):
+                    self._emit_partial(self._out[key])
+            self.channel.wakeup()
+            self._wait_change(gen, 0.05)
+
+    def _raise_failures(self) -> None:
+        with self._lock:
+            failure = self._failure
+            lost = next(iter(self._lost.items()), None)
+        if failure is not None:
+            if isinstance(failure, TwisternetError):
+                raise failure
+            raise TwisternetError(f"rank {self.rank}: a handler or the progress engine failed: {failure!r}") \
+                from failure
+        if lost is not None:
+            raise PeerLostError(lost[0], lost[1])
+
+    # ------------------------------------------------------------------------------ channel events
+    def on_message(self, peer: int, edge: int, data: memoryview, release: Callable[[], None]) -> None:
+        key = (peer, edge)
+        with self._lock:
+            ins = self._in.get(key)
+            if ins is None:
+                ins = self._in[key] = _InStream(peer, edge)
+        tag = data[:1]
+        if tag == _BATCH:
+            records = ins.unpacker.feed(data[1:])
+        elif tag == _DIRECT:
+            if ins.unpacker.partial:
+                raise ProtocolError(f"rank {peer} edge {edge}: direct record inside a split record")
+            records = [data[1:]]
+        else:
+            raise ProtocolError(f"rank {peer} edge {edge}: unknown message tag {bytes(tag)!r}")
+        ref = _MsgRef(release)
+        decoded = [self.codec.decode(r) for r in records]
+        if not decoded:
+            release()  # only a piece of a split record: its bytes were copied out
+            return
+        ref.count = len(decoded)
+        with self._lock:
+            for obj in decoded:
+                ins.pending.append((obj, ref))
+            self._in_dirty.add(key)
+
+    def on_credit(self, peer: int, edge: int) -> None:
+        pass  # the next _pump retries every stream with queued messages
+
+    def on_sent(self, token: object) -> None:
+        msg = token
+        assert isinstance(msg, _OutMsg)
+        if msg.pool_buf is not None:
+            self.pool.release(msg.pool_buf)
+            msg.pool_buf = None
+        if msg.done is not None:
+            msg.done.set()
+
+    def on_peer_lost(self, peer: int, reason: str) -> None:
+        with self._lock:
+            if peer in self._lost:
+                return
+            self._lost[peer] = reason
+        log.error("rank %d: peer rank %d lost: %s", self.rank, peer, reason)
+        self.notify()
