@@ -152,7 +152,8 @@ class _Decoder:
             dt, shape, idx = self._unpack(data)
             buf = self._oob(idx)
             arr = np.frombuffer(buf, dtype=_dtype(dt)).reshape(shape)
-            return arr.copy() if self.copy else arr
+            # views of read-only memory (bytes) are copied so every decoded array is writable
+            return arr.copy() if self.copy or not arr.flags.writeable else arr
         if code == _EXT_BYTES_OOB:
             idx, kind = self._unpack(data)
             buf = self._oob(idx)
@@ -253,6 +254,18 @@ class Codec:
         except Exception as e:  # msgpack's own errors for corrupt bytes
             raise CodecError(f"corrupt record: {e}") from e
         raise CodecError(f"unknown record kind {kind}")
+
+
+def join(parts: Sequence[Buffer]) -> bytearray:
+    """The concatenation of ``parts`` in one new, writable buffer (a single copy)."""
+    views = [memoryview(p).cast("B") if memoryview(p).format != "B" or memoryview(p).ndim != 1
+             else memoryview(p) for p in parts]
+    out = bytearray(sum(v.nbytes for v in views))
+    pos = 0
+    for v in views:
+        out[pos:pos + v.nbytes] = v
+        pos += v.nbytes
+    return out
 
 
 def record_size(parts: Sequence[Buffer]) -> int:

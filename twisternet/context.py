@@ -26,7 +26,7 @@ from collections import deque
 from typing import Any, Callable
 
 from .channel import CONTROL_EDGE_BASE, Channel
-from .codec import Codec, record_size
+from .codec import Codec, join, record_size
 from .config import Config
 from .errors import (BackPressureTimeout, ClosedError, OperationTimeout, PeerLostError, ProtocolError,
                      TwisternetError)
@@ -385,7 +385,7 @@ class Context:
                 held = self._local_bytes.get(edge, 0)
                 if forced or held == 0 or held + n <= self._credit:
                     self._local_bytes[edge] = held + n
-                    obj = self.codec.decode(b"".join(parts))  # copy semantics, as for a remote peer
+                    obj = self.codec.decode(join(parts))  # copy semantics, as for a remote peer
                     key = (self.rank, edge)
                     ins = self._in.get(key)
                     if ins is None:
@@ -539,10 +539,8 @@ class Context:
             failure = self._failure
             lost = next(iter(self._lost.items()), None)
         if failure is not None:
-            if isinstance(failure, TwisternetError):
-                raise failure
-            raise TwisternetError(f"rank {self.rank}: a handler or the progress engine failed: {failure!r}") \
-                from failure
+            # the original exception (a handler's or the engine's), so callers see what really failed
+            raise failure
         if lost is not None:
             raise PeerLostError(lost[0], lost[1])
 

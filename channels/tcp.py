@@ -1,0 +1,742 @@
+"""TCP channel: a full mesh of non-blocking sockets (Unix-domain between peers on one host).
+
+Every connection, to the master and between peers, first passes the job-token challenge
+(:func:`twisternet.auth.handshake`). Afterwards frames flow both ways::
+
+    u8 type | u32 edge | u64 length | payload (length bytes)
+
+``DATA`` frames carry one message; ``CREDIT`` frames return ``length`` bytes of credit for ``edge``
+(no payload); ``HEARTBEAT`` keeps idle links alive; ``BYE`` says the sender leaves cleanly. Sends are
+scatter-gather (``sendmsg``), so large messages go from the caller's memory to the kernel without a
+copy; large incoming payloads are received straight into a buffer of their own.
+
+A peer whose connection breaks without a ``BYE``, or that stays silent for ``peer_timeout`` seconds,
+is reported lost; so is one the bootstrap master reports lost. Connections that fail the challenge
+(garbage, a wrong token, or silence past ``handshake_timeout``) are dropped and logged; the job goes on.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import secrets
+import selectors
+import socket
+import struct
+import sys
+import threading
+import time
+from collections import deque
+from typing import Any, Callable, Sequence
+
+from twisternet.auth import handshake
+from twisternet.channel import Buffer, Channel, ChannelHandler
+from twisternet.config import Config
+from twisternet.errors import (AuthError, ConfigError, OperationTimeout, ProtocolError, TwisternetError)
+
+log = logging.getLogger(__name__)
+
+_HDR = struct.Struct("<BIQ")
+HEADER_SIZE = _HDR.size
+DATA, CREDIT, HEARTBEAT, BYE = 1, 2, 3, 4
+_STAGING = 256 << 10
+_MAX_IOV = 512
+_MAX_FRAME = 1 << 48
+
+
+class _RecvBuffers:
+    """Reuses large receive buffers once nothing outside this cache refers to them any more.
+
+    A message's memory is handed over to the core (views of it may live on as numpy arrays), so a
+    buffer is reused only when its reference count shows that the cache alone holds it. Fresh large
+    buffers cost page faults on first touch, about as much time as receiving into them.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.bufs: list[bytearray] = []
+        self.total = 0
+
+    def get(self, n: int) -> memoryview:
+        bufs = self.bufs
+        for i in range(len(bufs)):
+            b = bufs[i]
+            # references: the list slot, the local name b, getrefcount's argument
+            if n <= len(b) <= 2 * n and sys.getrefcount(b) <= 3:
+                return memoryview(b)[:n]
+        fresh = bytearray(n)
+        if n <= self.limit:
+            # evict idle buffers until the new one fits
+            i = 0
+            while self.total + n > self.limit and i < len(bufs):
+                if sys.getrefcount(bufs[i]) <= 2:
+                    self.total -= len(bufs[i])
+                    del bufs[i]
+                else:
+                    i += 1
+            if self.total + n <= self.limit:
+                bufs.append(fresh)
+                self.total += n
+        return memoryview(fresh)
+
+
+class _Peer:
+    """One connection's state."""
+
+    __slots__ = ("rank", "sock", "wq", "wq_bytes", "tokens", "rbuf", "rlen", "cur", "cur_pos",
+                 "cur_hdr", "last_recv", "last_send", "left", "lost", "want_write", "kind")
+
+    def __init__(self, rank: int, sock: socket.socket, kind: str) -> None:
+        self.rank = rank
+        self.sock = sock
+        self.kind = kind
+        self.wq: deque[memoryview] = deque()       # flattened buffers to write
+        self.wq_bytes = 0
+        self.tokens: deque[tuple[int, object]] = deque()  # (bytes remaining before token done, token)
+        self.rbuf = bytearray(_STAGING)
+        self.rlen = 0
+        self.cur: memoryview | None = None           # payload being received directly
+        self.cur_pos = 0
+        self.cur_hdr: tuple[int, int, int] | None = None
+        now = time.monotonic()
+        self.last_recv = now
+        self.last_send = now
+        self.left = False
+        self.lost = False
+        self.want_write = False
+
+
+class TCPChannel(Channel):
+    """The TCP/Unix-socket transport. Build it with :func:`create_channel`."""
+
+    name = "tcp"
+
+    def __init__(self, rank: int, world: int, config: Config, peers: dict[int, _Peer],
+                 listeners: list[socket.socket], token: bytes, session: Any = None) -> None:
+        super().__init__(rank, world, config)
+        self.credit = config.buffer_size * config.buffer_count
+        self._peers = peers
+        self._listeners = listeners
+        self._token = token
+        self.session = session
+        self._handler: ChannelHandler | None = None
+        self._inflight: dict[tuple[int, int], int] = {}
+        self._returns: deque[tuple[int, int, int]] = deque()   # (peer, edge, nbytes) from release()
+        self._events: deque[dict] = deque()                     # from the master session
+        self._sel = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._woken = False
+        self._sel.register(self._wake_r, selectors.EVENT_READ, None)
+        for ls in listeners:
+            ls.setblocking(False)
+            self._sel.register(ls, selectors.EVENT_READ, "listen")
+        for p in peers.values():
+            p.sock.setblocking(False)
+            self._sel.register(p.sock, selectors.EVENT_READ, p)
+        self._recv_buffers = _RecvBuffers(max(4 * self.credit, 256 << 20))
+        self._closing = False
+        if session is not None:
+            session.on_event(self._on_session_event)
+
+    # ------------------------------------------------------------------------------ interface
+    def start(self, handler: ChannelHandler) -> None:
+        self._handler = handler
+
+    def send(self, peer: int, edge: int, parts: Sequence[Buffer], token: object = None) -> bool:
+        p = self._peers.get(peer)
+        if p is None:
+            raise ValueError(f"rank {self.rank}: no peer {peer} (world {self.world})")
+        views = []
+        n = 0
+        for part in parts:
+            mv = memoryview(part)
+            if mv.format != "B" or mv.ndim != 1:
+                mv = mv.cast("B")
+            if mv.nbytes:
+                views.append(mv)
+                n += mv.nbytes
+        key = (peer, edge)
+        inflight = self._inflight.get(key, 0)
+        if inflight and inflight + n > self.credit:
+            return False
+        if p.lost or p.left:
+            # Nothing can reach it any more; tell the core (once) instead of queueing forever.
+            if not p.lost:
+                p.lost = True
+                self._report_lost(p, "send to a rank that has left the job")
+            if token is not None and self._handler is not None:
+                self._handler.on_sent(token)
+            return True
+        self._inflight[key] = inflight + n
+        self._enqueue(p, _HDR.pack(DATA, edge, n), views, token)
+        return True
+
+    def progress(self, timeout: float = 0.0) -> bool:
+        did = self._flush_writes()
+        did = self._send_credit_returns() or did
+        if did:
+            timeout = 0.0
+        events = self._sel.select(timeout)
+        for key, mask in events:
+            obj = key.data
+            if obj is None:
+                self._drain_wakeup()
+                continue
+            if obj == "listen":
+                self._accept(key.fileobj)  # type: ignore[arg-type]
+                continue
+            p: _Peer = obj
+            if mask & selectors.EVENT_READ and not p.lost:
+                did = self._read(p) or did
+            if mask & selectors.EVENT_WRITE and not p.lost:
+                did = self._write(p) or did
+        did = self._send_credit_returns() or did
+        did = self._flush_writes() or did
+        did = self._session_events() or did
+        self._heartbeats()
+        return did or bool(events)
+
+    def wakeup(self) -> None:
+        if self._woken:
+            return
+        self._woken = True
+        try:
+            self._wake_w.send(b"\0")
+        except (BlockingIOError, OSError):
+            pass
+
+    def has_pending(self, peer: int | None = None) -> bool:
+        if peer is not None:
+            p = self._peers.get(peer)
+            return bool(p and p.wq and not p.lost)
+        return any(p.wq and not p.lost for p in self._peers.values())
+
+    def close(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        self._closing = True
+        for p in self._peers.values():
+            if not p.lost:
+                self._enqueue(p, _HDR.pack(BYE, 0, 0), [], None)
+        # Flush everything (our BYE last), then wait for the peers' BYE (or their loss).
+        while time.monotonic() < deadline:
+            pending = any(p.wq for p in self._peers.values() if not p.lost)
+            waiting = any(not (p.left or p.lost) for p in self._peers.values())
+            if not pending and not waiting:
+                break
+            self.progress(0.05)
+        else:
+            late = [r for r, p in self._peers.items() if not (p.left or p.lost)]
+            if late:
+                log.warning("rank %d: closing without a goodbye from ranks %s", self.rank, late)
+        self._teardown()
+        if self.session is not None:
+            try:
+                self.session.close()
+            except Exception:  # noqa: BLE001
+                log.debug("rank %d: error closing the master session", self.rank, exc_info=True)
+
+    def abort(self, reason: str) -> None:
+        log.info("rank %d: aborting: %s", self.rank, reason)
+        self._teardown(abort=True)
+        if self.session is not None:
+            try:
+                # Leaving the master link without "bye" makes the master report this rank lost.
+                self.session._sock.close()  # noqa: SLF001 - deliberate unclean leave
+            except Exception:  # noqa: BLE001
+                pass
+
+    # ------------------------------------------------------------------------------ writing
+    def _enqueue(self, p: _Peer, header: bytes, views: list[memoryview], token: object) -> None:
+        p.wq.append(memoryview(header))
+        p.wq_bytes += len(header)
+        for v in views:
+            p.wq.append(v)
+            p.wq_bytes += v.nbytes
+        if token is not None:
+            p.tokens.append((p.wq_bytes, token))
+
+    def _flush_writes(self) -> bool:
+        did = False
+        for p in self._peers.values():
+            if p.wq and not p.lost and not p.want_write:
+                did = self._write(p) or did
+        return did
+
+    def _write(self, p: _Peer) -> bool:
+        did = False
+        sent_total = 0
+        while p.wq:
+            iov = list(p.wq)[:_MAX_IOV] if len(p.wq) > _MAX_IOV else list(p.wq)
+            try:
+                n = p.sock.sendmsg(iov)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError as e:
+                self._broken(p, f"send failed: {e}")
+                return True
+            if n == 0:
+                break
+            did = True
+            sent_total += n
+            p.last_send = time.monotonic()
+            rem = n
+            while rem:
+                head = p.wq[0]
+                if head.nbytes <= rem:
+                    rem -= head.nbytes
+                    p.wq.popleft()
+                else:
+                    p.wq[0] = head[rem:]
+                    rem = 0
+        if sent_total:
+            self._complete_tokens(p, sent_total)
+        want = bool(p.wq)
+        if want != p.want_write:
+            p.want_write = want
+            self._sel.modify(p.sock, selectors.EVENT_READ | (selectors.EVENT_WRITE if want else 0), p)
+        return did
+
+    def _complete_tokens(self, p: _Peer, sent: int) -> None:
+        p.wq_bytes -= sent
+        # token offsets are absolute positions in wq_bytes terms at enqueue time: shift them
+        if p.tokens:
+            shifted = deque()
+            h = self._handler
+            for remaining, token in p.tokens:
+                remaining -= sent
+                if remaining <= 0:
+                    if h is not None:
+                        h.on_sent(token)
+                else:
+                    shifted.append((remaining, token))
+            p.tokens = shifted
+
+    # ------------------------------------------------------------------------------ reading
+    def _read(self, p: _Peer) -> bool:
+        did = False
+        for _ in range(64):  # bounded, so one busy peer cannot starve the others
+            if p.cur is not None:
+                try:
+                    n = p.sock.recv_into(p.cur[p.cur_pos:])
+                except (BlockingIOError, InterruptedError):
+                    break
+                except OSError as e:
+                    self._broken(p, f"receive failed: {e}")
+                    return True
+                if n == 0:
+                    self._eof(p)
+                    return True
+                did = True
+                p.last_recv = time.monotonic()
+                p.cur_pos += n
+                if p.cur_pos == len(p.cur):
+                    hdr = p.cur_hdr
+                    data, p.cur, p.cur_hdr = p.cur, None, None
+                    assert hdr is not None
+                    self._frame(p, hdr[0], hdr[1], hdr[2], data)
+                continue
+            try:
+                n = p.sock.recv_into(memoryview(p.rbuf)[p.rlen:])
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError as e:
+                self._broken(p, f"receive failed: {e}")
+                return True
+            if n == 0:
+                self._eof(p)
+                return True
+            did = True
+            p.last_recv = time.monotonic()
+            p.rlen += n
+            try:
+                self._parse(p)
+            except ProtocolError as e:
+                self._broken(p, str(e))
+                return True
+            if p.lost:
+                return True
+        return did
+
+    def _parse(self, p: _Peer) -> None:
+        buf = p.rbuf
+        pos = 0
+        end = p.rlen
+        mv = memoryview(buf)
+        while end - pos >= HEADER_SIZE:
+            kind, edge, length = _HDR.unpack_from(buf, pos)
+            if kind not in (DATA, CREDIT, HEARTBEAT, BYE) or length > _MAX_FRAME:
+                raise ProtocolError(f"rank {p.rank}: bad frame header (type {kind}, length {length})")
+            if kind != DATA:
+                pos += HEADER_SIZE
+                self._frame(p, kind, edge, length, mv[0:0])
+                continue
+            if end - pos - HEADER_SIZE >= length:
+                start = pos + HEADER_SIZE
+                data = bytes(mv[start:start + length])
+                pos = start + length
+                self._frame(p, kind, edge, length, memoryview(data))
+                if p.lost:
+                    return
+                continue
+            # Payload not all here: receive the rest straight into its own buffer.
+            start = pos + HEADER_SIZE
+            have = end - start
+            if length > _STAGING // 2 or have > 0:
+                cur = self._recv_buffers.get(length)
+                cur[:have] = mv[start:end]
+                p.cur, p.cur_pos, p.cur_hdr = cur, have, (kind, edge, length)
+                pos = end
+            break
+        if pos:
+            rest = end - pos
+            if rest:
+                buf[:rest] = mv[pos:end]
+            p.rlen = rest
+        del mv
+
+    def _frame(self, p: _Peer, kind: int, edge: int, length: int, data: memoryview) -> None:
+        h = self._handler
+        if kind == DATA:
+            if h is not None:
+                h.on_message(p.rank, edge, data, self._returner(p.rank, edge, length))
+        elif kind == CREDIT:
+            key = (p.rank, edge)
+            self._inflight[key] = max(0, self._inflight.get(key, 0) - length)
+            if h is not None:
+                h.on_credit(p.rank, edge)
+        elif kind == BYE:
+            p.left = True
+        # HEARTBEAT: last_recv already updated
+
+    def _returner(self, peer: int, edge: int, n: int) -> Callable[[], None]:
+        returns = self._returns
+        wake = self.wakeup
+        used = [False]
+
+        def release() -> None:
+            if used[0]:
+                return
+            used[0] = True
+            returns.append((peer, edge, n))
+            wake()
+        return release
+
+    def _send_credit_returns(self) -> bool:
+        if not self._returns:
+            return False
+        agg: dict[tuple[int, int], int] = {}
+        while self._returns:
+            peer, edge, n = self._returns.popleft()
+            agg[(peer, edge)] = agg.get((peer, edge), 0) + n
+        for (peer, edge), n in agg.items():
+            p = self._peers.get(peer)
+            if p is not None and not p.lost and not p.left:
+                self._enqueue(p, _HDR.pack(CREDIT, edge, n), [], None)
+        return True
+
+    # ------------------------------------------------------------------------------ liveness
+    def _heartbeats(self) -> None:
+        now = time.monotonic()
+        hb = self.config.heartbeat_interval
+        for p in self._peers.values():
+            if p.lost or p.left:
+                continue
+            if now - p.last_recv > self.config.peer_timeout:
+                self._broken(p, f"no data or heartbeat for {now - p.last_recv:.1f}s")
+                continue
+            if now - p.last_send > hb and not p.wq:
+                self._enqueue(p, _HDR.pack(HEARTBEAT, 0, 0), [], None)
+                p.last_send = now
+                self._write(p)
+
+    def _eof(self, p: _Peer) -> None:
+        if p.left:
+            self._unregister(p)
+            return
+        self._broken(p, "connection closed without goodbye (process died?)")
+
+    def _broken(self, p: _Peer, reason: str) -> None:
+        if p.lost:
+            return
+        if p.left:
+            self._unregister(p)
+            return
+        p.lost = True
+        self._unregister(p)
+        self._report_lost(p, reason)
+
+    def _report_lost(self, p: _Peer, reason: str) -> None:
+        p.wq.clear()
+        p.wq_bytes = 0
+        h = self._handler
+        if h is not None:
+            for _, token in p.tokens:
+                h.on_sent(token)
+            p.tokens.clear()
+            h.on_peer_lost(p.rank, reason)
+
+    def _unregister(self, p: _Peer) -> None:
+        try:
+            self._sel.unregister(p.sock)
+        except (KeyError, ValueError):
+            pass
+        try:
+            p.sock.close()
+        except OSError:
+            pass
+
+    def _on_session_event(self, event: dict) -> None:
+        # master session thread: hand over to the progress thread
+        self._events.append(event)
+        self.wakeup()
+
+    def _session_events(self) -> bool:
+        did = False
+        while self._events:
+            ev = self._events.popleft()
+            did = True
+            kind = ev.get("type")
+            if kind == "peer_lost":
+                p = self._peers.get(int(ev.get("rank", -1)))
+                if p is not None and not p.left:
+                    self._broken(p, f"bootstrap master reports: {ev.get('reason', 'lost')}")
+            elif kind == "master_lost":
+                log.warning("rank %d: lost the bootstrap master; peer links continue", self.rank)
+            else:
+                svc = self.service_handlers.get(ev.get("service", ""))
+                if svc is not None:
+                    svc(ev)
+        return did
+
+    #: Handlers for service replies from the master (barrier manager, coflow coordinator), by name.
+    service_handlers: dict[str, Callable[[dict], None]]
+
+    def _drain_wakeup(self) -> None:
+        self._woken = False
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except (BlockingIOError, InterruptedError):
+            pass
+
+    # ------------------------------------------------------------------------------ late connections
+    def _accept(self, ls: socket.socket) -> None:
+        try:
+            sock, addr = ls.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as e:
+            log.warning("rank %d: accept failed: %s", self.rank, e)
+            return
+        threading.Thread(target=self._vet_late, args=(sock, addr), daemon=True,
+                         name=f"twisternet-vet-{self.rank}").start()
+
+    def _vet_late(self, sock: socket.socket, addr: Any) -> None:
+        """A connection after the mesh was built: prove it, then refuse it (every peer is connected)."""
+        try:
+            sock.setblocking(True)
+            hello = handshake(sock, self._token, initiator=False, hello={"rank": self.rank},
+                              timeout=self.config.handshake_timeout)
+            log.warning("rank %d: refused an authenticated late connection claiming rank %r from %s",
+                        self.rank, hello.get("rank"), addr or "a local socket")
+        except (AuthError, ProtocolError, OSError) as e:
+            log.warning("rank %d: dropped a connection from %s: %s", self.rank, addr or "a local socket", e)
+        finally:
+            try:
+                sock.close()
+            except OSError:
+                pass
+
+    def _teardown(self, abort: bool = False) -> None:
+        for p in self._peers.values():
+            self._unregister(p)
+        for ls in self._listeners:
+            try:
+                self._sel.unregister(ls)
+            except (KeyError, ValueError):
+                pass
+            ls.close()
+        for s in (self._wake_r, self._wake_w):
+            try:
+                s.close()
+            except OSError:
+                pass
+        self._sel.close()
+
+
+# ---------------------------------------------------------------------------------- construction
+def _tune(sock: socket.socket, config: Config, tcp: bool) -> None:
+    if config.socket_buffer:
+        for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, opt, config.socket_buffer)
+            except OSError:
+                pass
+    if tcp:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+def _listeners(config: Config) -> tuple[list[socket.socket], dict]:
+    tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    tcp.bind((config.bind_host, 0))
+    tcp.listen(256)
+    out = [tcp]
+    listen: dict[str, Any] = {"tcp_port": tcp.getsockname()[1]}
+    if not config.force_tcp and hasattr(socket, "AF_UNIX"):
+        uds = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        name = f"\0twisternet-{os.getpid()}-{secrets.token_hex(8)}"
+        uds.bind(name)
+        uds.listen(256)
+        out.append(uds)
+        listen["uds"] = name[1:]
+    return out, listen
+
+
+def _connect(entry: dict, my_host: str, config: Config) -> tuple[socket.socket, str]:
+    if not config.force_tcp and entry.get("uds") and entry.get("host_id") == my_host:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        _tune(s, config, tcp=False)
+        s.settimeout(config.connect_timeout)
+        s.connect("\0" + entry["uds"])
+        return s, "uds"
+    host, port = entry["tcp_host"], entry["tcp_port"]
+    s = socket.create_connection((host, port), timeout=config.connect_timeout)
+    _tune(s, config, tcp=True)
+    return s, "tcp"
+
+
+def build_mesh(rank: int, world: int, table: list[dict], listeners: list[socket.socket], token: bytes,
+               config: Config) -> dict[int, _Peer]:
+    """Connect to every lower rank and accept every higher one, proving the token on each link."""
+    from twisternet.bootstrap import host_id
+    my_host = host_id()
+    peers: dict[int, _Peer] = {}
+    errors: list[str] = []
+    lock = threading.Lock()
+    deadline = time.monotonic() + config.connect_timeout
+    hello = {"rank": rank, "world": world}
+
+    def dial(j: int) -> None:
+        delay = 0.02
+        while True:
+            try:
+                s, kind = _connect(table[j], my_host, config)
+                s.settimeout(None)
+                got = handshake(s, token, initiator=True, hello=hello, timeout=config.handshake_timeout)
+                if got.get("rank") != j:
+                    s.close()
+                    raise ProtocolError(f"expected rank {j}, the peer says {got.get('rank')!r}")
+                with lock:
+                    peers[j] = _Peer(j, s, kind)
+                return
+            except (ConnectionError, socket.timeout, OSError) as e:
+                if time.monotonic() + delay >= deadline:
+                    with lock:
+                        errors.append(f"rank {j}: {e}")
+                    return
+                time.sleep(delay)
+                delay = min(delay * 2, 0.5)
+            except (AuthError, ProtocolError) as e:
+                with lock:
+                    errors.append(f"rank {j}: {e}")
+                return
+
+    dialers = [threading.Thread(target=dial, args=(j,), daemon=True) for j in range(rank)]
+    for t in dialers:
+        t.start()
+    expected = set(range(rank + 1, world))
+    sel = selectors.DefaultSelector()
+    for ls in listeners:
+        ls.setblocking(False)
+        sel.register(ls, selectors.EVENT_READ)
+    vetting: list[threading.Thread] = []
+
+    def vet(sock: socket.socket, addr: Any, kind: str) -> None:
+        try:
+            sock.setblocking(True)
+            got = handshake(sock, token, initiator=False, hello=hello, timeout=config.handshake_timeout)
+            j = got.get("rank")
+            with lock:
+                ok = isinstance(j, int) and j in expected and j not in peers
+                if ok:
+                    _tune(sock, config, tcp=kind == "tcp")
+                    peers[j] = _Peer(j, sock, kind)
+            if not ok:
+                log.warning("rank %d: refused a connection claiming rank %r", rank, j)
+                sock.close()
+        except (AuthError, ProtocolError, OSError) as e:
+            log.warning("rank %d: dropped a connection from %s: %s", rank, addr or "a local socket", e)
+            try:
+                sock.close()
+            except OSError:
+                pass
+
+    try:
+        while True:
+            with lock:
+                accepted = expected <= peers.keys()
+            if accepted:
+                break
+            if time.monotonic() >= deadline:
+                break
+            for key, _ in sel.select(0.05):
+                try:
+                    sock, addr = key.fileobj.accept()  # type: ignore[union-attr]
+                except (BlockingIOError, InterruptedError):
+                    continue
+                kind = "uds" if sock.family == getattr(socket, "AF_UNIX", None) else "tcp"
+                t = threading.Thread(target=vet, args=(sock, addr, kind), daemon=True)
+                t.start()
+                vetting.append(t)
+    finally:
+        sel.close()
+    for t in dialers:
+        t.join(max(0.0, deadline - time.monotonic()) + 1)
+    missing = sorted(set(range(world)) - {rank} - peers.keys())
+    if missing:
+        for p in peers.values():
+            p.sock.close()
+        raise OperationTimeout(f"rank {rank} could not connect to ranks {missing}: {'; '.join(errors) or 'no connection arrived'}",
+                               timeout=config.connect_timeout)
+    return peers
+
+
+def create_channel(config: Config, **_: Any) -> TCPChannel:
+    """Join the job through the bootstrap master (``config.master``) and connect to every peer."""
+    from twisternet.bootstrap import join, local_address_for
+    if config.master is None:
+        raise ConfigError("master", "the tcp channel needs the bootstrap master's HOST:PORT "
+                                    "(start the job with `twisternet run` or `twisternet worker`)")
+    token = config.token_bytes
+    if token is None:
+        raise ConfigError("token", "the tcp channel needs the job token (TWISTERNET_TOKEN)")
+    listeners, listen = _listeners(config)
+    listen["tcp_host"] = config.advertise_host or local_address_for(config.master)
+    try:
+        session = join(config.master, token, listen=listen, rank=config.rank, world=config.world,
+                       timeout=config.connect_timeout, handshake_timeout=config.handshake_timeout,
+                       heartbeat_interval=config.heartbeat_interval, peer_timeout=config.peer_timeout)
+    except BaseException:
+        for ls in listeners:
+            ls.close()
+        raise
+    try:
+        table = [dict(e) for e in session.table]
+        for i, e in enumerate(table):
+            # join() stores each worker's `listen` dict plus host_id
+            e.setdefault("host_id", e.get("host_id"))
+        peers = build_mesh(session.rank, session.world, table, listeners, token, config)
+    except BaseException:
+        for ls in listeners:
+            ls.close()
+        session.close()
+        raise
+    ch = TCPChannel(session.rank, session.world, config, peers, listeners, token, session)
+    ch.service_handlers = {}
+    log.debug("rank %d: mesh of %d peers ready (%s)", ch.rank, len(peers),
+              ", ".join(f"{r}:{p.kind}" for r, p in sorted(peers.items())))
+    return ch

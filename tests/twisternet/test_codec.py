@@ -1,0 +1,141 @@
+"""Codec: every supported value round-trips exactly; unsupported ones fail clearly."""
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+from hypothesis.extra import numpy as hnp
+
+from twisternet.codec import Codec, KeyCodec
+from twisternet.errors import CodecError
+
+codec = Codec()
+
+scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False),
+                    st.text(), st.binary())
+values = st.recursive(
+    scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=5), st.tuples(inner, inner),
+                            st.dictionaries(st.one_of(st.text(), st.integers()), inner, max_size=5)),
+    max_leaves=20)
+
+
+def same(a, b):
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, np.ndarray):
+        return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+    if isinstance(a, float) and math.isnan(a):
+        return math.isnan(b)
+    return a == b
+
+
+@given(values)
+@settings(max_examples=300, deadline=None)
+def test_records_round_trip(v):
+    assert same(codec.decode(codec.encode_bytes(v)), v)
+
+
+@given(hnp.arrays(dtype=st.sampled_from([np.float32, np.float64, np.int8, np.int64, np.uint16, np.bool_,
+                                         np.complex64]),
+                  shape=hnp.array_shapes(min_dims=0, max_dims=3, max_side=40)),
+       st.sampled_from([0, 16, 1 << 20]))
+@settings(max_examples=200, deadline=None)
+def test_arrays_round_trip_inline_and_out_of_band(arr, threshold):
+    c = Codec(oob_threshold=threshold)
+    out = c.decode(c.encode_bytes(arr))
+    assert same(out, arr)
+    out[...] = out  # writable
+
+
+def test_big_ints_numpy_scalars_and_nesting():
+    v = {"a": (2**100, -(2**70)), 5: [np.float32(1.5), np.int64(-3)], (1, 2): np.arange(70000)}
+    out = codec.decode(codec.encode_bytes(v))
+    assert out["a"] == (2**100, -(2**70)) and type(out[5][0]) is np.float32
+    assert np.array_equal(out[(1, 2)], np.arange(70000))
+
+
+def test_non_contiguous_and_structured_arrays():
+    a = np.arange(100.0).reshape(10, 10)[:, ::3]
+    assert same(codec.decode(codec.encode_bytes(a)), np.ascontiguousarray(a))
+    s = np.zeros(4, dtype=[("x", "<i4"), ("y", "<f8")])
+    s["x"] = [1, 2, 3, 4]
+    assert np.array_equal(codec.decode(codec.encode_bytes(s)), s)
+
+
+def test_large_arrays_are_not_copied_on_encode():
+    a = np.arange(1 << 20, dtype=np.float64)
+    parts = codec.encode(a)
+    assert any(isinstance(p, memoryview) and p.obj is not None and np.shares_memory(np.frombuffer(p, np.uint8), a)
+               for p in parts)
+
+
+def test_pickle_only_when_allowed():
+    class Thing:
+        def __init__(self, x):
+            self.x = x
+    assert codec.decode(codec.encode_bytes({1, 2})) == {1, 2}
+    assert codec.decode(codec.encode_bytes(Thing(3))).x == 3
+    strict = Codec(allow_pickle=False)
+    with pytest.raises(CodecError, match="allow_pickle"):
+        strict.encode({1, 2})
+    with pytest.raises(CodecError, match="allow_pickle"):
+        strict.decode(codec.encode_bytes(Thing(3)))
+
+
+@given(st.binary(max_size=200))
+@settings(max_examples=300, deadline=None)
+def test_garbage_never_crashes_with_anything_but_codec_error(data):
+    strict = Codec(allow_pickle=False)
+    try:
+        strict.decode(data)
+    except CodecError:
+        pass
+
+
+def test_oob_lengths_are_checked():
+    rec = bytearray(codec.encode_bytes(np.arange(100000)))
+    with pytest.raises(CodecError, match="add up"):
+        codec.decode(rec[:-1])
+
+
+@given(st.integers(min_value=-(2**63), max_value=2**63 - 1))
+def test_int_keys_are_fixed_size(k):
+    kc = KeyCodec("int")
+    assert len(kc.encode(k)) == 8 and kc.decode(kc.encode(k)) == k
+
+
+@given(st.floats(allow_nan=False))
+def test_float_keys_are_fixed_size(k):
+    kc = KeyCodec("float")
+    assert len(kc.encode(k)) == 8 and kc.decode(kc.encode(k)) == k
+
+
+@given(st.text())
+def test_str_keys_carry_their_length(k):
+    kc = KeyCodec("str")
+    raw = kc.encode(k)
+    assert len(raw) == 8 + len(k.encode()) and kc.decode(raw) == k
+
+
+@given(values)
+@settings(deadline=None)
+def test_object_keys(k):
+    kc = KeyCodec("object")
+    assert same(kc.decode(kc.encode(k)), k)
+
+
+def test_key_type_mismatch_is_an_error():
+    with pytest.raises(CodecError):
+        KeyCodec("int").encode("a")
+    with pytest.raises(CodecError):
+        KeyCodec("str").encode(5)
+    with pytest.raises(CodecError):
+        KeyCodec("int").encode(2**64)
+    with pytest.raises(CodecError):
+        KeyCodec("nope")
