@@ -375,6 +375,9 @@ class Context:
                 if time.monotonic() >= deadline:
                     raise BackPressureTimeout("large send did not complete", edge=edge, timeout=limit)
                 self._wait_change(gen, min(deadline - time.monotonic(), 0.5))
+            with self._lock:
+                if dst in self._lost:  # its buffers were let go because the peer died, not sent
+                    raise PeerLostError(dst, self._lost[dst])
         return True
 
     def _send_local(self, edge: int, parts: list, n: int, *, block: bool, forced: bool,
