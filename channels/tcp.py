@@ -515,12 +515,14 @@ class TCPChannel(Channel):
     service_handlers: dict[str, Callable[[dict], None]]
 
     def _drain_wakeup(self) -> None:
-        self._woken = False
+        # Drain first, then clear the flag: a wakeup skipped meanwhile (flag still set) needs no byte,
+        # because its caller queued its work before waking us and this progress round still sees it.
         try:
             while self._wake_r.recv(4096):
                 pass
         except (BlockingIOError, InterruptedError):
             pass
+        self._woken = False
 
     # ------------------------------------------------------------------------------ late connections
     def _accept(self, ls: socket.socket) -> None:

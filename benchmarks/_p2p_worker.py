@@ -1,0 +1,71 @@
+"""Worker side of benchmarks/p2p.py: run under `twisternet run -n 2` (or mpiexec); prints one JSON line."""
+
+import json
+import sys
+import time
+
+import numpy as np
+
+import twisternet as tn
+
+
+def main() -> None:
+    sizes = [int(x) for x in sys.argv[1].split(",")]
+    budget = int(sys.argv[2])            # bytes per bandwidth measurement
+    lat_sizes = [int(x) for x in sys.argv[3].split(",")] if len(sys.argv) > 3 and sys.argv[3] else []
+    with tn.init(timeout=600) as ctx:
+        got = [0]
+        last = [None]
+
+        def handle(src, obj):
+            got[0] += 1
+            last[0] = obj
+            return True
+        ctx.register(1, handle)
+        out = {"bandwidth": {}, "latency": {}, "channel": ctx.channel.name,
+               "link": getattr(ctx.channel, "_peers", {}).get(1 - ctx.rank).kind
+               if hasattr(ctx.channel, "_peers") else ctx.channel.name}
+        peer = 1 - ctx.rank
+        for size in sizes:
+            arr = np.ones(size, np.uint8)
+            reps = max(3, min(20000, budget // size))
+            base = got[0]
+            if ctx.rank == 0:
+                ctx.send(peer, 1, arr)      # warm-up (allocations, page faults)
+                ctx.flush()
+                ctx.wait_until(lambda: got[0] == base + 1)
+                t = time.perf_counter()
+                for _ in range(reps):
+                    ctx.send(peer, 1, arr)
+                ctx.flush()
+                ctx.wait_until(lambda: got[0] == base + 2)
+                dt = time.perf_counter() - t
+                out["bandwidth"][size] = reps * size / dt
+            else:
+                ctx.wait_until(lambda: got[0] == base + 1)
+                ctx.send(peer, 1, b"k")
+                ctx.flush()
+                ctx.wait_until(lambda: got[0] == base + 1 + reps)
+                ctx.send(peer, 1, b"k")
+                ctx.flush()
+        for size in lat_sizes:
+            arr = np.ones(size, np.uint8)
+            reps = max(20, min(2000, (64 << 20) // max(size, 1)))
+            base = got[0]
+            t = time.perf_counter()
+            for i in range(reps):
+                if ctx.rank == 0:
+                    ctx.send(peer, 1, arr)
+                    ctx.flush()
+                    ctx.wait_until(lambda: got[0] == base + i + 1)
+                else:
+                    ctx.wait_until(lambda: got[0] == base + i + 1)
+                    ctx.send(peer, 1, arr)
+                    ctx.flush()
+            out["latency"][size] = (time.perf_counter() - t) / reps / 2
+        if ctx.rank == 0:
+            print("P2P " + json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""The raw-socket baseline: plain sendall / recv_into between two processes, no library."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+
+def _pair(kind: str) -> tuple[socket.socket, socket.socket]:
+    if kind == "uds":
+        a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    else:
+        ls = socket.socket()
+        ls.bind(("127.0.0.1", 0))
+        ls.listen(1)
+        a = socket.create_connection(ls.getsockname())
+        b, _ = ls.accept()
+        ls.close()
+        for s in (a, b):
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    for s in (a, b):
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+    return a, b
+
+
+def _recv_exact(s: socket.socket, mv: memoryview) -> None:
+    got = 0
+    while got < len(mv):
+        n = s.recv_into(mv[got:])
+        if n == 0:
+            raise ConnectionError("peer closed")
+        got += n
+
+
+def bandwidth(kind: str, size: int, budget: int) -> float:
+    """Bytes per second of one-way transfer of ``size``-byte messages (a forked receiver)."""
+    reps = max(3, min(20000, budget // size))
+    a, b = _pair(kind)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            a.close()
+            buf = memoryview(bytearray(size))
+            _recv_exact(b, buf)
+            b.sendall(b"k")
+            for _ in range(reps):
+                _recv_exact(b, buf)
+            b.sendall(b"k")
+        finally:
+            os._exit(0)
+    b.close()
+    data = bytes(size)
+    a.sendall(data)
+    a.recv(1)
+    t = time.perf_counter()
+    for _ in range(reps):
+        a.sendall(data)
+    a.recv(1)
+    dt = time.perf_counter() - t
+    a.close()
+    os.waitpid(pid, 0)
+    return reps * size / dt
+
+
+def latency(kind: str, size: int) -> float:
+    """One-way latency (half a round trip) of a ``size``-byte ping-pong."""
+    reps = max(20, min(2000, (64 << 20) // max(size, 1)))
+    a, b = _pair(kind)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            a.close()
+            buf = memoryview(bytearray(size))
+            for _ in range(reps):
+                _recv_exact(b, buf)
+                b.sendall(buf)
+        finally:
+            os._exit(0)
+    b.close()
+    data = bytes(size)
+    buf = memoryview(bytearray(size))
+    t = time.perf_counter()
+    for _ in range(reps):
+        a.sendall(data)
+        _recv_exact(a, buf)
+    dt = time.perf_counter() - t
+    a.close()
+    os.waitpid(pid, 0)
+    return dt / reps / 2

@@ -1,0 +1,61 @@
+"""Shared helpers of the benchmark scripts: launching jobs, medians, tables."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def job_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TWISTERNET_")}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(extra)
+    return env
+
+
+def run_tagged(cmd: Sequence[str], tag: str, *, timeout: float = 900, **env: str) -> dict[str, Any]:
+    """Run ``cmd``; return the JSON printed after ``tag`` on one of its output lines."""
+    p = subprocess.run(list(cmd), env=job_env(**env), capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    for line in p.stdout.splitlines():
+        body = line.split("] ", 1)[1] if line.startswith("[") and "] " in line else line
+        if body.startswith(tag + " "):
+            return json.loads(body[len(tag) + 1:])
+    raise RuntimeError(f"{' '.join(cmd)} printed no {tag} line (exit {p.returncode}):\n"
+                       f"{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
+
+
+def twisternet_run(n: int, script: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", "twisternet", "run", "-n", str(n), str(ROOT / script), *args]
+
+
+def mpiexec_run(n: int, script: str, *args: str) -> list[str] | None:
+    exe = Path(sys.executable).parent / "mpiexec"
+    if not exe.exists():
+        return None
+    return [str(exe), "-n", str(n), sys.executable, str(ROOT / script), *args]
+
+
+def median(xs: Sequence[float]) -> float:
+    return statistics.median(xs)
+
+
+def fmt_size(n: int) -> str:
+    for unit, k in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+        if n >= k and n % k == 0:
+            return f"{n // k} {unit}"
+    return f"{n} B"
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A Markdown table."""
+    cells = [[str(c) for c in r] for r in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
+    line = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"  # noqa: E731
+    return "\n".join([line(headers), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, cells)])
