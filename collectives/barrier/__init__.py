@@ -1,0 +1,71 @@
+"""Partial barriers, semaphore barriers and throttled release (Albrecht et al., "Loose Synchronization for
+Large-Scale Networked Systems", USENIX ATC 2006), for twisternet jobs.
+
+Three layers:
+
+* **Pure state machines** on an injected clock (every call takes ``now``; no threads): ``Barrier``,
+  ``PartialBarrier`` (max / timeout / percent / min_wait / adaptive knee release, late ``"pass"`` or
+  ``"catch_up"``, enter-callback, rounds), ``SemaphoreBarrier`` and ``ThrottledRelease`` with
+  ``FixedConcurrency`` or the paper's ``AdaptiveConcurrency``. The exact rules are in the docstrings of
+  ``partial.py``, ``knee.py``, ``semaphore.py``, ``throttle.py`` and ``concurrency.py``.
+* **A transport-agnostic service and client**: ``BarrierService`` (one per job, on the bootstrap master or
+  rank 0: ``handle(src_rank, msg, now)``, ``tick(now)``, ``next_deadline()``) and ``BarrierClient(send,
+  clock)`` (``deliver(msg)`` from the transport; blocking ``enter``/``acquire``/``release``/``throttle``
+  and ``enter_async``). Messages are msgpack-able dicts; see ``protocol.py``.
+* **An in-process harness**, ``LocalBarrierCluster``, wiring both through queues and a service thread.
+
+Pure use::
+
+    from collectives.barrier import PartialBarrier, ManualClock
+    b = PartialBarrier("phase", max=4, percent=75, min_wait=2.0)
+    b.enter("t0", 0, now=0.0); b.enter("t1", 1, now=0.5)
+    out = b.enter("t2", 2, now=1.0)        # 3/4 entered, but min_wait not yet elapsed: waits
+    released = b.tick(2.0)                 # min_wait elapsed: t0, t1, t2 pass (FireReason.EARLY)
+
+Distributed use (the harness stands in for the transport)::
+
+    from collectives.barrier import BarrierSpec, LocalBarrierCluster, CatchUp
+    spec = BarrierSpec(max=4, percent=75, knee=True, late="catch_up")
+    with LocalBarrierCluster(4) as cluster:       # a real job has one client per rank instead
+        client = cluster.clients[rank]            # each rank calls enter on its own thread
+        try:
+            rel = client.enter("phase", f"task{rank}", spec, timeout=30)   # rel.fire.passed: label -> rank
+        except CatchUp as cu:
+            ...                             # skip ahead; the next enter goes to cu.next_round
+
+Wiring into a real transport: on the coordinator, for every barrier message from rank ``src`` call
+``service.handle(src, msg, now)`` and send each returned ``(rank, reply)``; run ``service.tick(now)`` when
+``service.next_deadline()`` comes. On every rank build ``BarrierClient(send_to_coordinator, clock)`` and feed
+it the coordinator's replies with ``deliver``. Enter- and release-callbacks are Python callables: they run
+in the service's process and are installed there (``BarrierService.set_enter_callback`` /
+``set_release_callback``); a client accepts them only when built with ``service=`` in the same process.
+"""
+
+from .client import BarrierClient
+from .clock import Clock, ManualClock, MonotonicClock
+from .concurrency import AdaptiveConcurrency, ConcurrencyPolicy, FixedConcurrency
+from .errors import (BarrierClosed, BarrierError, BarrierMismatchError, BarrierProtocolError, BarrierSpecError,
+                     BarrierTimeout, CatchUp, RemoteBarrierError)
+from .harness import LocalBarrierCluster
+from .knee import KneeDetector
+from .partial import Barrier, EnterCallback, PartialBarrier
+from .records import Admission, AdmitReason, BarrierRelease, EnterOutcome, FireInfo, FireReason, Status
+from .semaphore import AdmitOutcome, ReleaseCallback, SemaphoreBarrier
+from .service import BarrierService
+from .specs import BarrierSpec, SemaphoreSpec, ThrottleSpec, percent_count, spec_from_dict
+from .throttle import ThrottledRelease
+
+#: The status a late arrival gets at a ``late="pass"`` barrier.
+LATE_FIRE = Status.LATE_FIRE
+#: The status of an entrant released by its round's fire.
+FIRE = Status.FIRE
+
+__all__ = [
+    "Admission", "AdaptiveConcurrency", "AdmitOutcome", "AdmitReason", "Barrier", "BarrierClient",
+    "BarrierClosed", "BarrierError", "BarrierMismatchError", "BarrierProtocolError", "BarrierRelease",
+    "BarrierService", "BarrierSpec", "BarrierSpecError", "BarrierTimeout", "CatchUp", "Clock",
+    "ConcurrencyPolicy", "EnterCallback", "EnterOutcome", "FIRE", "FireInfo", "FireReason",
+    "FixedConcurrency", "KneeDetector", "LATE_FIRE", "LocalBarrierCluster", "ManualClock", "MonotonicClock",
+    "PartialBarrier", "ReleaseCallback", "RemoteBarrierError", "SemaphoreBarrier", "SemaphoreSpec", "Status",
+    "ThrottleSpec", "ThrottledRelease", "percent_count", "spec_from_dict",
+]

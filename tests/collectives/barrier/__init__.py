@@ -1,0 +1,1 @@
+"""Tests of collectives.barrier (partial, semaphore and throttled barriers; service, client, harness)."""
