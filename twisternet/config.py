@@ -80,7 +80,8 @@ class Config:
     connect_timeout: float = 60.0
     #: Seconds a connection may take to pass the token challenge before it is dropped.
     handshake_timeout: float = 5.0
-    #: Seconds of silence (no data, no heartbeat) after which a peer is declared lost.
+    #: Seconds of silence (no data, no heartbeat) after which a peer is declared lost. Must exceed the
+    #: longest time a process may hold the GIL without letting its threads run (e.g. copying GiBs).
     peer_timeout: float = 15.0
     #: Seconds between heartbeats on idle connections.
     heartbeat_interval: float = 1.0

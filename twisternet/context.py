@@ -25,7 +25,7 @@ import time
 from collections import deque
 from typing import Any, Callable
 
-from .channel import CONTROL_EDGE_BASE, Channel
+from .channel import CONTROL_EDGE_BASE, MAX_EDGE, Channel
 from .codec import Codec, join, record_size
 from .config import Config
 from .errors import (BackPressureTimeout, ClosedError, OperationTimeout, PeerLostError, ProtocolError,
@@ -39,6 +39,8 @@ Handler = Callable[[int, Any], bool]
 _BATCH = b"\x00"
 _DIRECT = b"\x01"
 _RETRY_INTERVAL = 0.005
+#: Control edge on which a closing rank tells every peer it is done (see Context.close).
+_LEAVE_EDGE = CONTROL_EDGE_BASE + 3
 
 
 class _OutMsg:
@@ -142,8 +144,12 @@ class Context:
         self._closed = False
         self._stop = False
 
-        self.services: dict[str, Any] = {}
         self.channel.start(self)
+        self._left_peers: set[int] = set()
+        self._register_control(_LEAVE_EDGE, self._on_leave)
+        from .services import ServiceLink
+        #: Link to the job's coordinator services (barrier manager, coflow coordinator).
+        self.services = ServiceLink(self)
         self._thread: threading.Thread | None = None
         if config.progress == "thread":
             self._thread = threading.Thread(target=self._run, name=f"twisternet-progress-{self.rank}",
@@ -171,6 +177,17 @@ class Context:
                 raise TwisternetError(f"edge {edge} is already used by {self._handlers[edge][1] or 'an operation'}; "
                                       "give each concurrent operation its own edge")
             self._handlers[edge] = (handler, name)
+            for key, ins in self._in.items():
+                if key[1] == edge and ins.pending:
+                    self._in_dirty.add(key)
+        self.channel.wakeup()
+
+    def _register_control(self, edge: int, handler: Handler) -> None:
+        """Register a core service handler on a reserved edge (>= CONTROL_EDGE_BASE)."""
+        if not CONTROL_EDGE_BASE <= edge < MAX_EDGE:
+            raise TwisternetError(f"control edges are in [{CONTROL_EDGE_BASE}, {MAX_EDGE}), got {edge}")
+        with self._lock:
+            self._handlers[edge] = (handler, "control")
             for key, ins in self._in.items():
                 if key[1] == edge and ins.pending:
                     self._in_dirty.add(key)
@@ -260,8 +277,7 @@ class Context:
         deadline = time.monotonic() + limit
         try:
             if not self._lost and self._failure is None:
-                self.flush()
-                self._drain(deadline)
+                self._linger(deadline)
         finally:
             self._stop = True
             self.channel.wakeup()
@@ -278,9 +294,41 @@ class Context:
             with self._lock:
                 for s in self._out.values():
                     s.packer.discard()
+            self.services.close()
             self.notify()
             if self._on_close is not None:
                 self._on_close()
+
+    def _linger(self, deadline: float) -> None:
+        """Collective leave: tell every peer we are done, then keep the engine running (delivering,
+        answering service requests as rank 0 may have to) until every live peer said the same."""
+        for peer in range(self.world):
+            if peer != self.rank:
+                with self._lock:
+                    if peer in self._lost:
+                        continue
+                self._send(peer, _LEAVE_EDGE, None, block=True, timeout=max(0.1, deadline - time.monotonic()),
+                           closing=True)
+        self.flush()
+        others = set(range(self.world)) - {self.rank}
+        while True:
+            with self._lock:
+                gen = self._gen
+                done = others <= (self._left_peers | set(self._lost))
+            if done:
+                break
+            if time.monotonic() >= deadline:
+                with self._lock:
+                    late = sorted(others - self._left_peers - set(self._lost))
+                log.warning("rank %d: closing before ranks %s finished", self.rank, late)
+                break
+            self._wait_change(gen, min(0.5, deadline - time.monotonic()))
+        self._drain(deadline)
+
+    def _on_leave(self, src: int, obj: Any) -> bool:
+        with self._lock:
+            self._left_peers.add(src)
+        return True
 
     def __enter__(self) -> "Context":
         return self
@@ -306,12 +354,15 @@ class Context:
     def _on_engine_thread(self) -> bool:
         return threading.get_ident() == self._progress_thread_id or getattr(self._in_progress, "active", False)
 
-    def _send(self, dst: int, edge: int, obj: Any, *, block: bool, timeout: float | None) -> bool:
+    def _send(self, dst: int, edge: int, obj: Any, *, block: bool, timeout: float | None,
+              closing: bool = False) -> bool:
         if not isinstance(dst, int) or not 0 <= dst < self.world:
             raise TwisternetError(f"destination rank must be in [0, {self.world}), got {dst!r}")
         if edge < CONTROL_EDGE_BASE:
             self._check_edge(edge)
-        if self._closed and not self._on_engine_thread():
+        elif not edge < MAX_EDGE:
+            raise TwisternetError(f"edge must be < {MAX_EDGE}, got {edge}")
+        if self._closed and not closing and not self._on_engine_thread():
             raise ClosedError("context is closed")
         parts = self.codec.encode(obj)
         n = record_size(parts)

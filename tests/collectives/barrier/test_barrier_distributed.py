@@ -1,0 +1,39 @@
+"""Partial barriers across a real job: coordinator in rank 0 (local/MPI) or the bootstrap master (TCP)."""
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.jobs import lines, run_tcp
+from twisternet.testing import run_local
+
+SCRIPT = Path(__file__).parent / "scripts" / "straggler.py"
+spec = importlib.util.spec_from_file_location("straggler", SCRIPT)
+straggler = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(straggler)
+
+
+def check(outs, late):
+    fast = [o for o in outs if not o.startswith("rank=3 ")]
+    slow = [o for o in outs if o.startswith("rank=3 ")][0]
+    for o in fast:
+        assert "status=FIRE" in o and "passed=task0,task1,task2 " in o, outs
+        assert float(re.search(r"waited=([\d.]+)", o).group(1)) < 1.5, outs   # not held for the slow one
+    assert ("status=LATE_FIRE" if late == "pass" else "status=CATCHUP") in slow, outs
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("late", ["pass", "catch_up"])
+def test_knee_releases_fast_workers_local(late, monkeypatch):
+    monkeypatch.setattr(straggler, "LATE", late)
+    check(run_local(4, straggler.main, timeout=60), late)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("late", ["pass", "catch_up"])
+def test_knee_releases_fast_workers_tcp(late):
+    p = run_tcp(4, SCRIPT, late, timeout=100)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    check([l[3:] for l in lines(p, "PB ")], late)

@@ -1,0 +1,222 @@
+"""Coordinator services: job-wide state machines (the barrier manager, the coflow coordinator) that run
+in one place and talk to every rank by messages.
+
+Under the TCP channel the bootstrap master hosts them (see :func:`install_on_master`); under MPI and
+the local channel rank 0 hosts them, reached over two reserved control edges. Either way a rank uses
+``ctx.services.send(name, msg)`` and ``ctx.services.subscribe(name, callback)``; messages are
+msgpack-able dicts. A service object implements::
+
+    handle(src_rank: int, msg: dict, now: float) -> list[tuple[int, dict]]   # replies, by rank
+    tick(now: float) -> list[tuple[int, dict]]                               # timer-driven replies
+    next_deadline() -> float | None                                         # when tick must run
+
+with ``now`` from ``time.monotonic()`` of the hosting process. Services are created on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Callable
+
+from .channel import CONTROL_EDGE_BASE
+from .errors import TwisternetError
+
+if TYPE_CHECKING:
+    from .context import Context
+
+log = logging.getLogger(__name__)
+
+REQUEST_EDGE = CONTROL_EDGE_BASE + 1
+REPLY_EDGE = CONTROL_EDGE_BASE + 2
+
+_FACTORIES: dict[str, str | Callable[[], Any]] = {
+    "barrier": "collectives.barrier.service:BarrierService",
+}
+
+
+def register_service(name: str, factory: str | Callable[[], Any]) -> None:
+    """Make a coordinator service available by name (a callable or ``"module:attribute"``)."""
+    _FACTORIES[name] = factory
+
+
+def create_service(name: str) -> Any:
+    """A new instance of the service registered as ``name``."""
+    try:
+        f = _FACTORIES[name]
+    except KeyError:
+        raise TwisternetError(f"no coordinator service named {name!r}; known: {sorted(_FACTORIES)}") from None
+    if isinstance(f, str):
+        mod, _, attr = f.partition(":")
+        f = getattr(importlib.import_module(mod), attr)
+        _FACTORIES[name] = f
+    return f()
+
+
+class _Host:
+    """Runs services on the coordinator: creates them on first use, serialises calls, drives ticks."""
+
+    def __init__(self, deliver: Callable[[int, str, dict], None]) -> None:
+        self._deliver = deliver
+        self._services: dict[str, Any] = {}
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._stop = False
+        self._thread: threading.Thread | None = None
+
+    def handle(self, src: int, name: str, msg: dict) -> None:
+        with self._lock:
+            svc = self._services.get(name)
+            if svc is None:
+                svc = self._services[name] = create_service(name)
+            replies = svc.handle(src, msg, time.monotonic())
+            self._cond.notify()
+        self._send_all(name, replies)
+        self._ensure_ticker()
+
+    def _send_all(self, name: str, replies: Any) -> None:
+        for rank, reply in replies or ():
+            self._deliver(rank, name, reply)
+
+    def _ensure_ticker(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._tick_loop, name="twisternet-services", daemon=True)
+            self._thread.start()
+
+    def _tick_loop(self) -> None:
+        while True:
+            with self._lock:
+                if self._stop:
+                    return
+                now = time.monotonic()
+                due: list[tuple[str, Any]] = []
+                wait = 0.5
+                for name, svc in self._services.items():
+                    d = svc.next_deadline()
+                    if d is not None and d <= now:
+                        due.append((name, svc.tick(now)))
+                    elif d is not None:
+                        wait = min(wait, d - now)
+                if not due:
+                    self._cond.wait(max(wait, 0.001))
+            for name, replies in due:
+                try:
+                    self._send_all(name, replies)
+                except TwisternetError as e:
+                    log.warning("coordinator service %s: could not deliver: %s", name, e)
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stop = True
+            self._cond.notify()
+
+
+def install_on_master(master: Any, names: list[str] | None = None) -> None:
+    """Host the named services (default: all registered) in a bootstrap ``Master``."""
+    for name in names or list(_FACTORIES):
+        holder: dict[str, Any] = {}
+        lock = threading.Lock()
+
+        def svc(name: str = name) -> Any:
+            if "s" not in holder:
+                holder["s"] = create_service(name)
+            return holder["s"]
+
+        def handle(src: int, msg: dict, svc: Callable[[], Any] = svc) -> list[tuple[int, dict]]:
+            payload = msg.get("payload")
+            if not isinstance(payload, dict):
+                return [(src, {"error": "service message without a payload"})]
+            with lock:
+                return [(r, {"payload": m}) for r, m in svc().handle(src, payload, time.monotonic())]
+
+        def tick(svc: Callable[[], Any] = svc) -> list[tuple[int, dict]]:
+            with lock:
+                return [(r, {"payload": m}) for r, m in svc().tick(time.monotonic())]
+
+        def next_deadline(svc: Callable[[], Any] = svc) -> float | None:
+            with lock:
+                return svc().next_deadline() if "s" in holder else None
+
+        master.add_service(name, handle, tick, next_deadline)
+
+
+class ServiceLink:
+    """A rank's link to the coordinator services of its job (``ctx.services``)."""
+
+    def __init__(self, ctx: "Context") -> None:
+        self.ctx = ctx
+        self._subs: dict[str, Callable[[dict], None]] = {}
+        self._session = getattr(ctx.channel, "session", None)
+        self._host: _Host | None = None
+        self.cache: dict[str, Any] = {}   # per-context clients built on this link (e.g. the barrier client)
+        if self._session is not None:
+            ctx.channel.service_handlers = _Router(self)  # type: ignore[attr-defined]
+        else:
+            if ctx.rank == 0:
+                self._host = _Host(self._reply)
+                ctx._register_control(REQUEST_EDGE, self._on_request)
+            ctx._register_control(REPLY_EDGE, self._on_reply)
+
+    @property
+    def coordinator(self) -> str:
+        """Where the services run: "master" or "rank 0"."""
+        return "master" if self._session is not None else "rank 0"
+
+    def subscribe(self, name: str, callback: Callable[[dict], None]) -> None:
+        """Deliver the replies of service ``name`` to ``callback`` (on the progress thread)."""
+        self._subs[name] = callback
+
+    def send(self, name: str, msg: dict) -> None:
+        """Send ``msg`` to service ``name`` on the coordinator."""
+        if self._session is not None:
+            self._session.send({"service": name, "payload": msg})
+        else:
+            self.ctx.send(0, REQUEST_EDGE, (name, msg))
+
+    # rank 0 side
+    def _on_request(self, src: int, obj: Any) -> bool:
+        name, msg = obj
+        assert self._host is not None
+        try:
+            self._host.handle(src, name, msg)
+        except TwisternetError as e:
+            log.error("rank 0: service request %r from rank %d failed: %s", name, src, e)
+        return True
+
+    def _reply(self, rank: int, name: str, msg: dict) -> None:
+        self.ctx.send(rank, REPLY_EDGE, (name, msg))
+
+    # every rank
+    def _on_reply(self, src: int, obj: Any) -> bool:
+        name, msg = obj
+        self._dispatch(name, msg)
+        return True
+
+    def _dispatch(self, name: str, msg: dict) -> None:
+        cb = self._subs.get(name)
+        if cb is None:
+            log.warning("rank %d: reply from service %r that nobody here subscribed to", self.ctx.rank, name)
+            return
+        cb(msg)
+
+    def close(self) -> None:
+        if self._host is not None:
+            self._host.stop()
+
+
+class _Router(dict):
+    """What the TCP channel calls for service events from the master: unwraps the envelope."""
+
+    def __init__(self, link: ServiceLink) -> None:
+        super().__init__()
+        self.link = link
+
+    def get(self, name: Any, default: Any = None) -> Callable[[dict], None]:  # type: ignore[override]
+        def route(ev: dict) -> None:
+            if "error" in ev:
+                log.error("rank %d: service %r on the master: %s", self.link.ctx.rank, name, ev["error"])
+                return
+            self.link._dispatch(name, ev.get("payload", {}))
+        return route
