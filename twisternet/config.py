@@ -66,6 +66,9 @@ class Config:
     #: Records an operation may hold undelivered at a destination before it stops accepting
     #: (back pressure then reaches the senders through withheld credit).
     receive_pending_limit: int = 100_000
+    #: Seconds a partly filled buffer may wait for more records before it is sent (batching small
+    #: records); ``flush()`` and any blocking wait send at once.
+    flush_delay: float = 0.0005
     #: Messages larger than this are sent zero-copy as their own channel message.
     zero_copy_threshold: int = 256 << 10
     #: Bytes of batch data (gather, keyed gather, partition) kept in memory before spilling to disk.
@@ -147,6 +150,8 @@ def _validate(c: Config) -> None:
     positive("receive_pending_limit")
     positive("zero_copy_threshold", 0)
     positive("memory_limit", 1024)
+    if not 0 <= c.flush_delay <= 1:
+        raise ConfigError("flush_delay", f"must be between 0 and 1 second, got {c.flush_delay!r}")
     positive("socket_buffer", 0)
     for k in ("timeout", "connect_timeout", "handshake_timeout", "peer_timeout", "heartbeat_interval"):
         if not c.__getattribute__(k) > 0:

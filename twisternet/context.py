@@ -133,7 +133,9 @@ class Context:
 
         self._out: dict[tuple[int, int], _OutStream] = {}
         self._out_ready: set[tuple[int, int]] = set()     # streams with queued messages
-        self._out_partial: set[tuple[int, int]] = set()   # streams with a partly filled buffer
+        self._out_partial: dict[tuple[int, int], float] = {}  # stream -> when to send its partial buffer
+        self._flush_delay = config.flush_delay
+        self._sleep_until = float("inf")   # when a sleeping engine will wake by itself
         self._in: dict[tuple[int, int], _InStream] = {}
         self._in_dirty: set[tuple[int, int]] = set()      # streams with deliverable records
         self._local_bytes: dict[int, int] = {}
@@ -244,11 +246,17 @@ class Context:
         """Block until ``predicate()``; raise PeerLostError on a lost peer, ``on_timeout()`` on timeout."""
         limit = self.config.timeout if timeout is None else timeout
         deadline = time.monotonic() + limit
+        flushed = False
         while True:
             with self._lock:
                 gen = self._gen
             if predicate():
                 return
+            if not flushed:
+                # whoever waits for an answer wants its own pending records on their way now
+                flushed = True
+                if self._out_partial:
+                    self.flush()
             self._raise_failures()
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -382,8 +390,11 @@ class Context:
                 if s is None:
                     s = self._out[key] = _OutStream(dst, edge, self.pool)
                 direct = n >= self._zc
-                room = s.queued_bytes < self._credit and (
-                    direct or self.pool.available >= s.packer.space_needed(n))
+                if direct:
+                    room = s.queued_bytes < self._credit
+                else:
+                    need = s.packer.space_needed(n)
+                    room = s.queued_bytes < self._credit and (need == 0 or self.pool.available >= need)
                 if room or forced:
                     wake = False
                     if direct or not room:
@@ -403,10 +414,12 @@ class Context:
                             self._queue(s, _OutMsg([_BATCH, buf], len(buf) + 1, buf, None))
                             wake = True
                         if s.packer.pending_bytes:
-                            self._out_partial.add(key)
-                            wake = wake or not had_partial
+                            if not had_partial:
+                                self._out_partial[key] = time.monotonic() + self._flush_delay
+                                # wake the engine only if it sleeps past this buffer's flush time
+                                wake = wake or self._sleep_until > self._out_partial[key]
                         else:
-                            self._out_partial.discard(key)
+                            self._out_partial.pop(key, None)
                     break
                 if not block:
                     return False
@@ -464,7 +477,7 @@ class Context:
 
     def _emit_partial(self, s: _OutStream) -> None:
         got = s.packer.flush()
-        self._out_partial.discard((s.peer, s.edge))
+        self._out_partial.pop((s.peer, s.edge), None)
         if got is not None:
             buf, view = got
             self._queue(s, _OutMsg([_BATCH, view], len(view) + 1, buf, None))
@@ -487,7 +500,15 @@ class Context:
             self._in_progress.active = True
             try:
                 did = self._pump()
-                did = self.channel.progress(0.0 if did or self._in_dirty else timeout) or did
+                if did or self._in_dirty:
+                    timeout = 0.0
+                else:
+                    with self._lock:
+                        if self._out_partial:
+                            timeout = max(0.0, min(timeout, min(self._out_partial.values()) - time.monotonic()))
+                        self._sleep_until = time.monotonic() + timeout
+                did = self.channel.progress(timeout) or did
+                self._sleep_until = float("inf") if timeout > 0 else self._sleep_until
                 did = self._pump() or did
                 did = self._deliver() or did
             finally:
@@ -500,10 +521,12 @@ class Context:
         """Hand queued messages to the channel while it has credit; flush idle partial buffers."""
         did = False
         with self._lock:
-            for key in list(self._out_partial):
-                s = self._out[key]
-                if not s.queue and not self.channel.has_pending(s.peer):
-                    self._emit_partial(s)
+            if self._out_partial:
+                now = time.monotonic()
+                for key, due in list(self._out_partial.items()):
+                    s = self._out[key]
+                    if due <= now and not s.queue:
+                        self._emit_partial(s)
             for key in list(self._out_ready):
                 s = self._out[key]
                 while s.queue:
@@ -535,27 +558,32 @@ class Context:
             if ins is None or entry is None:
                 continue
             handler = entry[0]
+            src = ins.src
             while True:
                 with self._lock:
                     if not ins.pending:
                         break
-                    obj, ref = ins.pending[0]
+                    batch = list(ins.pending)
+                    ins.pending.clear()
+                i = 0
                 try:
-                    ok = handler(ins.src, obj)
+                    for obj, ref in batch:
+                        if handler(src, obj) is False:
+                            break
+                        ref.done_one()
+                        i += 1
                 except BaseException as e:  # noqa: BLE001 - a failing handler fails the waiters
                     log.exception("rank %d: handler of edge %d raised", self.rank, key[1])
                     with self._lock:
                         if self._failure is None:
                             self._failure = e
                     return True
-                if ok is False:
+                did = did or i > 0
+                if i < len(batch):
                     with self._lock:
+                        ins.pending.extendleft(reversed(batch[i:]))   # keep order: refused one first
                         self._refused[key] = time.monotonic()
                     break
-                with self._lock:
-                    ins.pending.popleft()
-                ref.done_one()
-                did = True
         return did
 
     def _wait_change(self, gen: int, timeout: float) -> None:

@@ -109,6 +109,23 @@ class Packer:
         The caller must ensure the pool can supply ``space_needed`` buffers (else ProtocolError-free
         RuntimeError is raised before anything is written).
         """
+        buf = self._buf
+        if buf is not None:
+            # fast path: the record fits in the current buffer
+            n = 0
+            for p in parts:
+                n += len(p) if type(p) is bytes else memoryview(p).nbytes
+            used = self._used
+            end = used + LENGTH_HEADER + n
+            if end < len(buf):
+                _U64.pack_into(buf, used, n)
+                pos = used + LENGTH_HEADER
+                for p in parts:
+                    k = len(p) if type(p) is bytes else memoryview(p).nbytes
+                    buf[pos:pos + k] = p if type(p) is bytes else memoryview(p).cast("B")
+                    pos += k
+                self._used = end
+                return []
         views = [memoryview(p).cast("B") if memoryview(p).format != "B" or memoryview(p).ndim != 1
                  else memoryview(p) for p in parts]
         n = sum(v.nbytes for v in views)
