@@ -1,0 +1,375 @@
+"""The ATP parameter server: aggregates what the switches could not, and returns the parameter packets.
+
+Contributions arrive as switch aggregates, collision-forwarded or resent raw fragments, partial flushes
+and overflow (float) fragments. Each packet stands for a *set of workers* (rank = rack * rack_size +
+index in rack):
+
+* ``bitmap0 != 0``: the workers ``bitmap0`` of the single rack ``bitmap1`` (a raw gradient, or a level-0
+  aggregate);
+* ``bitmap0 == 0``: every worker of the racks in ``bitmap1`` (a level-1 aggregate of whole racks).
+
+Per fragment the PS keeps the union of the sets received and adds a packet only when its set is disjoint
+from it; a subset is a duplicate (ignored); a partial overlap cannot be un-added, so it is dropped and
+counted (the workers' resends then arrive raw, each disjoint). int32 payloads are summed in int64 and
+overflow payloads (float32 bits) in float64; once the union covers all workers, the result
+``int_sum / scale + float_sum`` is sent as float32 in a parameter packet.
+
+**Collisions** are answered by aggregating the fragment here, and by setting ``collision`` in the
+parameter packet: workers then move the aggregator slot of that fragment to a re-hashed index for the
+fragment that reuses the slot next (see ``innet.worker``).
+
+The parameter packet goes to the job's switch (which frees the aggregators on its way and multicasts it),
+and directly to every worker seen sending straight to the PS (fallback when the switch is gone).
+Completed results are kept for ``keep`` fragments so a duplicate (a worker whose ACK was lost) is
+answered with the same packet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import select
+import signal
+import sys
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from .transport import ROLE_PS, LossConfig, UdpTransport
+from .wire import (DEFAULT_VALUE_COUNT, FLAG_ACK, FLAG_COLLISION, FLAG_ECN, FLAG_EDGE, FLAG_OVERFLOW,
+                   FLAG_RESEND, HEADER_SIZE, MAX_FAN_IN, MAX_JOB_ID, WireError, decode_header,
+                   encode_header, packet_size)
+
+__all__ = ["PSJobConfig", "PSJobStats", "ParameterServer", "PSThread", "main"]
+
+log = logging.getLogger(__name__)
+
+_PENDING_TTL = 60.0
+
+
+@dataclass(frozen=True)
+class PSJobConfig:
+    """A job as the PS sees it: layout of workers into racks, quantization scale, where ACKs go.
+
+    ``switch_addr`` is the UDP address of the switch that multicasts this job's parameter packets (the
+    PS-rack ToR), or None when there is no switch. ``keep`` is how many completed fragments are
+    remembered for answering duplicates; it must exceed twice the workers' maximum window.
+    """
+
+    job_id: int
+    world: int
+    scale: float
+    switch_addr: tuple[str, int] | None = None
+    rack_size: int | None = None
+    keep: int = 4096
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.job_id <= MAX_JOB_ID:
+            raise ValueError(f"job_id must be in 1..{MAX_JOB_ID}, got {self.job_id}")
+        rs = self.rack_size or self.world
+        if not 1 <= rs <= MAX_FAN_IN:
+            raise ValueError(f"rack size must be in 1..{MAX_FAN_IN}, got {rs}")
+        if not 1 <= self.world <= rs * MAX_FAN_IN:
+            raise ValueError(f"world must be in 1..{rs * MAX_FAN_IN} for rack size {rs}, got {self.world}")
+        if not self.scale > 0:
+            raise ValueError(f"scale must be > 0, got {self.scale}")
+
+    @property
+    def racks(self) -> int:
+        rs = self.rack_size or self.world
+        return -(-self.world // rs)
+
+
+@dataclass
+class PSJobStats:
+    """What the PS did for one job."""
+
+    packets: int = 0
+    switch_aggregates: int = 0     # packets already aggregated by a switch (edgeSwitchIdentifier set)
+    raw: int = 0                   # single-worker packets aggregated here
+    collisions: int = 0
+    overflow: int = 0
+    resends: int = 0
+    duplicates: int = 0
+    overlaps: int = 0
+    completed: int = 0
+    param_resent: int = 0
+    direct_workers: set[int] = field(default_factory=set)
+
+
+class _Pending:
+    __slots__ = ("have", "int_sum", "float_sum", "ecn", "collision", "agg_index", "fan", "t0")
+
+    def __init__(self, value_count: int, agg_index: int, fan: int, now: float) -> None:
+        self.have = 0
+        self.int_sum = np.zeros(value_count, np.int64)
+        self.float_sum: np.ndarray | None = None
+        self.ecn = False
+        self.collision = False
+        self.agg_index = agg_index
+        self.fan = fan
+        self.t0 = now
+
+
+class _JobState:
+    def __init__(self, cfg: PSJobConfig) -> None:
+        self.cfg = cfg
+        self.rack_size = cfg.rack_size or cfg.world
+        self.full = (1 << cfg.world) - 1
+        self.rack_masks = [((1 << min(self.rack_size, cfg.world - r * self.rack_size)) - 1)
+                           for r in range(cfg.racks)]
+        self.pending: dict[int, _Pending] = {}
+        self.completed: OrderedDict[int, bytes] = OrderedDict()
+        self.direct: dict[int, tuple[str, int]] = {}
+        self.stats = PSJobStats()
+
+    def contribution(self, b0: int, b1: int) -> int | None:
+        """The set of ranks a packet stands for, as a bitset; None when the bitmaps are inconsistent."""
+        racks = len(self.rack_masks)
+        if b1 == 0 or b1 >> racks:
+            return None
+        if b0 == 0:
+            s = 0
+            for r in range(racks):
+                if b1 >> r & 1:
+                    s |= self.rack_masks[r] << (r * self.rack_size)
+            return s
+        if b1 & (b1 - 1):
+            return None
+        r = b1.bit_length() - 1
+        if b0 & ~self.rack_masks[r]:
+            return None
+        return b0 << (r * self.rack_size)
+
+
+class ParameterServer:
+    """The PS end host for several jobs on one UDP socket; ``run()`` loops until ``stop()``."""
+
+    def __init__(self, bind: tuple[str, int] = ("127.0.0.1", 0), value_count: int = DEFAULT_VALUE_COUNT,
+                 *, loss: LossConfig | None = None) -> None:
+        self.value_count = int(value_count)
+        self.packet_size = packet_size(self.value_count)
+        self.transport = UdpTransport(bind, role=ROLE_PS, loss=loss)
+        self._jobs: dict[int, _JobState] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self.dropped = 0
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self.transport.address
+
+    def add_job(self, cfg: PSJobConfig) -> None:
+        """Serve a job (replacing any previous state of the same id)."""
+        with self._lock:
+            self._jobs[cfg.job_id] = _JobState(cfg)
+
+    def remove_job(self, job_id: int) -> None:
+        with self._lock:
+            self._jobs.pop(job_id, None)
+
+    def stats(self, job_id: int) -> PSJobStats:
+        """A snapshot of the statistics of one job; KeyError if unknown."""
+        with self._lock:
+            s = self._jobs[job_id].stats
+            return PSJobStats(**{**s.__dict__, "direct_workers": set(s.direct_workers)})
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    # ------------------------------------------------------------------ packet handling
+    def handle(self, data: bytes, src: tuple[str, int], now: float) -> list[tuple[tuple[str, int], bytes]]:
+        """Process one received packet; returns the (address, bytes) datagrams to send."""
+        if len(data) != self.packet_size:
+            self.dropped += 1
+            log.debug("PS dropped a %d-byte packet from %s", len(data), src)
+            return []
+        try:
+            h = decode_header(data)
+        except WireError as e:
+            self.dropped += 1
+            log.debug("PS dropped a garbled packet from %s: %s", src, e)
+            return []
+        with self._lock:
+            js = self._jobs.get(h.job_id)
+            if js is None or h.flags & FLAG_ACK:
+                self.dropped += 1
+                return []
+            cfg, st = js.cfg, js.stats
+            st.packets += 1
+            contrib = js.contribution(h.bitmap0, h.bitmap1)
+            if contrib is None:
+                self.dropped += 1
+                log.warning("job %d: packet with inconsistent bitmaps %#x/%#x dropped", h.job_id,
+                            h.bitmap0, h.bitmap1)
+                return []
+            direct = src != cfg.switch_addr
+            if direct and not h.flags & FLAG_EDGE and contrib & (contrib - 1) == 0:
+                rank = contrib.bit_length() - 1
+                if js.direct.get(rank) != src:
+                    js.direct[rank] = src
+                    st.direct_workers.add(rank)
+                    log.info("job %d: worker %d sends directly to the PS from %s", h.job_id, rank, src)
+            if h.flags & FLAG_RESEND:
+                st.resends += 1
+            seq = h.seq
+            done = js.completed.get(seq)
+            if done is not None:
+                st.duplicates += 1
+                st.param_resent += 1
+                if direct:
+                    return [(src, done)]
+                return [(cfg.switch_addr, done)] if cfg.switch_addr else []
+            p = js.pending.get(seq)
+            if p is None:
+                p = js.pending[seq] = _Pending(self.value_count, h.agg_index,
+                                               int.from_bytes(data[8:10], "big") & ~0x3F, now)
+            if contrib & p.have:
+                if contrib & p.have == contrib:
+                    st.duplicates += 1
+                else:
+                    st.overlaps += 1
+                    log.debug("job %d seq %d: partially overlapping contribution dropped", h.job_id, seq)
+                return []
+            payload = np.frombuffer(data, dtype=">i4", count=self.value_count, offset=HEADER_SIZE)
+            if h.flags & FLAG_OVERFLOW:
+                st.overflow += 1
+                f = payload.view(">f4").astype(np.float64)
+                if p.float_sum is None:
+                    p.float_sum = f
+                else:
+                    p.float_sum += f
+            else:
+                p.int_sum += payload
+            if h.flags & FLAG_EDGE:
+                st.switch_aggregates += 1
+            else:
+                st.raw += 1
+            if h.flags & FLAG_COLLISION:
+                st.collisions += 1
+                p.collision = True
+            if h.flags & FLAG_ECN:
+                p.ecn = True
+            p.have |= contrib
+            if p.have != js.full:
+                return []
+            del js.pending[seq]
+            result = p.int_sum / cfg.scale
+            if p.float_sum is not None:
+                result += p.float_sum
+            flags = FLAG_ACK | (FLAG_ECN if p.ecn else 0) | (FLAG_COLLISION if p.collision else 0)
+            fan0 = min(js.rack_size, cfg.world)
+            head = encode_header(js.rack_masks[0], (1 << len(js.rack_masks)) - 1, fan0, len(js.rack_masks),
+                                 flags, p.agg_index, h.job_seq)
+            param = head + result.astype(">f4").tobytes()
+            js.completed[seq] = param
+            while len(js.completed) > cfg.keep:
+                js.completed.popitem(last=False)
+            st.completed += 1
+            out = [(cfg.switch_addr, param)] if cfg.switch_addr else []
+            out.extend((a, param) for a in js.direct.values())
+            if len(js.pending) > cfg.keep:
+                self._expire(js, now)
+            return out
+
+    @staticmethod
+    def _expire(js: _JobState, now: float) -> None:
+        old = [s for s, p in js.pending.items() if now - p.t0 > _PENDING_TTL]
+        for s in old:
+            del js.pending[s]
+        if old:
+            log.warning("job %d: %d fragments never completed and were dropped", js.cfg.job_id, len(old))
+
+    # ------------------------------------------------------------------ loop
+    def run(self) -> None:
+        """Receive and answer packets until stopped; then close the socket."""
+        tr = self.transport
+        try:
+            while not self._stop.is_set():
+                r, _, _ = select.select([tr.sock], [], [], 0.05)
+                if not r:
+                    continue
+                now = time.monotonic()
+                for data, src in tr.recv_batch(512):
+                    for addr, out in self.handle(data, src, now):
+                        tr.send(out, addr)
+        finally:
+            tr.close()
+
+
+class PSThread:
+    """A parameter server running in a daemon thread (tests, demos); a context manager."""
+
+    def __init__(self, bind: tuple[str, int] = ("127.0.0.1", 0), value_count: int = DEFAULT_VALUE_COUNT,
+                 *, loss: LossConfig | None = None) -> None:
+        self.server = ParameterServer(bind, value_count, loss=loss)
+        self._thread = threading.Thread(target=self.server.run, name="atp-ps", daemon=True)
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self.server.address
+
+    def start(self) -> "PSThread":
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self.server.stop()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def __enter__(self) -> "PSThread":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def job_config_from_dict(d: Mapping[str, Any]) -> PSJobConfig:
+    """A PSJobConfig from a JSON object {job_id, world, scale, switch: [host, port], rack_size, keep}."""
+    sw = d.get("switch")
+    return PSJobConfig(int(d["job_id"]), int(d["world"]), float(d["scale"]),
+                       (str(sw[0]), int(sw[1])) if sw else None,
+                       int(d["rack_size"]) if d.get("rack_size") else None, int(d.get("keep", 4096)))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI: ``python -m innet.ps --port P --values V --config JSON`` ({"jobs": [...]}, file or inline)."""
+    ap = argparse.ArgumentParser(prog="innet-ps", description="ATP parameter server (UDP)")
+    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--values", type=int, default=DEFAULT_VALUE_COUNT)
+    ap.add_argument("--config", default=None, help='JSON {"jobs": [{job_id, world, scale, switch, ...}]}')
+    ap.add_argument("--log-level", default="WARNING")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    server = ParameterServer((args.host, args.port), args.values)
+    if args.config:
+        text = args.config
+        if os.path.exists(text):
+            with open(text, encoding="utf-8") as f:
+                text = f.read()
+        try:
+            for j in json.loads(text).get("jobs", ()):
+                server.add_job(job_config_from_dict(j))
+        except (KeyError, TypeError, ValueError) as e:
+            ap.error(f"bad --config: {e}")
+    signal.signal(signal.SIGTERM, lambda *_: server.stop())
+    host, port = server.address
+    sys.stdout.write(f"atp ps listening on udp {host}:{port}\n")
+    sys.stdout.flush()
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""Fixed-point quantization of float32 gradients to int32 for switch aggregation, and its error bound.
+
+A worker sends ``q = round_half_even(x * scale)`` as int32. To make sure the switch's saturating int32
+adds never saturate, each worker's magnitude is limited to ``limit = (2**31 - 1) // world``: the sum of
+``world`` such values always fits int32. A fragment holding any value with ``|x * scale| > limit`` (or a
+NaN/inf) is not quantized: it travels as raw float32 bits in a packet with the ``overflow`` flag, which
+the switch forwards to the parameter server, which adds it in float64.
+
+Error bound of a reduced value (sum over ``world`` workers, result returned as float32)::
+
+    |result - exact| <= q_workers * 0.5 / scale  +  2**-24 * |exact|  (+ a float64 rounding term,
+                                                                        below 1e-15 * sum |x_i|)
+
+where ``q_workers <= world`` is the number of workers whose fragment was quantized (not overflow):
+rounding to the nearest integer loses at most half a unit (``0.5 / scale``) per worker; the integer sum
+itself is exact; the last term is the rounding of the result to float32. ``error_bound`` computes it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["INT32_MAX", "Quantizer", "error_bound"]
+
+INT32_MAX = 2**31 - 1
+
+
+class Quantizer:
+    """Float32 <-> int32 fixed point with a per-job scale, sized so ``world`` int32 values never overflow."""
+
+    def __init__(self, scale: float, world: int) -> None:
+        if not (np.isfinite(scale) and scale > 0):
+            raise ValueError(f"quantization scale must be a positive finite number, got {scale!r}")
+        if world < 1:
+            raise ValueError(f"world must be >= 1, got {world}")
+        self.scale = float(scale)
+        self.world = int(world)
+        #: largest magnitude one worker may send, so that world of them sum within int32
+        self.limit = INT32_MAX // self.world
+
+    def quantize_fragments(self, frags: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Quantize a (n, V) float32 matrix of fragments: (int32 matrix, bool[n] overflow per fragment).
+
+        Overflowing rows of the int32 matrix hold the float32 bit patterns of the input instead.
+        """
+        frags = np.asarray(frags, dtype=np.float32)
+        scaled = frags.astype(np.float64) * self.scale
+        with np.errstate(invalid="ignore"):
+            bad = ~(np.abs(scaled) <= self.limit)          # also catches NaN and +-inf
+        overflow = bad.any(axis=1) if frags.ndim == 2 else bad.any(keepdims=True)
+        q = np.rint(np.where(bad, 0.0, scaled)).astype(np.int32)
+        if overflow.any():
+            q[overflow] = frags[overflow].view(np.int32)
+        return q, overflow
+
+    def dequantize_sum(self, int_sum: np.ndarray) -> np.ndarray:
+        """The float64 value of a sum of quantized values."""
+        return np.asarray(int_sum, dtype=np.float64) / self.scale
+
+
+def error_bound(reference: np.ndarray, scale: float, world: int) -> np.ndarray:
+    """Per-element bound on |innet result - exact sum| (see the module doc); ``reference`` is the exact sum."""
+    ref = np.abs(np.asarray(reference, dtype=np.float64))
+    return world * 0.5 / scale + ref * 2.0**-24 + 1e-12 * (1.0 + ref)

@@ -1,0 +1,300 @@
+"""High-level in-network allreduce: ``InnetJob.allreduce`` and helpers that start a switch and a PS.
+
+Typical multi-process use (what ``AllReduce(..., via="innet")`` does)::
+
+    job = InnetJob(job_id=1, rank=r, world=w, switch_addr=SW, ps_addr=PS)   # binds a UDP socket
+    addrs = allgather(job.address)                                          # over the normal channel
+    if r == 0:                                                              # configure switch + PS once
+        svc = InnetService.launch(job_id=1, worker_addrs=addrs, switch_port=SW[1], ps_port=PS[1])
+    barrier()
+    total = job.allreduce(grad)                                             # float32 sum over the job
+
+``InnetCluster`` does all of this inside one process (threads), for tests and demos.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from .control import SwitchControl
+from .ps import PSJobConfig, PSThread
+from .quantize import error_bound
+from .switch_server import SwitchThread, apply_config
+from .transport import LossConfig
+from .wire import DEFAULT_VALUE_COUNT
+from .worker import AtpWorker, WorkerStats
+
+__all__ = ["InnetJob", "JobSpec", "InnetCluster", "InnetService", "switch_config", "innet_allreduce",
+           "free_udp_port", "DEFAULT_SCALE"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SCALE = 2.0**20
+PS_PORT = 1_000_000          # switch port number of the PS; worker ports are job_id * 1000 + rank + 1
+
+
+def free_udp_port(host: str = "127.0.0.1") -> int:
+    """A UDP port that was free a moment ago (for a switch or PS subprocess that needs a fixed port)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class InnetJob:
+    """One rank's handle on an in-network allreduce job: ``allreduce(array) -> array`` (float32).
+
+    All ranks must call ``allreduce`` in the same order with arrays of the same size. The result equals
+    the exact sum within ``error_bound`` (see ``innet.quantize``); ``op="mean"`` divides by ``world``.
+    """
+
+    def __init__(self, job_id: int, rank: int, world: int, switch_addr: tuple[str, int] | None,
+                 ps_addr: tuple[str, int], *, value_count: int = DEFAULT_VALUE_COUNT,
+                 num_aggregators: int = 4096, scale: float = DEFAULT_SCALE, rack_size: int | None = None,
+                 max_window: int = 128, loss: LossConfig | None = None, **worker_options: Any) -> None:
+        self.worker = AtpWorker(job_id, rank, world, switch_addr, ps_addr, value_count=value_count,
+                                num_aggregators=num_aggregators, scale=scale, rack_size=rack_size,
+                                max_window=max_window, loss=loss, **worker_options)
+        self.job_id, self.rank, self.world = job_id, rank, world
+        self.scale = scale
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """This rank's UDP address (the switch maps a port to it)."""
+        return self.worker.address
+
+    @property
+    def last_stats(self) -> WorkerStats | None:
+        """Statistics of the last call (window, retransmits, fallback...)."""
+        return self.worker.last_stats
+
+    def allreduce(self, array: np.ndarray, op: str = "sum") -> np.ndarray:
+        """Reduce ``array`` elementwise over all ranks of the job; float32 in, float32 out."""
+        if op not in ("sum", "mean"):
+            raise ValueError(f"innet allreduce supports op='sum' or 'mean', got {op!r}")
+        arr = np.asarray(array)
+        if arr.dtype != np.float32:
+            if not np.issubdtype(arr.dtype, np.number) or np.iscomplexobj(arr):
+                raise TypeError(f"innet allreduce needs a real numeric array, got dtype {arr.dtype}")
+            arr = arr.astype(np.float32)
+        out, _ = self.worker.allreduce_sum(arr)
+        if op == "mean":
+            out = (out.astype(np.float64) / self.world).astype(np.float32)
+        return out
+
+    def error_bound(self, reference: np.ndarray) -> np.ndarray:
+        """The documented per-element error bound of a result whose exact value is ``reference``."""
+        return error_bound(reference, self.scale, self.world)
+
+    def close(self) -> None:
+        self.worker.close()
+
+    def __enter__(self) -> "InnetJob":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def innet_allreduce(job: InnetJob, array: np.ndarray, op: str = "sum") -> np.ndarray:
+    """Functional form of ``job.allreduce(array, op)``."""
+    return job.allreduce(array, op)
+
+
+def switch_config(job_id: int, worker_addrs: Sequence[tuple[str, int]], ps_addr: tuple[str, int],
+                  *, ecn_threshold: int | None = None) -> dict:
+    """The single-switch config dict (ports, group, job) of a job whose workers all sit on one ToR."""
+    world = len(worker_addrs)
+    ports = {str(job_id * 1000 + r + 1): [a[0], int(a[1])] for r, a in enumerate(worker_addrs)}
+    ports[str(PS_PORT)] = [ps_addr[0], int(ps_addr[1])]
+    cfg: dict = {"ports": ports,
+                 "groups": [{"group_id": job_id, "ports": [job_id * 1000 + r + 1 for r in range(world)]}],
+                 "jobs": [{"job_id": job_id, "fan_in": world, "ps_port": PS_PORT, "mcast_group": job_id,
+                           "level": 0}]}
+    if ecn_threshold is not None:
+        cfg["ecn_threshold"] = ecn_threshold
+    return cfg
+
+
+def _merge_configs(configs: Sequence[Mapping[str, Any]]) -> dict:
+    out: dict = {"ports": {}, "groups": [], "jobs": []}
+    for c in configs:
+        out["ports"].update(c.get("ports", {}))
+        out["groups"].extend(c.get("groups", ()))
+        out["jobs"].extend(c.get("jobs", ()))
+        if "ecn_threshold" in c:
+            out["ecn_threshold"] = c["ecn_threshold"]
+    return out
+
+
+def _start_cli(module: str, args: Sequence[str], timeout: float = 20.0) -> tuple[subprocess.Popen, tuple[str, int]]:
+    env = dict(os.environ)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    # "-c" rather than "-m": the package __init__ already imports the module, which makes runpy warn
+    code = f"import sys; from {module} import main; sys.exit(main(sys.argv[1:]))"
+    proc = subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE,
+                            stderr=None, env=env, text=True)
+    line_holder: list[str] = []
+    t = threading.Thread(target=lambda: line_holder.append(proc.stdout.readline()), daemon=True)
+    t.start()
+    t.join(timeout)
+    if not line_holder or "listening on udp" not in line_holder[0]:
+        proc.kill()
+        raise RuntimeError(f"{module} did not start: {line_holder[:1]!r} (exit code {proc.poll()})")
+    host, port = line_holder[0].rsplit(" ", 1)[1].strip().rsplit(":", 1)
+    return proc, (host, int(port))
+
+
+@dataclass
+class InnetService:
+    """A switch and a PS running as subprocesses (``innet.switch_server.main`` / ``innet.ps.main``)."""
+
+    switch_proc: subprocess.Popen
+    ps_proc: subprocess.Popen
+    switch_addr: tuple[str, int]
+    ps_addr: tuple[str, int]
+
+    @classmethod
+    def launch(cls, job_id: int, worker_addrs: Sequence[tuple[str, int]], *, switch_port: int,
+               ps_port: int, host: str = "127.0.0.1", value_count: int = DEFAULT_VALUE_COUNT,
+               num_aggregators: int = 4096, scale: float = DEFAULT_SCALE, keep: int = 4096,
+               p4runtime_port: int | None = None) -> "InnetService":
+        """Start PS and switch subprocesses for one single-rack job on fixed ports (see ``free_udp_port``)."""
+        ps_cfg = {"jobs": [{"job_id": job_id, "world": len(worker_addrs), "scale": scale,
+                            "switch": [host, switch_port], "keep": keep}]}
+        ps_proc, ps_addr = _start_cli("innet.ps", ["--host", host, "--port", str(ps_port), "--values",
+                                                   str(value_count), "--config", json.dumps(ps_cfg)])
+        sw_args = ["--host", host, "--port", str(switch_port), "--aggregators", str(num_aggregators),
+                   "--values", str(value_count),
+                   "--config", json.dumps(switch_config(job_id, worker_addrs, ps_addr))]
+        if p4runtime_port is not None:
+            sw_args += ["--p4runtime-port", str(p4runtime_port)]
+        try:
+            sw_proc, sw_addr = _start_cli("innet.switch_server", sw_args)
+        except Exception:
+            ps_proc.kill()
+            raise
+        return cls(sw_proc, ps_proc, sw_addr, ps_addr)
+
+    def kill_switch(self) -> None:
+        """Kill the switch process (fate-sharing tests)."""
+        self.switch_proc.kill()
+        self.switch_proc.wait(10)
+
+    def close(self) -> None:
+        for p in (self.switch_proc, self.ps_proc):
+            if p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(5)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait(5)
+            if p.stdout:
+                p.stdout.close()
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A job of an ``InnetCluster``: id, number of workers, quantization scale, worker options."""
+
+    job_id: int
+    world: int
+    scale: float = DEFAULT_SCALE
+    max_window: int = 128
+    options: tuple[tuple[str, Any], ...] = ()
+
+
+class InnetCluster:
+    """An in-process switch (thread) + PS (thread) + every job's workers, configured and ready.
+
+    ``cluster.allreduce(job_id, arrays)`` runs one allreduce with one thread per rank and returns the
+    per-rank results. ``switch_loss`` / ``ps_loss`` / ``worker_loss`` inject packet loss.
+    """
+
+    def __init__(self, jobs: Sequence[JobSpec], *, num_aggregators: int = 4096,
+                 value_count: int = DEFAULT_VALUE_COUNT, loss: LossConfig | None = None,
+                 ecn_threshold: int = 64, stale_timeout: float = 2.0) -> None:
+        self.value_count = value_count
+        self.num_aggregators = num_aggregators
+        ps_loss = sw_loss = None
+        if loss is not None:
+            ps_loss = LossConfig(0, 0, loss.parameter, loss.seed + 1)
+            sw_loss = LossConfig(0, loss.aggregate, loss.parameter, loss.seed + 2)
+        self.ps = PSThread(value_count=value_count, loss=ps_loss).start()
+        self.switch = SwitchThread(num_aggregators, value_count, loss=sw_loss, ecn_threshold=ecn_threshold,
+                                   stale_timeout=stale_timeout).start()
+        self.jobs: dict[int, list[InnetJob]] = {}
+        self.specs = {s.job_id: s for s in jobs}
+        configs = []
+        for spec in jobs:
+            wl = LossConfig(loss.gradient, 0, 0, loss.seed + 100 * spec.job_id) if loss else None
+            handles = [InnetJob(spec.job_id, r, spec.world, self.switch.address, self.ps.address,
+                                value_count=value_count, num_aggregators=num_aggregators, scale=spec.scale,
+                                max_window=spec.max_window, loss=wl, **dict(spec.options))
+                       for r in range(spec.world)]
+            self.jobs[spec.job_id] = handles
+            configs.append(switch_config(spec.job_id, [h.address for h in handles], self.ps.address))
+            self.ps.server.add_job(PSJobConfig(spec.job_id, spec.world, spec.scale, self.switch.address,
+                                               keep=max(4096, 4 * spec.max_window)))
+        apply_config(self.switch.switch, _merge_configs(configs))
+
+    @property
+    def control(self) -> SwitchControl:
+        """The switch's control API."""
+        return self.switch.switch
+
+    def kill_switch(self) -> None:
+        """Stop the switch thread and close its socket, as if the switch died."""
+        self.switch.stop()
+
+    def allreduce(self, job_id: int, arrays: Sequence[np.ndarray], op: str = "sum",
+                  timeout: float = 120.0) -> list[np.ndarray]:
+        """Run ``allreduce`` on every rank of ``job_id`` concurrently; re-raises a rank's error."""
+        handles = self.jobs[job_id]
+        if len(arrays) != len(handles):
+            raise ValueError(f"job {job_id} has {len(handles)} ranks, got {len(arrays)} arrays")
+        results: list[Any] = [None] * len(handles)
+
+        def run(r: int) -> None:
+            try:
+                results[r] = handles[r].allreduce(arrays[r], op)
+            except BaseException as e:  # noqa: BLE001 - re-raised in the caller
+                results[r] = e
+
+        threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in range(len(handles))]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + timeout
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        if any(t.is_alive() for t in threads):
+            raise TimeoutError(f"innet allreduce of job {job_id} did not finish in {timeout} s")
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+        return results
+
+    def close(self) -> None:
+        self.switch.stop()
+        self.ps.stop()
+        for hs in self.jobs.values():
+            for h in hs:
+                h.close()
+
+    def __enter__(self) -> "InnetCluster":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

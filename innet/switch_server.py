@@ -1,0 +1,238 @@
+"""The switch process: a UDP loop around ``SoftwareSwitch``, a test thread, JSON config, and the CLI main.
+
+``twisternet switch --port P [--aggregators N] [--values 62] [--p4runtime-port G] [--config JSON]``
+runs ``main(argv)``. Packets are drained from the socket into an internal queue; the queue depth behind a
+packet drives ECN marking. Ports map to UDP addresses; a packet from an unknown address enters on
+``UNKNOWN_PORT``.
+
+The JSON/dict configuration (applied through the ``SwitchControl`` methods)::
+
+    {"ports":  {"1": ["127.0.0.1", 40001], "9": ["127.0.0.1", 40009]},
+     "groups": [{"group_id": 1, "ports": [1, 2]}],
+     "jobs":   [{"job_id": 1, "fan_in": 2, "ps_port": 9, "mcast_group": 1, "level": 0}],
+     "ecn_threshold": 64}
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import select
+import signal
+import sys
+import threading
+import time
+from collections import deque
+from typing import Any, Mapping, Sequence
+
+from .control import AlreadyExists, InvalidArgument, JobEntry, MulticastGroup, SwitchControl
+from .switch import DEFAULT_ECN_THRESHOLD, DEFAULT_STALE_TIMEOUT, SoftwareSwitch
+from .transport import ROLE_SWITCH, LossConfig, UdpTransport
+from .wire import DEFAULT_VALUE_COUNT
+
+__all__ = ["UNKNOWN_PORT", "apply_config", "SwitchServer", "SwitchThread", "main"]
+
+log = logging.getLogger(__name__)
+
+UNKNOWN_PORT = 0xFFFFFFFF
+_CONFIG_KEYS = {"ports", "groups", "jobs", "ecn_threshold"}
+
+
+def apply_config(switch: SwitchControl, config: Mapping[str, Any]) -> None:
+    """Apply a ports/groups/jobs/ecn_threshold config through the control API (insert, or modify if present)."""
+    unknown = set(config) - _CONFIG_KEYS
+    if unknown:
+        raise InvalidArgument(f"unknown switch config key(s): {sorted(unknown)}")
+    ports = config.get("ports", {})
+    items = ports.items() if isinstance(ports, Mapping) else ((p["port"], (p["host"], p["udp_port"]))
+                                                               for p in ports)
+    for port, addr in items:
+        try:
+            port_no = int(port)
+        except (TypeError, ValueError) as e:
+            raise InvalidArgument(f"config ports: bad port number {port!r}") from e
+        switch.set_port(port_no, (addr[0], int(addr[1])))
+    for g in config.get("groups", ()):
+        try:
+            group = MulticastGroup(int(g["group_id"]), tuple(int(p) for p in g["ports"]))
+        except (KeyError, TypeError, ValueError) as e:
+            raise InvalidArgument(f"config groups: bad entry {g!r}: {e}") from e
+        try:
+            switch.insert_mcast_group(group)
+        except AlreadyExists:
+            switch.modify_mcast_group(group)
+    for j in config.get("jobs", ()):
+        try:
+            entry = JobEntry(int(j["job_id"]), int(j["fan_in"]), int(j["ps_port"]), int(j["mcast_group"]),
+                             int(j.get("level", 0)))
+        except (KeyError, TypeError, ValueError) as e:
+            raise InvalidArgument(f"config jobs: bad entry {j!r}: {e}") from e
+        try:
+            switch.insert_job(entry)
+        except AlreadyExists:
+            switch.modify_job(entry)
+    if "ecn_threshold" in config:
+        switch.set_ecn_threshold(int(config["ecn_threshold"]))
+
+
+class SwitchServer:
+    """Runs a ``SoftwareSwitch`` on a UDP socket until ``stop()``; ``run()`` is the loop."""
+
+    def __init__(self, switch: SoftwareSwitch, bind: tuple[str, int] = ("127.0.0.1", 0), *,
+                 loss: LossConfig | None = None) -> None:
+        self.switch = switch
+        self.transport = UdpTransport(bind, role=ROLE_SWITCH, loss=loss)
+        self._stop = threading.Event()
+        self._queue: deque[tuple[bytes, tuple[str, int]]] = deque()
+        self._addr_to_port: dict[tuple[str, int], int] = {}
+        self._ports: dict[int, tuple[str, int]] = {}
+        self._version = -1
+        self.packets_in = 0
+        #: packets held in the internal queue at most (a switch's buffer)
+        self.max_queue = 4096
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self.transport.address
+
+    def _refresh_ports(self) -> None:
+        if self._version != self.switch.config_version:
+            self._version = self.switch.config_version
+            self._ports = self.switch.read_ports()
+            self._addr_to_port = {a: p for p, a in self._ports.items()}
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self) -> None:
+        """Receive, process and forward until stopped; then close the socket."""
+        sw = self.switch
+        tr = self.transport
+        q = self._queue
+        next_sweep = time.monotonic() + sw.stale_timeout / 2
+        try:
+            while not self._stop.is_set():
+                if not q:
+                    r, _, _ = select.select([tr.sock], [], [], 0.05)
+                    if not r:
+                        now = time.monotonic()
+                        if now >= next_sweep:
+                            sw.reclaim_stale(now)
+                            next_sweep = now + sw.stale_timeout / 2
+                        continue
+                room = self.max_queue - len(q)       # drain the kernel queue so our depth is the real one,
+                if room > 0:                         # up to a bound (beyond it the kernel drops)
+                    q.extend(tr.recv_batch(min(1024, room)))
+                self._refresh_ports()
+                now = time.monotonic()
+                for _ in range(min(len(q), 256)):
+                    data, src = q.popleft()
+                    self.packets_in += 1
+                    in_port = self._addr_to_port.get(src, UNKNOWN_PORT)
+                    for port, out in sw.process(data, in_port, now, queue_depth=len(q)):
+                        addr = self._ports.get(port)
+                        if addr is not None:
+                            tr.send(out, addr)
+                if now >= next_sweep:
+                    sw.reclaim_stale(now)
+                    next_sweep = now + sw.stale_timeout / 2
+        except Exception:  # pragma: no cover - logged, then the switch is "dead"
+            log.exception("switch loop failed")
+            raise
+        finally:
+            tr.close()
+
+
+class SwitchThread:
+    """A switch running in a daemon thread of this process (for tests and demos); a context manager."""
+
+    def __init__(self, num_aggregators: int = 4096, value_count: int = DEFAULT_VALUE_COUNT, *,
+                 config: Mapping[str, Any] | None = None, bind: tuple[str, int] = ("127.0.0.1", 0),
+                 loss: LossConfig | None = None, ecn_threshold: int = DEFAULT_ECN_THRESHOLD,
+                 stale_timeout: float = DEFAULT_STALE_TIMEOUT) -> None:
+        self.switch = SoftwareSwitch(num_aggregators, value_count, ecn_threshold=ecn_threshold,
+                                     stale_timeout=stale_timeout)
+        if config:
+            apply_config(self.switch, config)
+        self.server = SwitchServer(self.switch, bind, loss=loss)
+        self._thread = threading.Thread(target=self.server.run, name="atp-switch", daemon=True)
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self.server.address
+
+    def start(self) -> "SwitchThread":
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the loop and close the socket (the switch "dies": its port becomes unreachable)."""
+        self.server.stop()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def __enter__(self) -> "SwitchThread":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _load_config(text: str) -> dict:
+    if os.path.exists(text):
+        with open(text, encoding="utf-8") as f:
+            return json.load(f)
+    return json.loads(text)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI of ``twisternet switch``: serve the ATP dataplane on UDP until SIGINT/SIGTERM."""
+    ap = argparse.ArgumentParser(prog="twisternet switch", description="ATP software switch (UDP)")
+    ap.add_argument("--port", type=int, default=0, help="UDP port to listen on (0 = any free port)")
+    ap.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    ap.add_argument("--aggregators", type=int, default=4096, help="number of aggregators (default 4096)")
+    ap.add_argument("--values", type=int, default=DEFAULT_VALUE_COUNT,
+                    help=f"values per packet (default {DEFAULT_VALUE_COUNT})")
+    ap.add_argument("--p4runtime-port", type=int, default=None, help="serve P4Runtime (gRPC) on this port")
+    ap.add_argument("--config", default=None, help="JSON config (a file path or an inline JSON object)")
+    ap.add_argument("--ecn-threshold", type=int, default=DEFAULT_ECN_THRESHOLD)
+    ap.add_argument("--stale-timeout", type=float, default=DEFAULT_STALE_TIMEOUT)
+    ap.add_argument("--log-level", default="WARNING")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        switch = SoftwareSwitch(args.aggregators, args.values, ecn_threshold=args.ecn_threshold,
+                                stale_timeout=args.stale_timeout)
+        if args.config:
+            apply_config(switch, _load_config(args.config))
+    except (InvalidArgument, ValueError, OSError) as e:
+        ap.error(str(e))
+    server = SwitchServer(switch, (args.host, args.port))
+    grpc_server = None
+    if args.p4runtime_port is not None:
+        from .p4runtime import serve  # lazy: grpc is an optional dependency
+        try:
+            grpc_server = serve(switch, args.p4runtime_port, host=args.host)
+        except (OSError, ValueError) as e:
+            server.transport.close()
+            ap.error(f"--p4runtime-port: {e}")
+        log.info("P4Runtime on %s:%d", args.host, grpc_server.port)
+    signal.signal(signal.SIGTERM, lambda *_: server.stop())
+    host, port = server.address
+    sys.stdout.write(f"atp switch listening on udp {host}:{port}\n")
+    sys.stdout.flush()
+    log.info("switch on %s:%d with %d aggregators x %d values", host, port, args.aggregators, args.values)
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if grpc_server is not None:
+            grpc_server.stop(0)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,387 @@
+"""The ATP worker: quantize, fragment, send with a congestion window, retransmit, collect the parameters.
+
+A tensor becomes ``ceil(n / V)`` fragments (``V`` = values per packet); fragment ``i`` of a call gets the
+job-wide sequence number ``base + i`` (``base`` advances by the fragment count of every call, so all
+workers of a job, calling ``allreduce`` in the same order with the same sizes, agree on it).
+
+**Aggregator index.** A fragment's ``aggregatorIndex`` must be the same at every worker. The window is
+at most ``max_window`` (= D) fragments, so when seq ``s`` is sent, seq ``s - D`` is acknowledged: ``s``
+reuses the *slot* ``s mod D``. Its index is ``(hash(job) + s) mod N`` for the first use of a slot, then the
+index of ``s - D``, re-hashed when the PS's parameter packet of ``s - D`` carried ``collision`` (the PS's
+answer to a collision: move the slot to another aggregator). Every worker sees the same parameter packet,
+so every worker picks the same index. ``N`` (``num_aggregators``) must equal the switch's.
+
+**Window.** ``cwnd`` bounds the fragments in flight. AIMD: slow start (+1 per ACK) up to ``max_window``,
+then +1 per window of ACKs; halved (at most once per round-trip) on a parameter packet carrying ``ecn``.
+The window never exceeds ``max_window``, and no fragment is sent ``max_window`` or more ahead of the
+oldest unacknowledged one.
+
+**Loss recovery.** A fragment unacknowledged after the RTO (Jacobson estimate, exponential back-off per
+fragment, capped at ``2**max_backoff_exponent`` times the RTO) or overtaken by ``reorder_threshold``
+later ACKs is retransmitted with ``resend`` set; a loss halves the window once per loss episode (until
+every fragment in flight at the time of the decrease is acknowledged), as in TCP's fast recovery.
+Duplicate and stale ACKs are ignored.
+
+**Fate sharing.** If the switch is gone (ICMP port unreachable on the socket connected to it, or no ACK
+for ``fallback_timeout`` seconds) the worker sends every unacknowledged fragment, and all later ones,
+straight to the PS; ``WorkerStats.fallback`` says so. A timeout fallback lasts for the current call; an
+ICMP-detected one for the rest of the job.
+"""
+
+from __future__ import annotations
+
+import logging
+import select
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from twisternet.errors import OperationTimeout
+
+from .quantize import Quantizer
+from .transport import ROLE_WORKER, LossConfig, UdpTransport
+from .wire import (DEFAULT_VALUE_COUNT, FLAG_ACK, FLAG_COLLISION, FLAG_ECN, FLAG_OVERFLOW, FLAG_RESEND,
+                   HEADER_SIZE, MAX_FAN_IN, MAX_JOB_ID, SEQ_MASK, WireError, decode_header, encode_header,
+                   packet_size)
+
+__all__ = ["WorkerStats", "AtpWorker", "aggregator_index", "rehash_index"]
+
+log = logging.getLogger(__name__)
+
+
+def _mix32(x: int) -> int:
+    x &= 0xFFFFFFFF
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & 0xFFFFFFFF
+    x ^= x >> 15
+    x = (x * 0x846CA68B) & 0xFFFFFFFF
+    x ^= x >> 16
+    return x
+
+
+def aggregator_index(job_id: int, seq: int, num_aggregators: int) -> int:
+    """The first-use aggregator index of sequence number ``seq`` of job ``job_id``.
+
+    Consecutive from a per-job hashed offset, so one job's window never collides with itself when the
+    switch has at least ``max_window`` aggregators.
+    """
+    return (_mix32(job_id) + (seq & SEQ_MASK)) % num_aggregators
+
+
+def rehash_index(index: int, seq: int, num_aggregators: int) -> int:
+    """The index a slot moves to after a collision on ``index``."""
+    return _mix32(index * 0x9E3779B1 + seq + 1) % num_aggregators
+
+
+@dataclass
+class WorkerStats:
+    """What one ``allreduce`` call of a worker did."""
+
+    fragments: int = 0
+    packets_sent: int = 0
+    retransmits: int = 0
+    timeouts: int = 0
+    fast_retransmits: int = 0
+    ecn_signals: int = 0
+    duplicate_acks: int = 0
+    stale_acks: int = 0
+    collided_fragments: int = 0
+    overflow_fragments: int = 0
+    fallback: bool = False
+    fallback_reason: str = ""
+    min_window: float = 0.0
+    final_window: float = 0.0
+    elapsed: float = 0.0
+
+
+class AtpWorker:
+    """One worker of an ATP job: owns a UDP socket (connected to its switch) and the job's sequence space."""
+
+    def __init__(self, job_id: int, rank: int, world: int, switch_addr: tuple[str, int] | None,
+                 ps_addr: tuple[str, int], *, value_count: int = DEFAULT_VALUE_COUNT,
+                 num_aggregators: int = 4096, scale: float = 2.0**20, rack_size: int | None = None,
+                 max_window: int = 128, initial_window: int = 8, reorder_threshold: int = 8,
+                 rto_initial: float = 0.2, rto_min: float = 0.03, rto_max: float = 1.0,
+                 max_backoff_exponent: int = 2,
+                 fallback_timeout: float = 10.0, timeout: float = 300.0, loss: LossConfig | None = None,
+                 bind: tuple[str, int] = ("127.0.0.1", 0)) -> None:
+        if not 1 <= job_id <= MAX_JOB_ID:
+            raise ValueError(f"job_id must be in 1..{MAX_JOB_ID}, got {job_id}")
+        rs = rack_size or world
+        if not 1 <= rs <= MAX_FAN_IN or not 1 <= world <= rs * MAX_FAN_IN:
+            raise ValueError(f"world {world} / rack size {rs}: at most {MAX_FAN_IN} workers per rack and "
+                             f"{MAX_FAN_IN} racks")
+        if not 0 <= rank < world:
+            raise ValueError(f"rank must be in 0..{world - 1}, got {rank}")
+        if not 1 <= num_aggregators <= 1 << 16:
+            raise ValueError(f"num_aggregators must be in 1..65536, got {num_aggregators}")
+        if not 1 <= max_window <= 1 << 16:
+            raise ValueError(f"max_window must be in 1..65536, got {max_window}")
+        self.job_id, self.rank, self.world = job_id, rank, world
+        self.rack_size = rs
+        self.rack, self.index_in_rack = divmod(rank, rs)
+        racks = -(-world // rs)
+        self.fan_in0 = min(rs, world - self.rack * rs)
+        self.fan_in1 = racks
+        self.bitmap0 = 1 << self.index_in_rack
+        self.bitmap1 = 1 << self.rack
+        self.switch_addr = switch_addr
+        self.ps_addr = ps_addr
+        self.value_count = int(value_count)
+        self.packet_size = packet_size(self.value_count)
+        self.num_aggregators = int(num_aggregators)
+        self.quantizer = Quantizer(scale, world)
+        self.max_window = int(max_window)
+        self.initial_window = max(1, min(int(initial_window), self.max_window))
+        self.reorder_threshold = int(reorder_threshold)
+        self.rto_min, self.rto_max = float(rto_min), float(rto_max)
+        self.rto_initial = float(rto_initial)
+        self.max_backoff_exponent = int(max_backoff_exponent)
+        self.fallback_timeout = float(fallback_timeout)
+        self.timeout = float(timeout)
+        self.loss = loss
+        self._seed = (loss.seed if loss else 0) * 7919 + rank
+        lc = LossConfig(loss.gradient, loss.aggregate, loss.parameter, self._seed) if loss else None
+        self.transport = UdpTransport(bind, role=ROLE_WORKER, loss=lc)
+        if switch_addr is not None:
+            self.transport.sock.connect(switch_addr)
+        self._direct: UdpTransport | None = None
+        self.switch_dead = switch_addr is None
+        self._next_seq = 0
+        self._slot_index = np.full(self.max_window, -1, np.int64)
+        self._slot_collided = np.zeros(self.max_window, np.bool_)
+        self._srtt: float | None = None
+        self._rttvar = 0.0
+        self.last_stats: WorkerStats | None = None
+        #: fragments of the current (or last) call acknowledged so far: progress for monitoring
+        self.acked_fragments = 0
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """The UDP address the switch must map this worker's port to."""
+        return self.transport.address
+
+    def close(self) -> None:
+        self.transport.close()
+        if self._direct is not None:
+            self._direct.close()
+
+    # ------------------------------------------------------------------ helpers
+    def _rto(self) -> float:
+        if self._srtt is None:
+            return self.rto_initial
+        return min(self.rto_max, max(self.rto_min, self._srtt + 4 * self._rttvar))
+
+    def _rtt_sample(self, r: float) -> None:
+        if self._srtt is None:
+            self._srtt, self._rttvar = r, r / 2
+        else:
+            self._rttvar = 0.75 * self._rttvar + 0.25 * abs(self._srtt - r)
+            self._srtt = 0.875 * self._srtt + 0.125 * r
+
+    def _index_for(self, gseq: int) -> int:
+        slot = gseq % self.max_window
+        prev = int(self._slot_index[slot])
+        if prev < 0:
+            idx = aggregator_index(self.job_id, gseq, self.num_aggregators)
+        elif self._slot_collided[slot]:
+            idx = rehash_index(prev, gseq, self.num_aggregators)
+        else:
+            idx = prev
+        self._slot_index[slot] = idx
+        self._slot_collided[slot] = False
+        return idx
+
+    def _go_direct(self, reason: str, stats: WorkerStats) -> None:
+        if self._direct is None:
+            self._direct = UdpTransport((self.transport.address[0], 0), role=ROLE_WORKER,
+                                        loss=self.transport.loss, connect=self.ps_addr)
+        stats.fallback = True
+        stats.fallback_reason = reason
+        log.warning("job %d worker %d: falling back to the PS at %s (%s)", self.job_id, self.rank,
+                    self.ps_addr, reason)
+
+    # ------------------------------------------------------------------ the protocol
+    def allreduce_sum(self, array: np.ndarray) -> tuple[np.ndarray, WorkerStats]:
+        """Sum ``array`` (float32) over all workers of the job; returns (float32 result, stats)."""
+        t_start = time.monotonic()
+        x = np.ascontiguousarray(array, dtype=np.float32).reshape(-1)
+        n = x.size
+        V = self.value_count
+        nfrag = -(-n // V)
+        stats = WorkerStats(fragments=nfrag)
+        if nfrag == 0:
+            self.last_stats = stats
+            return np.zeros(np.shape(array), np.float32), stats
+        padded = np.zeros(nfrag * V, np.float32)
+        padded[:n] = x
+        q, ovf = self.quantizer.quantize_fragments(padded.reshape(nfrag, V))
+        stats.overflow_fragments = int(ovf.sum())
+        qbytes = q.astype(">i4")
+        result = np.empty(nfrag * V, np.float32)
+        acked = np.zeros(nfrag, np.bool_)
+        send_time = np.zeros(nfrag, np.float64)
+        tries = np.zeros(nfrag, np.int32)
+        later_acks = np.zeros(nfrag, np.int32)
+        indices = np.zeros(nfrag, np.int64)
+        base = self._next_seq
+        self._next_seq += nfrag
+        self.acked_fragments = 0
+        fan_word_args = (self.fan_in0, self.fan_in1)
+        use_direct = self.switch_dead
+        if use_direct:
+            self._go_direct("switch unreachable earlier in this job", stats)
+
+        cwnd = float(self.initial_window)
+        ssthresh = float(self.max_window)
+        stats.min_window = cwnd
+        last_decrease = -1.0
+        lowest = 0
+        nxt = 0
+        last_progress = time.monotonic()
+        next_timeout_pass = 0.0
+        recover_point = 0      # loss-driven decreases: one per loss episode (until this fragment is acked)
+        refused0 = self.transport.refused
+
+        def send(i: int, resend: bool) -> None:
+            gseq = base + i
+            flags = (FLAG_OVERFLOW if ovf[i] else 0) | (FLAG_RESEND if resend else 0)
+            head = encode_header(self.bitmap0, self.bitmap1, *fan_word_args, flags, int(indices[i]),
+                                 (self.job_id << 24) | (gseq & SEQ_MASK))
+            data = head + qbytes[i].tobytes()
+            if use_direct:
+                self._direct.send(data)
+            else:
+                self.transport.send(data)
+            send_time[i] = time.monotonic()
+            tries[i] += 1
+            stats.packets_sent += 1
+            if resend:
+                stats.retransmits += 1
+
+        while lowest < nfrag:
+            now = time.monotonic()
+            if now - t_start > self.timeout:
+                raise OperationTimeout(f"innet allreduce of job {self.job_id} (worker {self.rank}): "
+                                       f"{int(nfrag - acked.sum())} of {nfrag} fragments unacknowledged",
+                                       operation="innet_allreduce", timeout=self.timeout)
+            # --- fate sharing: is the switch gone?
+            if not use_direct:
+                reason = ""
+                if self.transport.refused > refused0:
+                    reason = "switch port unreachable (ICMP)"
+                    self.switch_dead = True
+                elif now - last_progress > self.fallback_timeout:
+                    reason = f"no parameter packet for {self.fallback_timeout:g} s"
+                if reason:
+                    self._go_direct(reason, stats)
+                    use_direct = True
+                    for i in range(lowest, nxt):
+                        if not acked[i]:
+                            send(i, True)
+                    last_progress = now
+            # --- send new fragments within the window
+            # the window bounds the fragments in flight (sent, unacknowledged); a fragment that waits
+            # for recovery does not block the others, but no fragment may run max_window ahead of the
+            # oldest unacknowledged one (its aggregator slot must have been released)
+            limit = min(nfrag, lowest + self.max_window)
+            inflight = (nxt - lowest) - int(np.count_nonzero(acked[lowest:nxt]))
+            while nxt < limit and inflight < int(cwnd):
+                indices[nxt] = self._index_for(base + nxt)
+                send(nxt, False)
+                nxt += 1
+                inflight += 1
+            # --- wait for parameter packets
+            socks = [self.transport.sock] if self._direct is None else [self.transport.sock, self._direct.sock]
+            rto = self._rto()
+            seg = slice(lowest, nxt)
+            open_ = ~acked[seg]
+            wait = 0.05
+            if open_.any():
+                deadlines = send_time[seg][open_] + rto * np.exp2(
+                    np.minimum(tries[seg][open_] - 1, self.max_backoff_exponent))
+                first = max(float(deadlines.min()), next_timeout_pass)
+                wait = max(0.0, min(0.05, first - time.monotonic()))
+            select.select(socks, [], [], wait)
+            batch = []
+            for tr in ([self.transport] if self._direct is None else [self.transport, self._direct]):
+                batch.extend(tr.recv_batch(256))
+            now = time.monotonic()
+            for data, _src in batch:
+                if len(data) != self.packet_size:
+                    stats.stale_acks += 1
+                    continue
+                try:
+                    h = decode_header(data)
+                except WireError:
+                    stats.stale_acks += 1
+                    continue
+                if not h.flags & FLAG_ACK or h.job_id != self.job_id:
+                    stats.stale_acks += 1
+                    continue
+                i = (h.seq - base) & SEQ_MASK
+                if i >= nxt:
+                    stats.stale_acks += 1
+                    continue
+                if acked[i]:
+                    stats.duplicate_acks += 1
+                    continue
+                acked[i] = True
+                self.acked_fragments += 1
+                result[i * V:(i + 1) * V] = np.frombuffer(data, ">f4", V, HEADER_SIZE)
+                last_progress = now
+                slot = (base + i) % self.max_window
+                if h.flags & FLAG_COLLISION:
+                    self._slot_collided[slot] = True
+                    stats.collided_fragments += 1
+                if tries[i] == 1:
+                    self._rtt_sample(now - send_time[i])
+                if h.flags & FLAG_ECN:
+                    stats.ecn_signals += 1
+                    if now - last_decrease > (self._srtt or self.rto_initial):
+                        ssthresh = cwnd = max(1.0, cwnd / 2)
+                        last_decrease = now
+                        stats.min_window = min(stats.min_window, cwnd)
+                elif cwnd < ssthresh:
+                    cwnd = min(cwnd + 1.0, float(self.max_window))
+                else:
+                    cwnd = min(cwnd + 1.0 / cwnd, float(self.max_window))
+                if i > lowest and self.reorder_threshold > 0:
+                    seg = slice(lowest, i)
+                    later_acks[seg] += ~acked[seg]
+                    hit = np.nonzero(~acked[seg] & (later_acks[seg] >= self.reorder_threshold))[0]
+                    if hit.size and lowest >= recover_point:
+                        ssthresh = cwnd = max(1.0, cwnd / 2)      # loss signal: multiplicative decrease
+                        recover_point = nxt
+                        stats.min_window = min(stats.min_window, cwnd)
+                    for j in hit[:max(1, int(cwnd))] + lowest:
+                        later_acks[j] = 0
+                        stats.fast_retransmits += 1
+                        send(int(j), True)
+                while lowest < nfrag and acked[lowest]:
+                    lowest += 1
+            # --- retransmit on timeout. Each fragment has its own timer with a capped exponential
+            # back-off, so retransmissions never exceed about a window per RTO; the window is halved
+            # once per loss episode (a loss is a congestion signal, if a weaker one than ECN).
+            if lowest < nxt and now >= next_timeout_pass:
+                seg = slice(lowest, nxt)
+                backoff = rto * np.exp2(np.minimum(tries[seg] - 1, self.max_backoff_exponent))
+                late = np.nonzero(~acked[seg] & (now - send_time[seg] > backoff))[0]
+                if late.size:
+                    if lowest >= recover_point:
+                        ssthresh = cwnd = max(1.0, cwnd / 2)
+                        recover_point = nxt
+                        stats.min_window = min(stats.min_window, cwnd)
+                    for j in late + lowest:
+                        stats.timeouts += 1
+                        later_acks[j] = 0
+                        send(int(j), True)
+                next_timeout_pass = now + self.rto_min / 2
+        stats.final_window = cwnd
+        stats.elapsed = time.monotonic() - t_start
+        self.last_stats = stats
+        if stats.fallback:
+            log.warning("job %d worker %d: allreduce completed via PS fallback (%s)", self.job_id,
+                        self.rank, stats.fallback_reason)
+        return result[:n].reshape(np.shape(array)), stats

@@ -1,0 +1,153 @@
+"""The worker's protocol against a scripted fake switch: fast retransmit, timeouts, ACK filtering, indices."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from innet.worker import AtpWorker, aggregator_index, rehash_index
+from innet.wire import Packet, decode, encode
+
+pytestmark = pytest.mark.timeout(60)
+V = 4
+N_AGG = 64
+
+
+class FakeSwitch:
+    """A UDP socket standing in for the switch; the test decides which ACKs to send."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.settimeout(5.0)
+        self.worker_addr: tuple[str, int] | None = None
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self.sock.getsockname()
+
+    def recv(self) -> Packet:
+        data, addr = self.sock.recvfrom(65536)
+        self.worker_addr = addr
+        return decode(data, V)
+
+    def recv_n(self, n: int) -> list[Packet]:
+        return [self.recv() for _ in range(n)]
+
+    def ack(self, seq: int, values, *, job: int = 1, idx: int = 0, **flags) -> None:
+        self.sock.sendto(encode(Packet(job, seq, np.asarray(values, np.float32), bitmap0=1, bitmap1=1,
+                                       agg_index=idx, is_ack=True, **flags)), self.worker_addr)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _start(worker: AtpWorker, x: np.ndarray):
+    box: dict = {}
+
+    def run() -> None:
+        try:
+            box["out"] = worker.allreduce_sum(x)
+        except BaseException as e:  # noqa: BLE001
+            box["err"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, box
+
+
+def _worker(fake: FakeSwitch, **kw) -> AtpWorker:
+    opts = dict(value_count=V, num_aggregators=N_AGG, scale=1.0, max_window=16, initial_window=16,
+                reorder_threshold=3, rto_initial=5.0, rto_min=5.0, fallback_timeout=30.0)
+    opts.update(kw)
+    return AtpWorker(1, 0, 2, fake.address, ("127.0.0.1", 9), **opts)
+
+
+def test_fast_retransmit_and_ack_filtering() -> None:
+    fake = FakeSwitch()
+    w = _worker(fake)
+    try:
+        x = np.arange(6 * V, dtype=np.float32)
+        t, box = _start(w, x)
+        sent = fake.recv_n(6)
+        assert [p.seq for p in sent] == list(range(6))
+        assert not any(p.resend for p in sent)
+        assert np.array_equal(sent[2].values, np.arange(8, 12))             # scale 1: exact ints
+        results = {s: np.full(V, 100 + s, np.float32) for s in range(6)}
+        for s in (1, 2, 3):                                                 # seq 0 overtaken 3 times
+            fake.ack(s, results[s], idx=sent[s].agg_index)
+        re = fake.recv()
+        assert re.seq == 0 and re.resend and np.array_equal(re.values, sent[0].values)
+        fake.ack(2, results[2])                                             # duplicate
+        fake.ack(3, np.zeros(V), job=2)                                     # another job: stale
+        fake.ack(4000, np.zeros(V))                                         # never sent: stale
+        for s in (0, 4, 5):
+            fake.ack(s, results[s], ecn=(s == 4))
+        t.join(10)
+        out, stats = box["out"]
+        assert np.array_equal(out, np.concatenate([results[s] for s in range(6)]))
+        assert stats.fast_retransmits == 1 and stats.timeouts == 0
+        assert stats.duplicate_acks == 1 and stats.stale_acks == 2
+        assert stats.ecn_signals == 1 and stats.min_window <= 8
+    finally:
+        w.close()
+        fake.close()
+
+
+def test_timeout_retransmits_with_resend_flag() -> None:
+    fake = FakeSwitch()
+    w = _worker(fake, rto_initial=0.1, rto_min=0.05)
+    try:
+        t, box = _start(w, np.ones(V, np.float32))
+        first = fake.recv()
+        t0 = time.monotonic()
+        again = fake.recv()
+        assert time.monotonic() - t0 >= 0.05
+        assert again.seq == first.seq and again.resend and not first.resend
+        fake.ack(0, np.full(V, 2.0))
+        t.join(10)
+        out, stats = box["out"]
+        assert np.array_equal(out, np.full(V, 2.0, np.float32)) and stats.timeouts >= 1
+    finally:
+        w.close()
+        fake.close()
+
+
+def test_aggregator_slots_follow_the_parameter_packets() -> None:
+    """seq s reuses the index of seq s - D, re-hashed when the PS reported a collision on it."""
+    fake = FakeSwitch()
+    D = 4
+    w = _worker(fake, max_window=D, initial_window=D)
+    try:
+        t, box = _start(w, np.zeros(2 * D * V, np.float32))
+        first = fake.recv_n(D)
+        assert [p.agg_index for p in first] == [aggregator_index(1, s, N_AGG) for s in range(D)]
+        for s in range(D):
+            fake.ack(s, np.zeros(V), collision=(s == 1))
+        second = fake.recv_n(D)
+        assert [p.seq for p in second] == list(range(D, 2 * D))
+        expect = [first[0].agg_index, rehash_index(first[1].agg_index, D + 1, N_AGG),
+                  first[2].agg_index, first[3].agg_index]
+        assert [p.agg_index for p in second] == expect
+        for s in range(D, 2 * D):
+            fake.ack(s, np.zeros(V))
+        t.join(10)
+        assert box["out"][1].collided_fragments == 1
+    finally:
+        w.close()
+        fake.close()
+
+
+def test_worker_rejects_bad_configuration() -> None:
+    with pytest.raises(ValueError, match="rank"):
+        AtpWorker(1, 2, 2, None, ("127.0.0.1", 9))
+    with pytest.raises(ValueError, match="job_id"):
+        AtpWorker(0, 0, 2, None, ("127.0.0.1", 9))
+    with pytest.raises(ValueError, match="per rack"):
+        AtpWorker(1, 0, 40, None, ("127.0.0.1", 9))
+    with pytest.raises(ValueError, match="num_aggregators"):
+        AtpWorker(1, 0, 2, None, ("127.0.0.1", 9), num_aggregators=0)
