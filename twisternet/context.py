@@ -270,6 +270,11 @@ class Context:
             self._cond.notify_all()
 
     @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
+    @property
     def lost_peers(self) -> dict[int, str]:
         """Ranks lost so far, with the reason."""
         with self._lock:

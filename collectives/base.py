@@ -1,0 +1,474 @@
+"""The machinery every collective shares: task/edge validation, handler wrapping, non-blocking emission,
+back-pressure waits, result sinks (iterator or callback), diagnostics and clean shutdown.
+
+Locking: each operation has one re-entrant lock guarding its state. Handlers (progress thread) take it;
+user calls take it only to mutate state, never while blocking. Calls into the Context made under the
+lock never block: sends from a handler are queued by the core regardless of credit, and sends from a
+user thread use ``try_send`` and park the record in a small backlog that the same call then waits to
+hand over (outside the lock) or that the next handler call forwards.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from typing import Any, Callable, ClassVar, Iterable, Iterator, Literal, Sequence
+
+from twisternet.errors import (BackPressureTimeout, ClosedError, ConfigError, OperationTimeout,
+                               ProtocolError, TwisternetError)
+
+from .edges import channel_edge, check_user_edge, claim_edge, release_edge
+
+log = logging.getLogger(__name__)
+
+Mode = Literal["streaming", "batch"]
+#: ``callback(destination_task, item)``; see each operation for what ``item`` is.
+Callback = Callable[[int, Any], None]
+MODES = ("streaming", "batch")
+_BATCH_MARK = object()
+
+
+class _Sink:
+    """Results waiting for one local destination task."""
+
+    __slots__ = ("items", "ended", "complete", "batch", "consumed")
+
+    def __init__(self) -> None:
+        self.items: deque = deque()
+        self.ended = False          # streaming: no more items will come
+        self.complete = False       # batch: the result is ready
+        self.batch: Callable[[], Iterator[Any]] = lambda: iter(())
+        self.consumed = False
+
+
+def _task_list(plan: Any, tasks: int | Iterable[int] | None, what: str, default: Sequence[int]) -> list[int]:
+    if tasks is None:
+        tasks = default
+    if isinstance(tasks, int) and not isinstance(tasks, bool):
+        tasks = [tasks]
+    try:
+        out = sorted(set(tasks))
+    except TypeError:
+        raise ConfigError(what, f"must be a task id or a collection of task ids, got {tasks!r}") from None
+    if not out:
+        raise ConfigError(what, "must name at least one task")
+    for t in out:
+        if not isinstance(t, int) or isinstance(t, bool) or t not in plan:
+            raise ConfigError(what, f"task {t!r} is not in the task plan {plan!r}")
+    return out
+
+
+class Operation:
+    """Base of all collectives: ``Op(ctx, sources, destinations, edge, ..., mode, callback)``.
+
+    ``sources``/``destinations`` are task ids of ``ctx.plan`` (None: every task); ``edge`` is this
+    operation's user edge (see :mod:`collectives.edges`); ``limit`` caps the records the operation holds
+    per queue in this process before it applies back pressure (default ``config.receive_pending_limit``);
+    ``timeout`` bounds every blocking call (default ``config.timeout``); ``fanout`` is the arity of trees.
+    """
+
+    operation: ClassVar[str] = "Operation"
+
+    def __init__(self, ctx: Any, sources: int | Iterable[int] | None, destinations: int | Iterable[int] | None,
+                 edge: int, *, mode: Mode = "batch", callback: Callback | None = None,
+                 limit: int | None = None, timeout: float | None = None, fanout: int = 2) -> None:
+        if mode not in MODES:
+            raise ConfigError("mode", f"must be 'streaming' or 'batch', got {mode!r}")
+        if callback is not None and not callable(callback):
+            raise TypeError(f"callback must be callable, got {callback!r}")
+        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+            raise ConfigError("limit", f"must be an int >= 1, got {limit!r}")
+        if timeout is not None and not timeout > 0:
+            raise ConfigError("timeout", f"must be > 0 seconds, got {timeout!r}")
+        if not isinstance(fanout, int) or isinstance(fanout, bool) or fanout < 1:
+            raise ConfigError("fanout", f"must be an int >= 1, got {fanout!r}")
+        self.ctx = ctx
+        self.rank: int = ctx.rank
+        self.plan = ctx.plan
+        self.edge = check_user_edge(edge)
+        self.mode: Mode = mode
+        self.sources = _task_list(self.plan, sources, "sources", self.plan.tasks)
+        self.destinations = _task_list(self.plan, destinations, "destinations", self.plan.tasks)
+        self.callback = callback
+        self.limit: int = limit if limit is not None else ctx.config.receive_pending_limit
+        self.timeout: float = timeout if timeout is not None else ctx.config.timeout
+        self.fanout = fanout
+        self.local_sources = [t for t in self.sources if self.plan.rank_of(t) == self.rank]
+        self.local_destinations = [t for t in self.destinations if self.plan.rank_of(t) == self.rank]
+        self.source_ranks = self.plan.ranks_of(self.sources)
+        self.destination_ranks = self.plan.ranks_of(self.destinations)
+
+        self._lock = threading.RLock()
+        self._tls = threading.local()
+        self._backlog: deque[tuple[int, int, Any]] = deque()
+        self._cbq: deque[tuple[int, Any]] = deque()
+        self._cb_lock = threading.Lock()
+        self._sinks = {t: _Sink() for t in self.local_destinations}
+        self._finished_local: set[int] = set()
+        self._error: BaseException | None = None
+        self._closed = False
+        self._registered: list[int] = []
+        self._changed = False
+        self._active = False        # send/finish called or records handled: close() waits for duties
+        claim_edge(ctx, self.edge, f"{self.operation}(edge={self.edge})")
+        try:
+            with self._lock:  # records buffered before registration may arrive at once: hold them off
+                self._setup()
+        except BaseException:
+            self._teardown()
+            raise
+
+    # ------------------------------------------------------------------ to override
+    def _setup(self) -> None:
+        """Build routing state and register handlers (called once from ``__init__``)."""
+
+    def _on_local_finish(self, task: int) -> None:
+        """Local source ``task`` finished (under the lock): pass that on."""
+        raise NotImplementedError
+
+    def _known_finished(self, task: int | None) -> set[int]:
+        """Sources this process knows have finished (for OperationTimeout diagnostics)."""
+        return set(self._finished_local)
+
+    def _release_storage(self) -> None:
+        """Free spill files and large buffers (called once results are consumed, and on close)."""
+
+    # ------------------------------------------------------------------ public API
+    def describe(self) -> str:
+        """Short human description used in errors and logs."""
+        return f"{self.mode} {self.operation}"
+
+    def finish(self, task: int) -> None:
+        """End the stream of source ``task`` (batch: required; streaming: ends it)."""
+        self._check_source(task)
+        with self._lock:
+            self._raise_if_failed()
+            self._active = True
+            self._finished_local.add(task)
+            self._on_local_finish(task)
+        self._settle(None)
+        self._after()
+
+    def results(self, task: int | None = None, *, timeout: float | None = None) -> Iterator[Any]:
+        """Results for local destination ``task`` (default: the only one in this process).
+
+        Batch: waits until every source finished, then yields every result. Streaming: yields results
+        as they form and stops once every source finished. ``timeout`` bounds each wait and raises
+        OperationTimeout naming the sources that never finished.
+        """
+        task = self._dest(task)
+        if self.callback is not None:
+            raise TwisternetError(f"{self.describe()} on edge {self.edge} delivers its results to the callback")
+        return self._iter_results(task, timeout)
+
+    def drain(self, task: int | None = None) -> list[Any]:
+        """Streaming: the results available now, without waiting (empty list if none)."""
+        task = self._dest(task)
+        if self.mode != "streaming":
+            raise TwisternetError("drain() is for streaming operations; use results() in batch mode")
+        self._raise_if_failed()
+        with self._lock:
+            sink = self._sinks[task]
+            items = list(sink.items)
+            sink.items.clear()
+        if items:
+            self._resume_all()
+        return items
+
+    def done(self, task: int | None = None) -> bool:
+        """Whether destination ``task`` has its whole result (batch) or saw the end of the stream."""
+        task = self._dest(task)
+        with self._lock:
+            sink = self._sinks[task]
+            return sink.complete if self.mode == "batch" else (sink.ended and not sink.items)
+
+    def pending(self) -> int:
+        """Records this operation holds in this process right now (result queues, per-input queues,
+        records waiting to be handed to the Context); batch stores are bounded by bytes, not counted."""
+        with self._lock:
+            return len(self._backlog) + sum(len(s.items) for s in self._sinks.values()) + self._held()
+
+    def _held(self) -> int:
+        return 0
+
+    def close(self, *, timeout: float | None = None) -> None:
+        """Finish this process's part, then stop handling the edges, free the edge id, remove spill files.
+
+        This process may be an inner node of a tree that still has to pass records on for other ranks, so
+        ``close`` first waits (up to ``timeout``) until everything this process owes others is sent; use
+        :meth:`abort` to stop at once.
+        """
+        if self._closed:
+            return
+        if self._error is None and self._active and not self.ctx.closed:
+            def owed() -> bool:
+                with self._lock:
+                    return not self._backlog and self._duties_done()
+            if not owed():
+                self._try_drain()
+                self._wait(lambda: self._try_drain() and owed(), "close() waited for this process's share of "
+                           "the operation (records still owed to other ranks)", None, timeout)
+        self.abort()
+
+    def abort(self) -> None:
+        """Stop at once: unregister the edges, free the edge id, remove spill files."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._teardown()
+        self.ctx.notify()
+
+    def _duties_done(self) -> bool:
+        """Whether this process passed on everything it owes other ranks (inner tree nodes)."""
+        return True
+
+    def __enter__(self) -> "Operation":
+        return self
+
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+    def __repr__(self) -> str:
+        return (f"<{self.operation} edge={self.edge} mode={self.mode} rank={self.rank} "
+                f"sources={self.sources} destinations={self.destinations}>")
+
+    # ------------------------------------------------------------------ plumbing for subclasses
+    def _teardown(self) -> None:
+        for e in self._registered:
+            try:
+                self.ctx.unregister(e)
+            except Exception:  # noqa: BLE001 - the context may already be closed
+                log.debug("unregister of edge %d failed", e, exc_info=True)
+        self._registered = []
+        release_edge(self.ctx, self.edge)
+        try:
+            self._release_storage()
+        except Exception:  # noqa: BLE001
+            log.exception("%s: freeing storage failed", self.describe())
+
+    def _register(self, offset: int, fn: Callable[[int, Any], bool], *, activates: bool = True) -> None:
+        e = channel_edge(self.edge, offset)
+        self.ctx.register(e, self._wrap(fn, activates), name=f"{self.operation}(edge={self.edge})+{offset}")
+        self._registered.append(e)
+
+    def _wrap(self, fn: Callable[[int, Any], bool], activates: bool = True) -> Callable[[int, Any], bool]:
+        def handle(src: int, obj: Any) -> bool:
+            with self._lock:
+                if self._closed or self._error is not None:
+                    return True  # drop: the operation is over
+                self._active = self._active or activates
+                self._tls.in_handler = True
+                try:
+                    self._forward_backlog()
+                    ok = fn(src, obj)
+                except Exception as e:  # noqa: BLE001 - reported to every waiter of this operation
+                    self._fail(e, f"while handling a record from rank {src}")
+                    ok = True
+                finally:
+                    self._tls.in_handler = False
+            self._after()
+            return ok
+        return handle
+
+    def _in_handler(self) -> bool:
+        return getattr(self._tls, "in_handler", False)
+
+    def _emit(self, dst: int, offset: int, obj: Any) -> None:
+        """Send ``obj`` to ``dst`` on channel edge ``offset`` without blocking (call under the lock)."""
+        e = channel_edge(self.edge, offset)
+        if self._in_handler():
+            self.ctx.send(dst, e, obj)  # queued by the core even without credit; never blocks here
+        elif not self._backlog and self.ctx.try_send(dst, e, obj):
+            pass
+        else:
+            self._backlog.append((dst, e, obj))
+
+    def _forward_backlog(self) -> None:
+        while self._backlog:
+            dst, e, obj = self._backlog.popleft()
+            self.ctx.send(dst, e, obj)
+
+    def _try_drain(self) -> bool:
+        if not self._backlog:
+            return True
+        with self._lock:
+            while self._backlog:
+                dst, e, obj = self._backlog[0]
+                if not self.ctx.try_send(dst, e, obj):
+                    return False
+                self._backlog.popleft()
+            return True
+
+    def _settle(self, timeout: float | None) -> None:
+        """Wait (outside the lock) until records parked by this thread are handed to the Context."""
+        if not self._try_drain():
+            self._wait(self._try_drain, "send blocked by back pressure", None, timeout, BackPressureTimeout)
+
+    def _can_send(self, dst: int, offset: int) -> bool:
+        return dst == self.rank or self.ctx.can_send(dst, channel_edge(self.edge, offset))
+
+    def _check_source(self, task: int) -> None:
+        if self._closed:
+            raise ClosedError(f"{self.describe()} on edge {self.edge} is closed")
+        if task not in self.local_sources:
+            raise ValueError(f"task {task!r} is not a source of {self.describe()} (edge {self.edge}) "
+                             f"running on rank {self.rank}; local sources: {self.local_sources}")
+        if task in self._finished_local:
+            raise ValueError(f"source task {task} of {self.describe()} (edge {self.edge}) already finished")
+
+    def _dest(self, task: int | None) -> int:
+        if task is None:
+            if len(self.local_destinations) != 1:
+                raise ValueError(f"rank {self.rank} runs destinations {self.local_destinations} of "
+                                 f"{self.describe()} (edge {self.edge}); pass task=")
+            return self.local_destinations[0]
+        if task not in self._sinks:
+            raise ValueError(f"task {task!r} is not a destination of {self.describe()} (edge {self.edge}) "
+                             f"on rank {self.rank}; local destinations: {self.local_destinations}")
+        return task
+
+    def _input(self, task: int, capacity: Callable[[], bool], mutate: Callable[[], None], *,
+               block: bool = True, timeout: float | None = None) -> bool:
+        """Common path of a local source's send: wait for capacity, mutate under the lock, hand over."""
+        self._check_source(task)
+        self._raise_if_failed()
+
+        # The capacity check is advisory (limits are soft), so it runs without the lock: taking it for
+        # every record would contend with the progress thread.
+        if not capacity():
+            if not block:
+                return False
+            self._wait(capacity, "send blocked by back pressure", None, timeout, BackPressureTimeout)
+        with self._lock:
+            self._raise_if_failed()
+            self._active = True
+            mutate()
+        if block:
+            self._settle(timeout)
+        else:
+            self._try_drain()
+        self._after()
+        return True
+
+    def _wait(self, pred: Callable[[], bool], what: str, task: int | None, timeout: float | None,
+              exc: type[OperationTimeout] = OperationTimeout) -> None:
+        t = self.timeout if timeout is None else timeout
+
+        def ready() -> bool:
+            return self._error is not None or self._closed or pred()
+
+        def on_timeout() -> BaseException:
+            with self._lock:
+                missing = set(self.sources) - self._known_finished(task)
+            return exc(f"{self.describe()}: {what}", edge=self.edge, operation=self.operation,
+                       missing_sources=missing, timeout=t)
+        self.ctx.wait_until(ready, timeout=t, on_timeout=on_timeout)
+        self._raise_if_failed()
+        if self._closed:
+            raise ClosedError(f"{self.describe()} on edge {self.edge} was closed")
+
+    def _fail(self, e: BaseException, where: str = "") -> None:
+        if self._error is None:
+            self._error = e
+            log.error("rank %d: %s on edge %d failed %s: %r", self.rank, self.describe(), self.edge, where, e)
+        self._changed = True
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def _protocol(self, src: int, msg: Any) -> ProtocolError:
+        return ProtocolError(f"{self.describe()} edge {self.edge}: unexpected record from rank {src}: {msg!r:.200}")
+
+    # ------------------------------------------------------------------ results
+    def _sink_room(self, task: int) -> bool:
+        return self.callback is not None or self.mode == "batch" or len(self._sinks[task].items) < self.limit
+
+    def _sinks_room(self) -> bool:
+        return all(self._sink_room(t) for t in self._sinks)
+
+    def _deliver(self, task: int, item: Any) -> None:
+        """Streaming result ``item`` for local destination ``task`` (under the lock)."""
+        if self.callback is not None:
+            self._cbq.append((task, item))
+        else:
+            self._sinks[task].items.append(item)
+        self._changed = True
+
+    def _end(self, task: int) -> None:
+        """Streaming: destination ``task`` will get nothing more."""
+        self._sinks[task].ended = True
+        self._changed = True
+
+    def _complete(self, task: int, batch: Callable[[], Iterator[Any]]) -> None:
+        """Batch: destination ``task``'s results are ready; ``batch()`` iterates them."""
+        sink = self._sinks[task]
+        sink.batch = batch
+        sink.complete = True
+        self._changed = True
+        if self.callback is not None:
+            self._cbq.append((task, _BATCH_MARK))
+
+    def _consumed(self, task: int) -> None:
+        with self._lock:
+            self._sinks[task].consumed = True
+            every = all(s.consumed for s in self._sinks.values())
+        if every:
+            self._release_storage()
+
+    def _iter_results(self, task: int, timeout: float | None) -> Iterator[Any]:
+        sink = self._sinks[task]
+        if self.mode == "batch":
+            self._wait(lambda: sink.complete, "batch results not complete", task, timeout)
+            yield from sink.batch()
+            self._consumed(task)
+            return
+        while True:
+            self._wait(lambda: bool(sink.items) or sink.ended, "no streaming result arrived", task, timeout)
+            with self._lock:
+                items = list(sink.items)
+                sink.items.clear()
+                ended = sink.ended
+            if items:
+                self._resume_all()
+            yield from items
+            if ended:
+                return
+
+    def _resume_all(self) -> None:
+        for e in self._registered:
+            self.ctx.resume(e)
+
+    def _after(self) -> None:
+        """Outside the lock: run queued callbacks, wake waiters."""
+        if self._cbq:
+            self._run_callbacks()
+        if self._changed:
+            self._changed = False
+            self.ctx.notify()
+
+    def _run_callbacks(self) -> None:
+        cb = self.callback
+        while self._cbq:
+            if not self._cb_lock.acquire(blocking=False):
+                return
+            try:
+                while self._cbq:
+                    task, item = self._cbq.popleft()
+                    try:
+                        if item is _BATCH_MARK:
+                            for it in self._sinks[task].batch():
+                                cb(task, it)
+                            self._consumed(task)
+                        else:
+                            cb(task, item)
+                    except Exception as e:  # noqa: BLE001 - surfaces to every waiter
+                        with self._lock:
+                            self._fail(e, "in the user callback")
+            finally:
+                self._cb_lock.release()

@@ -1,0 +1,51 @@
+"""Broadcast: one source's records flow down a k-ary tree to every destination task."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from twisternet.errors import ConfigError
+
+from .base import Callback, Mode
+from .downtree import DownTreeMixin
+from .reduce import _need_edge
+from .reduction import snapshot
+
+
+class Broadcast(DownTreeMixin):
+    """Copy every value of one source task to every destination task.
+
+    Streaming: each destination gets every value, in send order, as it arrives. Batch: after the source
+    finished, each destination gets the list of all values in send order (spilling past
+    ``config.memory_limit``).
+    """
+
+    operation = "Broadcast"
+
+    def __init__(self, ctx: Any, sources: int | Iterable[int] | None = None,
+                 destinations: int | Iterable[int] | None = None, edge: int | None = None, *,
+                 mode: Mode = "batch", callback: Callback | None = None, limit: int | None = None,
+                 timeout: float | None = None, fanout: int = 2) -> None:
+        if sources is None:
+            sources = [ctx.plan.tasks[0]]
+        super().__init__(ctx, sources, destinations, _need_edge(edge, type(self).__name__), mode=mode,
+                         callback=callback, limit=limit, timeout=timeout, fanout=fanout)
+
+    def _setup(self) -> None:
+        if len(self.sources) != 1:
+            raise ConfigError("sources", f"Broadcast has exactly one source task, got {self.sources}")
+        self._build_down(self.plan.rank_of(self.sources[0]))
+
+    def send(self, task: int, value: Any, *, timeout: float | None = None) -> None:
+        """Broadcast ``value`` from the source ``task``; blocks under back pressure."""
+        self._input(task, self._down_room, lambda: self._down_emit([snapshot(value)]), timeout=timeout)
+
+    def offer(self, task: int, value: Any) -> bool:
+        """Like :meth:`send` but returns False instead of blocking when a child or local queue is full."""
+        return self._input(task, self._down_room, lambda: self._down_emit([snapshot(value)]), block=False)
+
+    def _on_local_finish(self, task: int) -> None:
+        self._down_end()
+
+    def _known_finished(self, task: int | None) -> set[int]:
+        return set(self.sources) if self._down_ended else set()

@@ -1,0 +1,72 @@
+"""How one user-visible edge id becomes the channel edges an operation uses, and who owns which edge.
+
+An operation created with ``edge=e`` owns the block of channel edges ``[e * EDGE_SPAN, (e + 1) * EDGE_SPAN)``:
+
+* offset 0 (``DIRECT``): direct source -> destination records (Partition, KeyedPartition);
+* offset 1 (``DOWN``): records flowing down a broadcast tree (Broadcast, AllReduce, AllGather);
+* offsets 2-4 (``AR_UP``, ``AR_DOWN``, ``RING``): the rank-level ``AllReduce.allreduce`` algorithms;
+* offsets 8 .. EDGE_SPAN-1 (``UP_BASE + level``): records flowing up a reduce/gather tree towards a node at
+  depth ``level``. One channel edge per tree level keeps the "refuse while the way onward is congested"
+  dependencies acyclic even when several keyed trees share ranks, so back pressure can never deadlock.
+
+So distinct user edges never overlap; two live operations on the same user edge in one process are
+rejected with a clear error (close the first one, or pick another edge).
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any
+
+from twisternet.channel import CONTROL_EDGE_BASE
+from twisternet.errors import ConfigError
+
+#: Channel edges owned by one user edge.
+EDGE_SPAN = 64
+DIRECT = 0
+DOWN = 1
+AR_UP = 2
+AR_DOWN = 3
+RING = 4
+UP_BASE = 8
+#: Deepest tree level an operation can use (a fanout-2 tree of 2**56 ranks).
+MAX_LEVELS = EDGE_SPAN - UP_BASE
+#: User edge ids must be below this.
+MAX_USER_EDGE = CONTROL_EDGE_BASE // EDGE_SPAN
+
+_lock = threading.Lock()
+_claims: "weakref.WeakKeyDictionary[Any, dict[int, str]]" = weakref.WeakKeyDictionary()
+
+
+def check_user_edge(edge: object) -> int:
+    """Validate a user edge id; returns it."""
+    if not isinstance(edge, int) or isinstance(edge, bool) or not 0 <= edge < MAX_USER_EDGE:
+        raise ConfigError("edge", f"must be an int in [0, {MAX_USER_EDGE}), got {edge!r}")
+    return edge
+
+
+def channel_edge(edge: int, offset: int) -> int:
+    """The channel edge at ``offset`` within the block of user edge ``edge``."""
+    if not 0 <= offset < EDGE_SPAN:
+        raise ValueError(f"edge offset {offset} outside [0, {EDGE_SPAN})")
+    return edge * EDGE_SPAN + offset
+
+
+def claim_edge(ctx: Any, edge: int, owner: str) -> None:
+    """Reserve user edge ``edge`` in ``ctx`` for ``owner``; raises ConfigError if a live op holds it."""
+    with _lock:
+        table = _claims.setdefault(ctx, {})
+        if edge in table:
+            raise ConfigError("edge", f"edge {edge} (channel edges {edge * EDGE_SPAN}..{(edge + 1) * EDGE_SPAN - 1}) "
+                                      f"is already used by {table[edge]} in this process; give each concurrent "
+                                      "operation its own edge or close the earlier one")
+        table[edge] = owner
+
+
+def release_edge(ctx: Any, edge: int) -> None:
+    """Give user edge ``edge`` back (idempotent)."""
+    with _lock:
+        table = _claims.get(ctx)
+        if table is not None:
+            table.pop(edge, None)

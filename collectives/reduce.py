@@ -1,0 +1,243 @@
+"""Reduce and AllReduce: values of many sources combined up a k-ary tree with a partial reduce per node."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, Callable, Iterable
+
+from twisternet.errors import ConfigError
+
+from .base import Callback, Mode
+from .downtree import DownTreeMixin
+from .reduction import ReduceFn, Reduction, own, snapshot
+from .uptree import Node, UpTreeOperation
+
+
+def _pick_op(op: str | ReduceFn | None, reduce: str | ReduceFn | None) -> str | ReduceFn:
+    if op is not None and reduce is not None:
+        raise ConfigError("op", "give the reduction as op= or reduce=, not both")
+    chosen = reduce if reduce is not None else op
+    return "sum" if chosen is None else chosen
+
+
+def _need_edge(edge: int | None, name: str) -> int:
+    if edge is None:
+        raise ConfigError("edge", f"{name} needs an edge id (edge=...), distinct for each concurrent operation")
+    return edge
+
+
+class _Rounds:
+    """Streaming reduce state of one node: a queue per input (local task or child rank)."""
+
+    __slots__ = ("order", "queues", "done", "qlimit")
+
+    def __init__(self, inputs: list[tuple[str, int]], limit: int) -> None:
+        self.order = inputs
+        self.queues: dict[tuple[str, int], deque] = {i: deque() for i in inputs}
+        self.done: set[tuple[str, int]] = set()
+        self.qlimit = max(1, limit // max(1, len(inputs)))
+
+
+class Reduce(UpTreeOperation):
+    """Reduce the values of ``sources`` into one destination task.
+
+    ``send(task, value)`` from a source; ``finish(task)`` ends that source. Batch: the destination gets
+    one value, the reduction of every value sent (``result()``; None if nothing was sent). Streaming: the
+    destination gets, in order, round ``i`` = the reduction of the ``i``-th value of every source that
+    sent at least ``i + 1`` values; a round forms once every unfinished source has sent its ``i``-th value.
+    """
+
+    operation = "Reduce"
+
+    def __init__(self, ctx: Any, sources: int | Iterable[int] | None = None,
+                 destinations: int | Iterable[int] | None = None, edge: int | None = None, *,
+                 op: str | ReduceFn | None = None, reduce: str | ReduceFn | None = None,
+                 mode: Mode = "batch", callback: Callback | None = None, limit: int | None = None,
+                 timeout: float | None = None, fanout: int = 2) -> None:
+        self.reduction = Reduction(_pick_op(op, reduce))
+        if destinations is None and type(self) is Reduce:
+            destinations = [ctx.plan.tasks[0]]
+        super().__init__(ctx, sources, destinations, _need_edge(edge, type(self).__name__), mode=mode,
+                         callback=callback, limit=limit, timeout=timeout, fanout=fanout)
+
+    def _root_task(self) -> int:
+        if len(self.destinations) != 1:
+            raise ConfigError("destinations", f"{self.operation} has exactly one destination task, got "
+                                              f"{self.destinations}; use AllReduce for several")
+        return self.destinations[0]
+
+    def _setup(self) -> None:
+        root = self._root_task()
+        self._build_up({root: self.plan.rank_of(root)})
+
+    def describe(self) -> str:
+        return f"{self.mode} {self.operation}({self.reduction.name})"
+
+    # ------------------------------------------------------------------ state
+    def _new_state(self, node: Node) -> Any:
+        if self.mode == "batch":
+            return []
+        inputs = [("t", t) for t in self.local_sources] + [("r", c) for c in node.children]
+        return _Rounds(inputs, self.limit)
+
+    def _node(self) -> Node:
+        return next(iter(self._nodes.values()))
+
+    def _acc(self, state: list, value: Any, *, copy: Callable[[Any], Any]) -> None:
+        if state:
+            state[0] = self.reduction.combine(state[0], value)
+        else:
+            state.append(copy(value))
+
+    def _rounds(self, node: Node) -> None:
+        st: _Rounds = node.state
+        while True:
+            live = [i for i in st.order if st.queues[i] or i not in st.done]
+            if not live or any(not st.queues[i] for i in live):
+                return
+            acc = st.queues[live[0]].popleft()
+            for i in live[1:]:
+                acc = self.reduction.combine(acc, st.queues[i].popleft())
+            if node.parent is not None:
+                self._up_send(node, "d", acc)
+            else:
+                self._root_value(acc)
+
+    def _held(self) -> int:
+        if self.mode == "batch":
+            return 0
+        return sum(len(q) for n in self._nodes.values() for q in n.state.queues.values())
+
+    def _root_value(self, value: Any) -> None:
+        self._deliver(self._node().tid, value)
+
+    # ------------------------------------------------------------------ public API
+    def send(self, task: int, value: Any, *, timeout: float | None = None) -> None:
+        """Contribute ``value`` from local source ``task``; blocks under back pressure."""
+        self._send(task, value, True, timeout)
+
+    def offer(self, task: int, value: Any) -> bool:
+        """Like :meth:`send` but returns False instead of blocking when the operation is full."""
+        return self._send(task, value, False, None)
+
+    def _send(self, task: int, value: Any, block: bool, timeout: float | None) -> bool:
+        node = self._node()
+        if self.mode == "batch":
+            return self._input(task, lambda: True, lambda: self._acc(node.state, value, copy=snapshot),
+                               block=block, timeout=timeout)
+        q = node.state.queues[("t", task)] if task in self.local_sources else None
+
+        def room() -> bool:
+            return len(q) < node.state.qlimit and self._out_room(node)
+
+        def mutate() -> None:
+            q.append(snapshot(value))
+            self._rounds(node)
+        return self._input(task, room, mutate, block=block, timeout=timeout)
+
+    def result(self, task: int | None = None, *, timeout: float | None = None) -> Any:
+        """Batch: the reduced value at local destination ``task`` (None if no source sent anything)."""
+        if self.mode != "batch":
+            raise ConfigError("mode", "result() is for batch mode; iterate results() in streaming mode")
+        got = list(self.results(task, timeout=timeout))
+        return got[0] if got else None
+
+    # ------------------------------------------------------------------ hooks
+    def _up_data(self, node: Node, src: int, payload: Any) -> bool:
+        if self.mode == "batch":
+            raise self._protocol(src, payload)
+        q = node.state.queues[("r", src)]
+        if len(q) >= node.state.qlimit or not self._out_room(node):
+            return False
+        q.append(own(payload))
+        self._rounds(node)
+        return True
+
+    def _up_child_done(self, node: Node, src: int, payload: Any) -> None:
+        if self.mode == "batch":
+            for v in payload:
+                self._acc(node.state, v, copy=own)
+        else:
+            node.state.done.add(("r", src))
+            self._rounds(node)
+
+    def _up_local_finish(self, node: Node, task: int) -> None:
+        if self.mode == "streaming":
+            node.state.done.add(("t", task))
+            self._rounds(node)
+
+    def _up_ready(self, node: Node) -> bool:
+        return self.mode == "batch" or not any(node.state.queues.values())
+
+    def _up_final(self, node: Node) -> Any:
+        return list(node.state) if self.mode == "batch" else None
+
+    def _root_complete(self, node: Node) -> None:
+        if self.mode == "batch":
+            value = list(node.state)
+            self._complete(node.tid, lambda: iter(value))
+        else:
+            self._end(node.tid)
+
+
+class AllReduce(DownTreeMixin, Reduce):
+    """Reduce to a root (the rank of the first destination) and broadcast the result to every destination.
+
+    Same values and order as :class:`Reduce`, delivered at every destination task. ``destinations``
+    defaults to ``sources`` (default: every task). :meth:`allreduce` is the rank-level one-shot form
+    (MPI style) with chunked/ring algorithms for large arrays.
+    """
+
+    operation = "AllReduce"
+
+    def __init__(self, ctx: Any, sources: int | Iterable[int] | None = None,
+                 destinations: int | Iterable[int] | None = None, edge: int | None = None, *,
+                 op: str | ReduceFn | None = None, reduce: str | ReduceFn | None = None,
+                 mode: Mode = "batch", callback: Callback | None = None, limit: int | None = None,
+                 timeout: float | None = None, fanout: int = 2, via: str = "auto",
+                 chunk_bytes: int = 1 << 20, ring_threshold: int = 1 << 20) -> None:
+        from .allreduce_algorithms import VIAS
+        if via not in VIAS:
+            raise ConfigError("via", f"must be one of {', '.join(VIAS)}, got {via!r}")
+        if not isinstance(chunk_bytes, int) or chunk_bytes < 1024:
+            raise ConfigError("chunk_bytes", f"must be an int >= 1024, got {chunk_bytes!r}")
+        self.via = via
+        self.chunk_bytes = chunk_bytes
+        self.ring_threshold = ring_threshold
+        if destinations is None:
+            destinations = sources
+        super().__init__(ctx, sources, destinations, edge, op=op, reduce=reduce, mode=mode, callback=callback,
+                         limit=limit, timeout=timeout, fanout=fanout)
+
+    def _root_task(self) -> int:
+        return self.destinations[0]
+
+    def _setup(self) -> None:
+        super()._setup()
+        root = self.plan.rank_of(self._root_task())
+        self._build_down(root)
+        from .allreduce_algorithms import RankAllReduce
+        self._rank_allreduce = RankAllReduce(self)
+
+    def _root_room(self, node: Node) -> bool:
+        return self._down_room()
+
+    def _root_value(self, value: Any) -> None:
+        self._down_emit([value])
+
+    def _root_finished(self, tasks: list[int]) -> None:
+        self._down_info(tasks)
+
+    def _root_complete(self, node: Node) -> None:
+        if self.mode == "batch" and node.state:
+            self._down_emit([node.state[0]])
+        self._down_end()
+
+    def _known_finished(self, task: int | None) -> set[int]:
+        return super()._known_finished(self._root_task()) | self._down_finished
+
+    def allreduce(self, value: Any, *, timeout: float | None = None) -> Any:
+        """Rank-level collective: every rank running a task of this operation calls it once with its value
+        and gets the reduction of all of them. Large arrays with a named reduction go over a ring
+        (reduce-scatter + allgather, chunked); the rest over the tree, chunked and pipelined."""
+        return self._rank_allreduce.run(value, timeout)

@@ -1,0 +1,95 @@
+"""Reduction functions: the named ones ("sum", "max", "min", "prod") with a numpy fast path, or any callable.
+
+A callable is never sent over the network: every process builds the operation with its own copy of the
+function, so it must be the same function (same module-level name or an equal lambda) in every process.
+Reductions must be associative and commutative: inner tree nodes combine partial results in an order
+that depends on the tree, not on the sources.
+"""
+
+from __future__ import annotations
+
+import copy
+import operator
+from typing import Any, Callable
+
+import numpy as np
+
+ReduceFn = Callable[[Any, Any], Any]
+
+_NAMED: dict[str, tuple[Any, Callable[[Any, Any], Any]]] = {
+    "sum": (np.add, operator.add),
+    "prod": (np.multiply, operator.mul),
+    "max": (np.maximum, max),
+    "min": (np.minimum, min),
+}
+
+_IMMUTABLE = (type(None), bool, int, float, complex, str, bytes, np.generic)
+
+
+def snapshot(value: Any) -> Any:
+    """A copy of ``value`` that later changes by the caller cannot affect (arrays and containers copied)."""
+    if isinstance(value, _IMMUTABLE):
+        return value
+    if isinstance(value, np.ndarray):
+        return value.copy()
+    if type(value) is tuple and all(isinstance(v, _IMMUTABLE) for v in value):
+        return value
+    return copy.deepcopy(value)
+
+
+def own(value: Any) -> Any:
+    """``value`` with every numpy array that is a view of someone else's memory copied.
+
+    Received arrays may be views of channel receive buffers that are reused once the handler returns;
+    anything an operation keeps past the handler call goes through this.
+    """
+    if isinstance(value, np.ndarray):
+        return value.copy() if value.base is not None else value
+    t = type(value)
+    if t is tuple or t is list:
+        if any(isinstance(v, (np.ndarray, tuple, list, dict)) for v in value):
+            return t(own(v) for v in value)
+        return value
+    if t is dict:
+        return {k: own(v) for k, v in value.items()}
+    return value
+
+
+class Reduction:
+    """A binary reduction with an in-place numpy fast path for the named operations."""
+
+    def __init__(self, op: str | ReduceFn) -> None:
+        if isinstance(op, str):
+            if op not in _NAMED:
+                raise ValueError(f"unknown reduction {op!r}; use one of {', '.join(_NAMED)} or a callable")
+            self.name = op
+            self.ufunc, self._py = _NAMED[op]
+            self._fn: ReduceFn | None = None
+        elif callable(op):
+            self.name = getattr(op, "__name__", repr(op))
+            self.ufunc = None
+            self._fn = op
+        else:
+            raise TypeError(f"reduce must be a name ({', '.join(_NAMED)}) or a callable, got {op!r}")
+
+    @property
+    def named(self) -> bool:
+        """True for the built-in reductions (eligible for the ring allreduce)."""
+        return self.ufunc is not None
+
+    def combine(self, acc: Any, value: Any) -> Any:
+        """``acc`` reduced with ``value``. ``acc`` must be owned by the caller: it may be updated in place."""
+        if self._fn is not None:
+            return self._fn(acc, value)
+        if isinstance(acc, np.ndarray) or isinstance(value, np.ndarray):
+            uf = self.ufunc
+            if (isinstance(acc, np.ndarray) and acc.flags.writeable
+                    and np.shape(value) == acc.shape
+                    and np.result_type(acc, value) == acc.dtype):
+                uf(acc, value, out=acc)
+                return acc
+            return uf(acc, value)
+        return self._py(acc, value)
+
+    def __repr__(self) -> str:
+        return f"Reduction({self.name})"

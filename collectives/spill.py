@@ -1,0 +1,261 @@
+"""Bounded-memory record store for batch operations: sorted runs spilled to disk, merged back k-way.
+
+A :class:`SpillStore` holds ``(sort_key, value)`` records. While their estimated size stays under the
+memory bound they live in a list; past it the list is sorted (stably) and written as a *run* file, and
+reading merges the runs and the in-memory tail with :func:`heapq.merge`, which is stable across runs, so
+records with equal keys come out in the order they were added. Run files are a sequence of blocks, each
+``u64 length | u32 crc32 | pickle(list of records)``; a checksum mismatch or a truncated block raises
+:class:`SpillCorruptionError`. Files live in a private directory under ``spill_dir`` that is removed by
+:meth:`SpillStore.close` (and, as a last resort, when the store is garbage collected).
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import os
+import pickle
+import shutil
+import struct
+import sys
+import tempfile
+import weakref
+import zlib
+from operator import itemgetter
+from typing import Any, BinaryIO, Iterable, Iterator
+
+import numpy as np
+
+from twisternet.errors import TwisternetError
+
+log = logging.getLogger(__name__)
+
+_MAGIC = b"TNSPILL1"
+_BLOCK_HEAD = struct.Struct("<QI")
+_first = itemgetter(0)
+
+
+class SpillCorruptionError(TwisternetError):
+    """A spill file does not read back as written (checksum mismatch, truncation, bad header)."""
+
+
+def estimate_size(obj: Any, _depth: int = 0) -> int:
+    """A cheap estimate of the memory ``obj`` holds, in bytes (used for the spill bound)."""
+    if isinstance(obj, np.ndarray):
+        return obj.nbytes + 112
+    if isinstance(obj, (bytes, bytearray, str)):
+        return len(obj) + 49
+    if isinstance(obj, (int, float, bool)) or obj is None:
+        return 28
+    if isinstance(obj, (tuple, list)):
+        n = 56 + 8 * len(obj)
+        if _depth < 4:
+            if len(obj) > 64:  # sample large containers
+                step = len(obj) // 32
+                n += sum(estimate_size(o, _depth + 1) for o in obj[::step]) * step
+            else:
+                n += sum(estimate_size(o, _depth + 1) for o in obj)
+        return n
+    if isinstance(obj, dict):
+        n = 232 + 100 * len(obj)
+        if _depth < 4 and len(obj) <= 64:
+            n += sum(estimate_size(k, _depth + 1) + estimate_size(v, _depth + 1) for k, v in obj.items())
+        return n
+    return sys.getsizeof(obj)
+
+
+def _dump(records: list) -> bytes:
+    try:
+        return pickle.dumps(records, protocol=5)
+    except (pickle.PicklingError, AttributeError, TypeError):
+        import cloudpickle
+        return cloudpickle.dumps(records, protocol=5)
+
+
+class _RunWriter:
+    def __init__(self, path: str, block_bytes: int) -> None:
+        self.path = path
+        self.block_bytes = block_bytes
+        self.f: BinaryIO = open(path, "wb")
+        self.f.write(_MAGIC)
+        self.block: list = []
+        self.size = 0
+        self.count = 0
+
+    def add(self, rec: tuple, size: int) -> None:
+        self.block.append(rec)
+        self.size += size
+        self.count += 1
+        if self.size >= self.block_bytes:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self.block:
+            data = _dump(self.block)
+            self.f.write(_BLOCK_HEAD.pack(len(data), zlib.crc32(data)))
+            self.f.write(data)
+            self.block, self.size = [], 0
+
+    def close(self) -> None:
+        self._flush()
+        self.f.close()
+
+
+def read_run(path: str) -> Iterator[tuple]:
+    """Records of one run file, in order; raises SpillCorruptionError on any damage."""
+    with open(path, "rb") as f:
+        if f.read(len(_MAGIC)) != _MAGIC:
+            raise SpillCorruptionError(f"spill file {path}: bad header (not a twisternet spill run)")
+        index = 0
+        while True:
+            head = f.read(_BLOCK_HEAD.size)
+            if not head:
+                return
+            if len(head) != _BLOCK_HEAD.size:
+                raise SpillCorruptionError(f"spill file {path}: truncated block header at block {index}")
+            n, crc = _BLOCK_HEAD.unpack(head)
+            data = f.read(n)
+            if len(data) != n:
+                raise SpillCorruptionError(f"spill file {path}: block {index} truncated ({len(data)} of {n} bytes)")
+            if zlib.crc32(data) != crc:
+                raise SpillCorruptionError(f"spill file {path}: checksum mismatch in block {index}")
+            try:
+                block = pickle.loads(data)
+            except Exception as e:  # noqa: BLE001 - any failure here means a damaged file
+                raise SpillCorruptionError(f"spill file {path}: block {index} does not decode: {e}") from e
+            yield from block
+            index += 1
+
+
+class SpillStore:
+    """Records ``(sort_key, value)`` kept under ``memory_limit`` bytes, spilling sorted runs past it.
+
+    With ``sort=True`` iteration yields records ordered by ``sort_key`` (stable: equal keys in insertion
+    order); with ``sort=False`` in insertion order. Keys must be mutually orderable when sorting.
+    """
+
+    def __init__(self, memory_limit: int, spill_dir: str | None = None, *, sort: bool = True,
+                 name: str = "store") -> None:
+        if memory_limit < 1:
+            raise ValueError(f"memory_limit must be >= 1, got {memory_limit}")
+        self.memory_limit = memory_limit
+        self.spill_dir = spill_dir
+        self.sort = sort
+        self.name = name
+        self.block_bytes = max(4096, memory_limit // 64)
+        #: Runs merged at once; more runs are first merged in passes (bounds merge memory).
+        self.fan_in = max(2, min(64, memory_limit // (2 * self.block_bytes)))
+        self._mem: list[tuple] = []
+        self._mem_bytes = 0
+        self._runs: list[str] = []
+        self._next_run = 0
+        self._dir: str | None = None
+        self._finalizer: weakref.finalize | None = None
+        self._closed = False
+        self._sorted = True
+        self.count = 0
+        self.spilled_bytes = 0
+
+    # ------------------------------------------------------------------ writing
+    def add(self, key: Any, value: Any) -> None:
+        """Add one record."""
+        if self._closed:
+            raise TwisternetError(f"{self.name}: store already closed")
+        self._mem.append((key, value))
+        self._mem_bytes += estimate_size(value) + estimate_size(key) + 72
+        self._sorted = False
+        self.count += 1
+        if self._mem_bytes > self.memory_limit:
+            self._spill()
+
+    @property
+    def runs(self) -> int:
+        """Number of run files on disk."""
+        return len(self._runs)
+
+    @property
+    def directory(self) -> str | None:
+        """The private spill directory (None until the first spill)."""
+        return self._dir
+
+    def _new_path(self) -> str:
+        if self._dir is None:
+            base = self.spill_dir
+            if base is not None:
+                os.makedirs(base, exist_ok=True)
+            self._dir = tempfile.mkdtemp(prefix="twisternet-spill-", dir=base)
+            self._finalizer = weakref.finalize(self, shutil.rmtree, self._dir, True)
+        self._next_run += 1
+        return os.path.join(self._dir, f"run-{self._next_run:06d}.bin")
+
+    def _sort_mem(self) -> None:
+        if self.sort and not self._sorted:
+            try:
+                self._mem.sort(key=_first)
+            except TypeError as e:
+                raise TypeError(f"{self.name}: keys are not mutually orderable ({e}); sorted batch "
+                                "results need comparable keys of one type") from None
+        self._sorted = True
+
+    def _write_run(self, records: Iterable[tuple]) -> str:
+        path = self._new_path()
+        w = _RunWriter(path, self.block_bytes)
+        try:
+            for rec in records:
+                w.add(rec, estimate_size(rec[1]) + 72)
+        finally:
+            w.close()
+        self.spilled_bytes += os.path.getsize(path)
+        return path
+
+    def _spill(self) -> None:
+        self._sort_mem()
+        path = self._write_run(self._mem)
+        log.debug("%s: spilled %d records (%d bytes estimated) to %s", self.name, len(self._mem),
+                  self._mem_bytes, path)
+        self._runs.append(path)
+        self._mem = []
+        self._mem_bytes = 0
+
+    def _merge(self, sources: list[Iterator[tuple]]) -> Iterator[tuple]:
+        if not self.sort:
+            for s in sources:
+                yield from s
+            return
+        try:
+            yield from heapq.merge(*sources, key=_first)
+        except TypeError as e:
+            raise TypeError(f"{self.name}: keys are not mutually orderable ({e})") from None
+
+    def _compact(self) -> None:
+        """Merge runs in passes until at most ``fan_in`` remain (bounded memory for the final merge)."""
+        while self.sort and len(self._runs) > self.fan_in:
+            group, self._runs = self._runs[:self.fan_in], self._runs[self.fan_in:]
+            merged = self._write_run(self._merge([read_run(p) for p in group]))
+            for p in group:
+                os.unlink(p)
+            self._runs.insert(0, merged)  # earliest records first: keeps equal keys in insertion order
+
+    # ------------------------------------------------------------------ reading
+    def __iter__(self) -> Iterator[tuple]:
+        """All records, ordered (see class doc). May be iterated more than once until :meth:`close`."""
+        if self._closed:
+            raise TwisternetError(f"{self.name}: store already closed")
+        self._sort_mem()
+        if not self._runs:
+            return iter(list(self._mem))
+        if not self.sort:
+            return self._merge([read_run(p) for p in self._runs] + [iter(list(self._mem))])
+        self._compact()
+        return self._merge([read_run(p) for p in self._runs] + [iter(list(self._mem))])
+
+    def __len__(self) -> int:
+        return self.count
+
+    def close(self) -> None:
+        """Drop the records and remove every spill file (idempotent)."""
+        self._closed = True
+        self._mem = []
+        if self._finalizer is not None:
+            self._finalizer()
+        self._runs = []

@@ -1,0 +1,265 @@
+"""Collective scenarios written once and run under any channel.
+
+Each scenario is ``scenario(ctx, params) -> result`` with JSON-able ``params`` and result. The tests run
+them on in-process threads (``twisternet.testing.run_local``); the same functions run one per process
+under ``twisternet run`` or ``mpiexec``::
+
+    python -m tests.collectives.scenarios NAME '{"op": "gather", ...}'
+
+prints one JSON line ``{"rank": r, "result": ...}`` per process (the launcher sets the channel).
+Data come from :func:`make_values`, a pure function of (kind, source task, count, seed), so a test can
+compute the sequential reference independently of the library.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+KINDS = ("numpy", "records", "strings")
+OPS = ("reduce", "allreduce", "gather", "allgather", "broadcast", "partition", "keyed_partition",
+       "keyed_reduce", "keyed_gather")
+KEY_TYPES = {"numpy": "int", "records": "object", "strings": "str"}
+
+
+# ---------------------------------------------------------------------------------------------- data
+def make_value(kind: str, src: int, i: int, seed: int) -> Any:
+    """The ``i``-th value of source ``src``."""
+    if kind == "numpy":
+        return (np.arange(4, dtype=np.int64) + 1) * (src + 1) + i * 1000 + seed
+    if kind == "records":
+        return {"n": 1, "sum": src * 100 + i + seed, "src": src, "i": i, "tags": ["t", src, (i, 0.5)]}
+    if kind == "strings":
+        return f"s{src}-{i:04d}-" + "xyz"[(i + seed) % 3] * (i % 4)
+    raise ValueError(kind)
+
+
+def make_values(kind: str, src: int, n: int, seed: int) -> list[Any]:
+    return [make_value(kind, src, i, seed) for i in range(n)]
+
+
+def make_key(kind: str, src: int, i: int) -> Any:
+    if kind == "numpy":
+        return (src * 7 + i) % 5
+    if kind == "records":
+        return ("k", (src + i) % 4)
+    return f"w{(src * 3 + i) % 6}"
+
+
+def merge_records(a: dict, b: dict) -> dict:
+    """The reduction used for records: counts and sums (associative and commutative)."""
+    return {"n": a["n"] + b["n"], "sum": a["sum"] + b["sum"]}
+
+
+def reduction_for(kind: str) -> Any:
+    return {"numpy": "sum", "records": merge_records, "strings": "max"}[kind]
+
+
+def partition_target(src: int, i: int, destinations: list[int]) -> int:
+    """The explicit destination of the ``i``-th record of ``src`` in partition scenarios."""
+    return destinations[(src * 5 + i) % len(destinations)]
+
+
+def canon(obj: Any) -> Any:
+    """A JSON-able canonical form: arrays and tuples become lists, dict keys strings."""
+    if isinstance(obj, np.ndarray):
+        return canon(obj.tolist())
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, (list, tuple)):
+        return [canon(o) for o in obj]
+    if isinstance(obj, dict):
+        return {str(k): canon(v) for k, v in sorted(obj.items(), key=lambda kv: str(kv[0]))}
+    return obj
+
+
+# ---------------------------------------------------------------------------------------------- matrix
+def build_op(ctx: Any, p: dict) -> Any:
+    import collectives as C
+    common = dict(mode=p["mode"], fanout=p.get("fanout", 2), limit=p.get("limit"), timeout=p.get("timeout", 60))
+    kind, op = p["kind"], p["op"]
+    S, D, e = p["sources"], p["destinations"], p.get("edge", 5)
+    if op == "reduce":
+        return C.Reduce(ctx, S, D, e, op=reduction_for(kind), **common)
+    if op == "allreduce":
+        return C.AllReduce(ctx, S, D, e, op=reduction_for(kind), **common)
+    if op == "gather":
+        return C.Gather(ctx, S, D, e, **common)
+    if op == "allgather":
+        return C.AllGather(ctx, S, D, e, **common)
+    if op == "broadcast":
+        return C.Broadcast(ctx, S, D, e, **common)
+    common.pop("fanout")
+    if op == "partition":
+        return C.Partition(ctx, S, D, e, **common)
+    if op == "keyed_partition":
+        return C.KeyedPartition(ctx, S, D, e, key_type=KEY_TYPES[kind], **common)
+    common["fanout"] = p.get("fanout", 2)
+    if op == "keyed_reduce":
+        return C.KeyedReduce(ctx, S, D, e, op=reduction_for(kind), key_type=KEY_TYPES[kind], **common)
+    if op == "keyed_gather":
+        return C.KeyedGather(ctx, S, D, e, key_type=KEY_TYPES[kind], **common)
+    raise ValueError(op)
+
+
+def run_op(ctx: Any, p: dict) -> dict:
+    """Every local source sends its values (interleaved across local sources) and finishes; every local
+    destination collects its results. Returns ``{destination: canonical items}``.
+
+    Streaming: this one thread is source and destination at once, so it sends with ``offer`` and drains
+    the available results whenever an offer is refused (the pattern the package doc prescribes).
+    """
+    op = build_op(ctx, p)
+    kind, seed, op_name = p["kind"], p["seed"], p["op"]
+    lengths = {int(k): v for k, v in p["lengths"].items()}
+    cursors = {s: 0 for s in op.local_sources}
+    streaming = p["mode"] == "streaming"
+    got: dict[int, list] = {d: [] for d in op.local_destinations}
+    deadline = time.monotonic() + p.get("timeout", 60)
+
+    def drain() -> bool:
+        moved = False
+        for d in op.local_destinations:
+            items = op.drain(d)
+            got[d].extend(items)
+            moved = moved or bool(items)
+        return moved
+
+    def wait_a_little() -> None:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"scenario {op_name} stuck on rank {ctx.rank}")
+        if not drain():
+            ctx.progress(0.001) if ctx.config.progress == "manual" else time.sleep(0.0005)
+
+    with op:
+        while cursors:
+            for s in list(cursors):
+                i = cursors[s]
+                if i >= lengths[s]:
+                    if streaming:
+                        drain()
+                    op.finish(s)
+                    del cursors[s]
+                    continue
+                v = make_value(kind, s, i, seed)
+                if op_name == "partition":
+                    args: tuple = (s, v, partition_target(s, i, op.destinations))
+                elif op_name.startswith("keyed"):
+                    args = (s, make_key(kind, s, i), v)
+                else:
+                    args = (s, v)
+                if streaming:
+                    while not op.offer(*args):
+                        wait_a_little()
+                else:
+                    op.send(*args)
+                cursors[s] = i + 1
+        if streaming:
+            while not all(op.done(d) for d in op.local_destinations):
+                wait_a_little()
+            drain()
+        else:
+            for d in op.local_destinations:
+                got[d] = list(op.results(d))
+    return {str(d): canon(items) for d, items in got.items()}
+
+
+# ---------------------------------------------------------------------------------------------- others
+def run_allreduce_calls(ctx: Any, p: dict) -> list:
+    """Rank-level ``allreduce`` calls with arrays of the given sizes; returns canonical sums/results."""
+    import collectives as C
+    op = C.AllReduce(ctx, edge=p.get("edge", 3), op=p.get("reduce", "sum"), via=p.get("via", "auto"),
+                     chunk_bytes=p.get("chunk_bytes", 1 << 20), ring_threshold=p.get("ring_threshold", 1 << 20),
+                     fanout=p.get("fanout", 2))
+    out = []
+    with op:
+        for size in p["sizes"]:
+            x = (np.arange(size, dtype=np.float64) % 97) * (ctx.rank + 1)
+            r = op.allreduce(x)
+            out.append([float(r.sum()), float(r[:3].sum()) if size else 0.0, list(r.shape), str(r.dtype)])
+    return out
+
+
+def run_backpressure(ctx: Any, p: dict) -> dict:
+    """Fast sources into a deliberately slow destination through a tree (streaming Gather or Reduce)."""
+    import collectives as C
+    n, limit, delay = p["n"], p["limit"], p["delay"]
+    cls = C.Gather if p["op"] == "gather" else C.Reduce
+    op = cls(ctx, p.get("sources"), 0, 7, mode="streaming", limit=limit, fanout=p.get("fanout", 2),
+             timeout=p.get("timeout", 60))
+    max_held = 0
+    got: list = []
+    with op:
+        if ctx.rank == 0:
+            sources_here = list(op.local_sources)
+            for s in sources_here:
+                for i in range(n):
+                    op.send(s, [s, i] if p["op"] == "gather" else i)
+                op.finish(s)
+            for item in op.results(0):
+                max_held = max(max_held, op.pending())
+                if len(got) < p.get("slow_items", 200):
+                    time.sleep(delay)
+                got.append(canon(item))
+        else:
+            for s in op.local_sources:
+                for i in range(n):
+                    op.send(s, [s, i] if p["op"] == "gather" else i)
+                    max_held = max(max_held, op.pending())
+                op.finish(s)
+    return {"got": got, "max_held": max_held}
+
+
+def run_spill(ctx: Any, p: dict) -> dict:
+    """KeyedGather of much more data than ``memory_limit`` into one destination; reports spill files."""
+    import collectives as C
+    spill_dir = ctx.config.spill_dir
+
+    def files() -> int:
+        return sum(len(fs) for _, _, fs in os.walk(spill_dir)) if spill_dir and os.path.isdir(spill_dir) else 0
+    op = C.KeyedGather(ctx, None, [0], 9, key_type="int", group=p.get("group", True), timeout=120)
+    rng = np.random.default_rng(p["seed"] + ctx.rank)
+    with op:
+        for s in op.local_sources:
+            keys = rng.integers(0, p["keys"], size=p["n"])
+            for i, k in enumerate(keys.tolist()):
+                op.send(s, k, f"{s}:{i}:" + "p" * p["pad"])
+            op.finish(s)
+        out: dict = {}
+        if op.local_destinations:
+            while not op.done():
+                time.sleep(0.01)
+            out["files_before"] = files()
+            out["result"] = canon(list(op.results()))
+            out["files_after"] = files()
+    out["files_closed"] = files()
+    return out
+
+
+SCENARIOS: dict[str, Callable[[Any, dict], Any]] = {
+    "run_op": run_op,
+    "run_allreduce_calls": run_allreduce_calls,
+    "run_backpressure": run_backpressure,
+    "run_spill": run_spill,
+}
+
+
+def main(argv: list[str]) -> int:
+    """``python -m tests.collectives.scenarios NAME JSON``: run one scenario in this process."""
+    import twisternet as tn
+    name, params = argv[0], json.loads(argv[1] if len(argv) > 1 else "{}")
+    plan = params.get("plan")
+    plan = {int(k): v for k, v in plan.items()} if plan else None
+    with tn.init(plan=plan) as ctx:
+        result = SCENARIOS[name](ctx, params)
+        print(json.dumps({"rank": ctx.rank, "result": result}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
