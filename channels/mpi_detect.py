@@ -6,7 +6,7 @@ import os
 from typing import Mapping
 
 _MARKERS = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS",
-            "HYDRA_CONTROL_FD", "MPIEXEC_HOSTNAME", "PMI_FD", "SLURM_MPI_TYPE_PMI")
+            "HYDI_CONTROL_FD", "MPIEXEC_HOSTNAME", "PMI_FD", "SLURM_MPI_TYPE_PMI")
 
 
 def under_mpi_launcher(env: Mapping[str, str] | None = None) -> bool:

@@ -61,6 +61,34 @@ class KeyedReduce(UpTreeOperation):
         """Like :meth:`send` but returns False instead of blocking when the operation is full."""
         return self._send(task, key, value, False, None)
 
+    def send_many(self, task: int, items: Any, *, timeout: float | None = None, chunk: int = 65536) -> None:
+        """Contribute many ``(key, value)`` pairs (or a mapping, e.g. a ``collections.Counter``) from
+        local source ``task``: keys are routed and combined per destination in one step per chunk, far
+        cheaper than one :meth:`send` per pair. Same semantics as calling :meth:`send` for each pair."""
+        self._check_source(task)
+        pairs = items.items() if hasattr(items, "items") else items
+        by_dest: dict[int, list] = {}
+        kt = self.key_type
+
+        def hand_over(d: int, lst: list) -> None:
+            node = self._nodes[d]
+            self._input(task, lambda: self._room(node), lambda: self._take(node, lst, snapshot),
+                        block=True, timeout=timeout)
+
+        for key, value in pairs:
+            key = normalize_key(key, kt)
+            d = self._select(key)
+            lst = by_dest.get(d)
+            if lst is None:
+                lst = by_dest[d] = []
+            lst.append((key, value))
+            if len(lst) >= chunk:
+                hand_over(d, lst)
+                by_dest[d] = []
+        for d, lst in by_dest.items():
+            if lst:
+                hand_over(d, lst)
+
     def _send(self, task: int, key: Any, value: Any, block: bool, timeout: float | None) -> bool:
         key = normalize_key(key, self.key_type)
         self._check_source(task)

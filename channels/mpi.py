@@ -1,0 +1,1221 @@
+"""The MPI transport: a :class:`~twisternet.channel.Channel` over mpi4py non-blocking point-to-point calls.
+
+Wire protocol. All traffic lives on a private ``Dup`` of the user's communicator (``MPI.COMM_WORLD`` by
+default), so it never collides with the program's own MPI messages. Three fixed tags:
+
+* ``TAG_DATA``: one MPI message per channel message, starting with a 16-byte header
+  ``(kind, flags, edge, size)``. An *eager* message (payload <= ``buffer_size``) carries its payload
+  right after the header and lands in one of the receive buffers (``buffer_size`` + header bytes)
+  pre-posted per peer. A *rendezvous* message (larger) carries only the header plus the lengths of
+  its segments; the payload follows on ``TAG_BULK``. ``BYE`` headers say a rank leaves cleanly.
+* ``TAG_BULK``: rendezvous payloads, sent zero-copy from the caller's buffers: each part of the
+  message is its own contiguous ``Isend`` (parts over 1 GiB are cut; runs of parts under 64 KiB are
+  joined into one copy), and the receiver posts, when it reads the header, one ``Irecv`` per segment
+  into consecutive slices of one buffer of the announced size. Contiguous sends matter: MPICH moves
+  them with one copy, while a non-contiguous (``hindexed``) datatype is pipelined through small
+  chunks that only advance while both sides poll. (The ``hindexed`` send is kept as a fallback when a
+  message has more segments than a header can announce, which only tiny ``buffer_size`` values cause.)
+* ``TAG_CTRL``: batched credit returns (``(edge, bytes)`` pairs) and abort notices
+  (:meth:`MPIChannel.abort`), on small receives of their own so data never holds them up.
+
+Edges travel in the header, not in the tag: edge ids go up to 2**31 while MPI guarantees tags only up
+to 32767 (MPICH grants 2**29 - 1). MPI's non-overtaking rule (same source, tag and communicator match
+in posting order) keeps headers in order, and makes the n-th ``TAG_BULK`` message from a peer match the
+n-th ``TAG_BULK`` receive we post, which we post in header order. Pre-posted receives complete in
+posting order per peer as far as delivery is concerned (a later, smaller one can finish first, so
+completions wait for their predecessors). A rendezvous payload may complete after a later eager
+message on the same edge, so while one is outstanding, delivery on that (peer, edge) goes through a
+queue: each (peer, edge) sees its messages in send order.
+
+Receive buffers. Each peer gets ``buffer_count`` pre-posted eager receives, fewer when that would
+exceed ``pool_buffers`` in total (at least one per peer; MPI buffers early messages beyond that).
+Small eager messages (up to half a buffer) are copied out so their pool buffer is re-posted at
+once; larger ones are delivered zero-copy and their pool slot gets a spare. Rendezvous payloads land
+in uninitialised numpy memory. Released buffers (pool and rendezvous) are recycled only when nothing
+but the channel refers to them any more (checked with ``sys.getrefcount``), because the consumer may
+keep zero-copy views (decoded arrays) alive after ``release``. Recycling matters: touching fresh
+pages costs a page fault each, which dominates the transfer time of large messages. All ranks must
+use the same ``buffer_size`` and ``buffer_count`` (checked when the channel is built).
+
+Flow control follows the interface docstring exactly: per (peer, edge) the sender may have
+``buffer_size * buffer_count`` bytes in flight, a lone larger message may travel when nothing else is in
+flight, and the receiver returns the bytes of a message when the core calls its ``release``. (An empty
+message is charged one byte, so a flood of empty messages is flow-controlled too.) Returns are batched
+per peer: sent once one edge has a quarter of its credit pending, when a poll finds nothing else to
+do, or after at most one millisecond.
+
+Threads. The channel asks for ``MPI_THREAD_MULTIPLE`` if it has to initialise MPI itself, and works with
+``THREAD_SERIALIZED`` (the core calls it from one thread at a time). Under ``THREAD_FUNNELED`` or
+``THREAD_SINGLE`` (:attr:`MPIChannel.requires_main_thread_progress`) it insists on manual progress from
+the thread that initialised MPI. :meth:`MPIChannel.wakeup` and the ``release`` callables only touch
+a deque and an Event, never MPI, so any thread may call them.
+
+Sending. ``send`` hands a message to MPI at once unless the peer already has 32 sends in MPI; then
+it waits in a per-peer FIFO (still counted by :meth:`MPIChannel.has_pending`) and is posted as earlier
+ones complete. MPI completes queued small sends about one per progress call, so without that bound a
+burst of thousands of sends makes every ``Testsome`` O(n). Eager payloads are copied into one wire
+buffer (so ``on_sent`` is reported at the next progress call); rendezvous payloads are not copied and
+``on_sent`` waits until MPI has finished with every segment.
+
+Waiting. MPI has no file descriptor to wait on, so :meth:`MPIChannel.progress` polls ``Testsome``:
+back to back for 1 ms after the last activity; then, while sends or rendezvous payloads are moving
+(MPI over shared memory advances them only while somebody polls), back to back with a
+``sched_yield`` between polls for up to 50 ms; otherwise with sleeps of 50 us (idle < 10 ms), 0.5 ms
+(idle < 1 s) and 2 ms beyond, on an Event that :meth:`MPIChannel.wakeup` sets. An idle process uses a
+few percent of a core.
+
+Failure. The dup'ed communicator uses ``MPI.ERRORS_RETURN``; an MPI error on a request that involves a
+peer is reported once as ``handler.on_peer_lost(peer, reason)`` and later sends to it raise
+:class:`~twisternet.errors.PeerLostError`; an abort notice from a peer is reported the same way. What
+MPICH (the ``mpich`` wheel, hydra launcher) does when a rank dies or calls ``MPI_Abort``: hydra kills
+every other rank of the job and ``mpiexec`` exits non-zero (the abort's exit code, e.g. 3 for
+``Abort(3)``, or a "BAD TERMINATION" report naming the rank and signal), within a second or so, so
+nothing hangs; the survivors never see an MPI error. With ``mpiexec -disable-auto-cleanup`` the
+survivors keep running but the ch4 device of this build does not report the dead rank (its
+fault-tolerance mode, ``MPIR_CVAR_ENABLE_FT``, aborts in ``MPI_Init``), so sends to it simply never
+complete; do not use that flag with this channel.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import sys
+import threading
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from twisternet.channel import MAX_EDGE, Buffer, Channel, ChannelHandler
+from twisternet.errors import ClosedError, ConfigError, PeerLostError, ProtocolError, TwisternetError
+
+if TYPE_CHECKING:  # pragma: no cover - typing only; importing mpi4py initialises MPI
+    from mpi4py import MPI as _MPIModule
+
+    from twisternet.config import Config
+
+__all__ = [
+    "MPIChannel",
+    "create_channel",
+    "under_mpi_launcher",
+    "mpi_launch_info",
+    "TAG_DATA",
+    "TAG_BULK",
+    "TAG_CTRL",
+]
+
+log = logging.getLogger(__name__)
+
+#: MPI tag of message headers, eager payloads and goodbyes.
+TAG_DATA = 1
+#: MPI tag of rendezvous payloads (the segments of messages larger than ``buffer_size``).
+TAG_BULK = 2
+#: MPI tag of batched credit returns and abort notices.
+TAG_CTRL = 3
+
+# Header of every TAG_DATA message: kind, flags (reserved, 0), edge, payload size.
+_HDR = struct.Struct("<BBxxIQ")
+# A rendezvous header continues with the number of segments and their lengths (u64 each).
+_U32 = struct.Struct("<I")
+_KIND_EAGER = 1
+_KIND_RNDV = 2
+_KIND_BYE = 3
+# Control message: kind, count. Credit: count entries (edge, bytes) follow. Abort: count bytes of reason.
+_CTRL_HDR = struct.Struct("<BxxxI")
+_CREDIT_ENTRY = struct.Struct("<IQ")
+_KIND_CREDIT = 4
+_KIND_ABORT = 5
+_CTRL_BUF_SIZE = 4096
+_CREDIT_MAX_ENTRIES = (_CTRL_BUF_SIZE - _CTRL_HDR.size) // _CREDIT_ENTRY.size
+_CTRL_RECVS_PER_PEER = 2
+#: Pending credit older than this (seconds) is returned even if the batch is small.
+_CREDIT_MAX_DELAY = 1e-3
+#: Sends per peer handed to MPI at once; later ones wait in the channel's queue for that peer.
+_MAX_POSTED_SENDS = 32
+#: Seconds of polling back to back after the last activity (a reply often follows quickly).
+_SPIN = 1e-3
+#: Seconds of polling back to back while sends or rendezvous payloads are outstanding, before the
+#: usual backoff applies (a peer that does not receive must not make us burn a core).
+_BUSY_SPIN = 0.05
+#: Parts smaller than this are joined (copied) into one segment of a rendezvous message.
+_COALESCE = 64 << 10
+#: Most rendezvous buffers kept for reuse.
+_BULK_CACHE_MAX = 8
+#: Largest block of an hindexed datatype (keeps every block length a 32-bit int).
+_MAX_BLOCK = 1 << 30
+
+#: Channels not yet closed. Holding them keeps their posted receive buffers alive: a channel dropped
+#: without close() must not let MPI write into freed memory. Torn down at interpreter exit.
+_OPEN_CHANNELS: set["MPIChannel"] = set()
+_ATEXIT_REGISTERED = False
+
+
+def _close_leftover_channels() -> None:
+    """atexit: tear down channels the program never closed, before mpi4py finalizes MPI."""
+    for ch in list(_OPEN_CHANNELS):
+        try:
+            if ch._MPI.Is_finalized():
+                _OPEN_CHANNELS.clear()
+                return
+            log.warning("rank %d: MPI channel was never closed; tearing it down at exit", ch.rank)
+            ch._teardown()
+        except Exception:  # noqa: BLE001 - exiting anyway; do not mask the program's own outcome
+            log.exception("error tearing down an MPI channel at exit")
+    _OPEN_CHANNELS.clear()
+
+
+#: Buffers of sends still unfinished when a channel was torn down. MPI may read them until the
+#: matching receive happens (if ever), so they are kept for the life of the process.
+_ORPHANED_SENDS: list[Any] = []
+
+# Environment variables set by MPI launchers (and not by a user's shell profile).
+_LAUNCHER_RANK_VARS = ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK")
+_LAUNCHER_SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE", "MPI_LOCALNRANKS")
+_LAUNCHER_OTHER_VARS = ("PMI_FD", "PMI_PORT", "PMIX_NAMESPACE", "HYDI_CONTROL_FD", "MPI_LOCALRANKID")
+
+
+def under_mpi_launcher(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether this process was started by an MPI launcher (hydra/PMI, PMIx, Open MPI, MVAPICH).
+
+    Reads only the environment (never imports mpi4py, which would initialise MPI), so ``tn.init``
+    can call it to choose between the MPI and TCP channels. ``HYDRA_*`` variables are ignored on
+    purpose: users set them in shell profiles to configure ``mpiexec``, outside any job.
+    """
+    env = os.environ if environ is None else environ
+    return any(env.get(v) for v in (*_LAUNCHER_RANK_VARS, *_LAUNCHER_SIZE_VARS, *_LAUNCHER_OTHER_VARS))
+
+
+def mpi_launch_info(environ: Mapping[str, str] | None = None) -> tuple[int, int] | None:
+    """``(rank, world)`` as announced by the MPI launcher's environment, or None if it does not say."""
+    env = os.environ if environ is None else environ
+    rank = next((env[v] for v in _LAUNCHER_RANK_VARS if env.get(v)), None)
+    size = next((env[v] for v in _LAUNCHER_SIZE_VARS[:3] if env.get(v)), None)
+    if rank is None or size is None:
+        return None
+    try:
+        return int(rank), int(size)
+    except ValueError:
+        return None
+
+
+def _import_mpi() -> "_MPIModule":
+    """Import mpi4py's MPI module, initialising MPI (asking for THREAD_MULTIPLE) if nobody has."""
+    try:
+        from mpi4py import MPI
+    except ImportError as e:  # pragma: no cover - mpi4py is a declared extra
+        raise ConfigError("channel", f"the MPI channel needs mpi4py (pip install 'twisternet[mpi]'): {e}") from e
+    if MPI.Is_finalized():
+        raise ClosedError("MPI has already been finalized in this process")
+    if not MPI.Is_initialized():
+        provided = MPI.Init_thread(MPI.THREAD_MULTIPLE)
+        log.debug("initialised MPI ourselves; thread level %s", _level_name(MPI, provided))
+        # mpi4py finalizes only what it initialised itself (rc.finalize defaults to rc.initialize),
+        # so whoever initialises finalizes. Registered before the hook that closes leftover
+        # channels, it runs after it (atexit is last-in first-out).
+        import atexit
+
+        def _finalize() -> None:
+            if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.Is_thread_main():
+                MPI.Finalize()
+        atexit.register(_finalize)
+    return MPI
+
+
+def _level_name(MPI: Any, level: int) -> str:
+    names = {MPI.THREAD_SINGLE: "THREAD_SINGLE", MPI.THREAD_FUNNELED: "THREAD_FUNNELED",
+             MPI.THREAD_SERIALIZED: "THREAD_SERIALIZED", MPI.THREAD_MULTIPLE: "THREAD_MULTIPLE"}
+    return names.get(level, str(level))
+
+
+def _byte_view(part: Buffer) -> memoryview:
+    """A flat unsigned-byte view of one message part (raises TypeError for non-contiguous memory)."""
+    mv = part if isinstance(part, memoryview) else memoryview(part)
+    if mv.format != "B" or mv.ndim != 1:
+        try:
+            mv = mv.cast("B")
+        except TypeError:
+            raise TypeError(f"message parts must be C-contiguous buffers; got {type(part).__name__} "
+                            f"with shape {mv.shape} and strides {mv.strides}") from None
+    return mv
+
+
+def _encode_credit(items: Sequence[tuple[int, int]]) -> list[bytes]:
+    """Credit-return messages carrying ``(edge, bytes)`` pairs, as many as the control buffers need."""
+    out = []
+    for start in range(0, len(items), _CREDIT_MAX_ENTRIES):
+        chunk = items[start:start + _CREDIT_MAX_ENTRIES]
+        out.append(b"".join([_CTRL_HDR.pack(_KIND_CREDIT, len(chunk)),
+                             *(_CREDIT_ENTRY.pack(edge, nbytes) for edge, nbytes in chunk)]))
+    return out
+
+
+def _encode_abort(reason: str) -> bytes:
+    """An abort notice carrying (a prefix of) ``reason`` that fits one control buffer."""
+    text = reason.encode("utf-8", "replace")[:_CTRL_BUF_SIZE - _CTRL_HDR.size]
+    text = text.decode("utf-8", "ignore").encode("utf-8")  # do not cut a character in half
+    return _CTRL_HDR.pack(_KIND_ABORT, len(text)) + text
+
+
+def _decode_ctrl(buf: Buffer) -> tuple[int, Any]:
+    """Parse a control message: ``(_KIND_CREDIT, [(edge, bytes), ...])`` or ``(_KIND_ABORT, reason)``."""
+    mv = memoryview(buf)
+    if mv.nbytes < _CTRL_HDR.size:
+        raise ProtocolError(f"control message of {mv.nbytes} bytes is shorter than its header")
+    kind, n = _CTRL_HDR.unpack_from(mv, 0)
+    if kind == _KIND_ABORT:
+        if _CTRL_HDR.size + n > mv.nbytes:
+            raise ProtocolError("abort notice longer than its message")
+        return kind, bytes(mv[_CTRL_HDR.size:_CTRL_HDR.size + n]).decode("utf-8", "replace")
+    if kind != _KIND_CREDIT or n > _CREDIT_MAX_ENTRIES or _CTRL_HDR.size + n * _CREDIT_ENTRY.size > mv.nbytes:
+        raise ProtocolError(f"malformed control message (kind {kind}, {n} entries)")
+    return kind, [_CREDIT_ENTRY.unpack_from(mv, _CTRL_HDR.size + i * _CREDIT_ENTRY.size) for i in range(n)]
+
+
+def _segments(views: list[memoryview]) -> list[Buffer]:
+    """The contiguous MPI messages that carry a rendezvous payload, in order: each large part as is
+    (cut at 1 GiB), runs of small parts joined into one copy. Contiguous sends let MPI use its
+    single-copy path; non-contiguous datatypes are pipelined through small chunks instead."""
+    out: list[Buffer] = []
+    run: list[memoryview] = []
+    for v in views:
+        n = v.nbytes
+        if n == 0:
+            continue
+        if n < _COALESCE:
+            run.append(v)
+            continue
+        if run:
+            out.append(b"".join(run) if len(run) > 1 else run[0])
+            run = []
+        for off in range(0, n, _MAX_BLOCK):
+            out.append(v[off:off + _MAX_BLOCK] if n > _MAX_BLOCK else v)
+    if run:
+        out.append(b"".join(run) if len(run) > 1 else run[0])
+    return out
+
+
+def _rndv_header(edge: int, size: int, lengths: Sequence[int]) -> bytes:
+    """Header announcing a rendezvous message of ``size`` bytes that follows as ``lengths`` segments."""
+    return b"".join((_HDR.pack(_KIND_RNDV, 0, edge, size), _U32.pack(len(lengths)),
+                     struct.pack(f"<{len(lengths)}Q", *lengths)))
+
+
+def _rndv_lengths(buf: Buffer, size: int) -> tuple[int, ...]:
+    """The segment lengths announced by a rendezvous header (validated against ``size``)."""
+    mv = memoryview(buf)
+    (n,) = _U32.unpack_from(mv, _HDR.size)
+    start = _HDR.size + _U32.size
+    if n == 0 or start + 8 * n > mv.nbytes:
+        raise ProtocolError(f"rendezvous header announces {n} segments")
+    lengths = struct.unpack_from(f"<{n}Q", mv, start)
+    if sum(lengths) != size or not all(lengths):
+        raise ProtocolError(f"rendezvous segments {lengths[:8]}... do not add up to {size} bytes")
+    return lengths
+
+
+# --- bookkeeping objects (one per outstanding MPI request) ------------------------------------------
+
+class _DataRecv:
+    """A pre-posted TAG_DATA receive into a pool buffer; completes strictly in posting order per peer."""
+    __slots__ = ("peer", "buf", "done")
+
+    def __init__(self, peer: int, buf: bytearray) -> None:
+        self.peer = peer
+        self.buf = buf
+        self.done = False
+
+
+class _CtrlRecv:
+    __slots__ = ("peer", "buf")
+
+    def __init__(self, peer: int, buf: bytearray) -> None:
+        self.peer = peer
+        self.buf = buf
+
+
+class _Incoming:
+    """A rendezvous message whose payload is arriving; ``ready`` once it may be delivered."""
+    __slots__ = ("peer", "edge", "data", "release", "ready", "left")
+
+    def __init__(self, peer: int, edge: int, data: Any, release: "_Release", ready: bool, left: int = 0) -> None:
+        self.peer = peer
+        self.edge = edge
+        self.data = data
+        self.release = release
+        self.ready = ready
+        self.left = left  # segments still arriving
+
+
+class _SendGroup:
+    """The segments of one rendezvous send: ``on_sent(token)`` once all of them completed."""
+    __slots__ = ("token", "left")
+
+    def __init__(self, token: object, left: int) -> None:
+        self.token = token
+        self.left = left
+
+
+class _BulkRecv:
+    __slots__ = ("peer", "incoming")
+
+    def __init__(self, peer: int, incoming: _Incoming) -> None:
+        self.peer = peer
+        self.incoming = incoming
+
+
+class _Send:
+    """An outstanding Isend: keeps the sent buffers (and datatype) alive until MPI is done with them."""
+    __slots__ = ("peer", "keep", "datatype", "token", "bulk")
+
+    def __init__(self, peer: int, keep: Any, datatype: Any = None, token: object = None,
+                 bulk: bool = False) -> None:
+        self.peer = peer
+        self.keep = keep
+        self.datatype = datatype
+        self.token = token
+        self.bulk = bulk
+
+
+class _Release:
+    """The ``release`` callable handed out with a message: returns its credit (and buffer) once.
+
+    ``buf`` is the receive buffer the message was delivered in when the channel may recycle it: a
+    pool buffer (``pool``) or a rendezvous buffer."""
+    __slots__ = ("channel", "peer", "edge", "cost", "buf", "pool", "done")
+
+    def __init__(self, channel: "MPIChannel", peer: int, edge: int, cost: int, buf: Any, pool: bool) -> None:
+        self.channel = channel
+        self.peer = peer
+        self.edge = edge
+        self.cost = cost
+        self.buf = buf
+        self.pool = pool
+        self.done = False
+
+    def __call__(self) -> None:
+        if self.done:
+            raise TwisternetError(f"message from rank {self.peer} on edge {self.edge} was released twice")
+        self.done = True
+        ch = self.channel
+        ch._released.append(self)
+        ch._wake.set()
+
+
+class MPIChannel(Channel):
+    """Channel over mpi4py ``Isend``/``Irecv`` with pre-posted receives, rendezvous for large messages
+    and per (peer, edge) byte credits. Build it with :func:`create_channel`."""
+
+    name = "mpi"
+
+    def __init__(self, config: "Config", comm: Any, MPI: Any) -> None:
+        super().__init__(comm.Get_rank(), comm.Get_size(), config)
+        self._MPI = MPI
+        #: Thread level MPI granted (an ``MPI.THREAD_*`` constant).
+        self.thread_level: int = MPI.Query_thread()
+        #: True when MPI gave less than THREAD_SERIALIZED: every call must come from the thread that
+        #: initialised MPI, which means manual progress from that thread.
+        self.requires_main_thread_progress: bool = self.thread_level < MPI.THREAD_SERIALIZED
+        self._comm = comm.Dup()
+        self._comm.Set_errhandler(MPI.ERRORS_RETURN)
+        self._comm.Set_name(f"twisternet-mpi<{comm.Get_name()}>")
+        # Receive buffers and credits are sized from the config on both ends: all ranks must agree.
+        mine = (config.buffer_size, config.buffer_count)
+        every = self._comm.allgather(mine)
+        if any(v != mine for v in every):
+            self._comm.Free()
+            raise ConfigError("buffer_size", "every rank must use the same buffer_size and buffer_count; "
+                              f"(buffer_size, buffer_count) by rank: {every}")
+
+        self._eager_limit = config.buffer_size
+        self._pool_buf_size = config.buffer_size + _HDR.size
+        # Eager messages at most this big are copied out of the pool buffer (which is reposted at once);
+        # bigger ones are handed out zero-copy and the pool slot gets a spare buffer. Either way a
+        # held buffer carries at least half its size in credit, so memory stays within 2x the credit.
+        self._copy_limit = config.buffer_size // 2
+        # Segments a rendezvous header can announce in one pool buffer.
+        self._max_segments = (self._pool_buf_size - _HDR.size - _U32.size) // 8
+        self._credit = config.buffer_size * config.buffer_count
+        self._credit_batch = max(1, self._credit // 4)
+        npeers = max(1, self.world - 1)
+        self._recvs_per_peer = max(1, min(config.buffer_count, config.pool_buffers // npeers))
+        self._spare_cap = config.pool_buffers
+        # Recycled rendezvous buffers: fresh memory costs a page fault per page on first touch,
+        # which halves large-message bandwidth, so released (and unreferenced) ones are kept.
+        self._bulk_cache: list[Any] = []
+        self._bulk_cache_bytes = 0
+        self._bulk_cache_cap = max(2 * self._credit, config.memory_limit // 2)
+
+        self._handler: ChannelHandler | None = None
+        self._started = False
+        self._closed = False
+        self._owner_thread: int | None = None
+        self._in_poll = False
+
+        # Request slots: Testsome runs over ``_reqs``; ``_ops[i]`` says what slot i is for.
+        self._reqs: list[Any] = []
+        self._ops: list[Any] = []
+        self._free_slots: list[int] = []
+        self._statuses: list[Any] = []  # filled by Testsome; read only when it reports an error
+        self._active = 0
+
+        # Receive side.
+        self._data_recvs: list[deque[_DataRecv]] = [deque() for _ in range(self.world)]
+        self._order: dict[tuple[int, int], deque[_Incoming]] = {}
+        self._spares: list[bytearray] = []
+        self._bulk_pending = [0] * self.world
+        # Rendezvous payloads moving (either direction): MPI needs frequent polls to pipeline them.
+        self._bulk_active = 0
+        self._released: deque[_Release] = deque()
+        self._credit_out: dict[int, dict[int, int]] = {}
+        self._credit_since: dict[int, float] = {}
+
+        # Send side.
+        self._inflight: dict[tuple[int, int], int] = {}
+        self._blocked: set[tuple[int, int]] = set()
+        self._pending_sends = [0] * self.world
+        self._pending_total = 0  # over peers not lost (sends to a lost peer may never complete)
+        self._posted_sends = [0] * self.world
+        self._sendq: list[deque[tuple[Any, int, _Send]]] = [deque() for _ in range(self.world)]
+
+        # Peer state.
+        self._bye_from: set[int] = set()
+        self._bye_sent = False
+        self._lost: dict[int, str] = {}
+
+        # Handler callbacks waiting to run (so an exception in one never corrupts channel state).
+        self._events: deque[tuple[Callable[..., None], tuple[Any, ...]]] = deque()
+
+        self._wake = threading.Event()
+        self._last_activity = time.monotonic()
+        _OPEN_CHANNELS.add(self)
+        #: Counters for tests and benchmarks.
+        self.stats: dict[str, int] = {"msgs_sent": 0, "bytes_sent": 0, "msgs_received": 0,
+                                      "bytes_received": 0, "eager_sent": 0, "rendezvous_sent": 0,
+                                      "credit_msgs_sent": 0, "send_refused": 0,
+                                      "rndv_buffers_reused": 0, "noncontiguous_sent": 0}
+
+    # --- public API -----------------------------------------------------------------------------
+
+    @property
+    def comm(self) -> Any:
+        """The channel's private communicator (a dup of the one it was built on)."""
+        return self._comm
+
+    def start(self, handler: ChannelHandler) -> None:
+        """Check the thread level, pre-post the receives for every peer and begin delivering."""
+        if self._started:
+            raise TwisternetError("MPIChannel.start called twice")
+        if self._closed:
+            raise ClosedError("MPI channel is closed")
+        MPI = self._MPI
+        if self.requires_main_thread_progress:
+            level = _level_name(MPI, self.thread_level)
+            if self.config.progress != "manual" or not MPI.Is_thread_main():
+                raise ConfigError(
+                    "progress",
+                    f"MPI provides only {level}, so the channel may only be driven from the thread that "
+                    "initialised MPI: use progress='manual' and call progress from that thread (or "
+                    "initialise MPI with THREAD_SERIALIZED or THREAD_MULTIPLE)")
+            self._owner_thread = threading.get_ident()
+        self._handler = handler
+        for peer in range(self.world):
+            if peer == self.rank:
+                continue
+            for _ in range(self._recvs_per_peer):
+                self._post_data_recv(peer, bytearray(self._pool_buf_size))
+            for _ in range(_CTRL_RECVS_PER_PEER):
+                self._post_ctrl_recv(peer, bytearray(_CTRL_BUF_SIZE))
+        self._started = True
+        log.debug("MPI channel rank %d/%d started (thread level %s, %d eager receives per peer)",
+                  self.rank, self.world, _level_name(MPI, self.thread_level), self._recvs_per_peer)
+
+    def send(self, peer: int, edge: int, parts: Sequence[Buffer], token: object = None) -> bool:
+        """Post one message for ``peer`` on ``edge``; False (nothing queued) when it lacks credit."""
+        self._check_usable()
+        if not isinstance(peer, int) or not 0 <= peer < self.world or peer == self.rank:
+            raise ValueError(f"peer must be a rank in [0, {self.world}) other than {self.rank}, got {peer!r}")
+        if not isinstance(edge, int) or not 0 <= edge < MAX_EDGE:
+            raise ValueError(f"edge must be an int in [0, 2**31), got {edge!r}")
+        if peer in self._lost:
+            raise PeerLostError(peer, self._lost[peer])
+        if peer in self._bye_from:
+            raise ClosedError(f"rank {peer} has closed its channel; it accepts no more messages")
+        if self._bye_sent:
+            raise ClosedError("MPI channel is closing")
+        views = [_byte_view(p) for p in parts]
+        size = sum(v.nbytes for v in views)
+        cost = size or 1
+        key = (peer, edge)
+        inflight = self._inflight.get(key, 0)
+        if inflight and inflight + cost > self._credit:
+            self._blocked.add(key)
+            self.stats["send_refused"] += 1
+            return False
+        MPI = self._MPI
+        try:
+            if size <= self._eager_limit:
+                wire = b"".join((_HDR.pack(_KIND_EAGER, 0, edge, size), *views))
+                self._submit(wire, TAG_DATA, _Send(peer, wire))
+                if token is not None:  # the parts were copied: reusable now (reported by progress)
+                    self._events.append((self._handler.on_sent, (token,)))  # type: ignore[union-attr]
+                self.stats["eager_sent"] += 1
+            else:
+                segments = _segments(views)
+                dtype = None
+                if len(segments) > self._max_segments:
+                    # Too many to announce: one non-contiguous send (zero-copy, but MPI pipelines
+                    # it through small chunks, so it is slower than contiguous segments).
+                    dtype = self._gather_type([v for v in views if v.nbytes])
+                    segments = [dtype]
+                    lengths = [size]
+                    self.stats["noncontiguous_sent"] += 1
+                else:
+                    lengths = [memoryview(seg).nbytes for seg in segments]
+                hdr = _rndv_header(edge, size, lengths)
+                self._submit(hdr, TAG_DATA, _Send(peer, hdr))
+                group = _SendGroup(token, len(segments))
+                if dtype is not None:
+                    self._submit([MPI.BOTTOM, 1, dtype], TAG_BULK, _Send(peer, views, dtype, group, True))
+                else:
+                    for seg in segments:
+                        self._submit([seg, MPI.BYTE], TAG_BULK, _Send(peer, seg, None, group, True))
+                self.stats["rendezvous_sent"] += 1
+        except MPI.Exception as e:
+            self._lose(peer, f"MPI error sending to it: {e.Get_error_string()}")
+            raise PeerLostError(peer, self._lost[peer]) from e
+        self._inflight[key] = inflight + cost
+        self.stats["msgs_sent"] += 1
+        self.stats["bytes_sent"] += size
+        return True
+
+    def progress(self, timeout: float = 0.0) -> bool:
+        """Complete requests, deliver messages, return credit; wait up to ``timeout`` s for work."""
+        self._check_usable()
+        did = self._poll()
+        if did or timeout <= 0:
+            return did
+        deadline = time.monotonic() + timeout
+        wake = self._wake
+        while True:
+            now = time.monotonic()
+            remaining = deadline - now
+            if remaining <= 0:
+                return False
+            idle = now - self._last_activity
+            if idle < _SPIN or ((self._bulk_active or self._pending_total) and idle < _BUSY_SPIN):
+                # Just after activity, or while sends / rendezvous payloads are moving (MPI over
+                # shared memory, or a NIC without offload, advances them only while we poll): poll
+                # back to back, giving the CPU away between polls once the first burst is over.
+                if idle >= _SPIN:
+                    os.sched_yield()
+                if wake.is_set():
+                    wake.clear()
+                    return self._poll()
+                if self._poll():
+                    return True
+                continue
+            delay = self._backoff(idle)
+            if self._credit_since:
+                delay = min(delay, _CREDIT_MAX_DELAY / 2)
+            if wake.wait(min(delay, remaining)):
+                wake.clear()
+                return self._poll()
+            if self._poll():
+                return True
+
+    def wakeup(self) -> None:
+        """Cut a waiting :meth:`progress` short. Thread-safe; never calls MPI."""
+        self._wake.set()
+
+    def has_pending(self, peer: int | None = None) -> bool:
+        """Whether sends to ``peer`` (or to anyone) have not completed yet; sends to a lost peer
+        do not count (they may never complete)."""
+        if peer is None:
+            return self._pending_total > 0
+        return self._pending_sends[peer] > 0 and peer not in self._lost
+
+    def close(self, timeout: float) -> None:
+        """Flush, say goodbye to every peer, wait (bounded) for theirs, then free all MPI resources."""
+        if self._closed:
+            return
+        if not self._started:
+            self._free_comm()
+            self._closed = True
+            _OPEN_CHANNELS.discard(self)
+            return
+        self._check_thread()
+        deadline = time.monotonic() + max(0.0, timeout)
+        try:
+            # Every accepted message is posted or queued, in order, and MPI keeps a peer's TAG_DATA
+            # messages in order, so the goodbye can go at once: the peer sees it after all our
+            # headers. Then one phase waits for our sends to complete, for every peer's goodbye and
+            # for the payloads those peers announced before it.
+            self._bye_sent = True
+            bye = _HDR.pack(_KIND_BYE, 0, 0, 0)
+            for peer in self._live_peers():
+                try:
+                    self._submit(bye, TAG_DATA, _Send(peer, bye))
+                except self._MPI.Exception as e:
+                    self._lose(peer, f"MPI error saying goodbye: {e.Get_error_string()}")
+            while time.monotonic() < deadline and (self._waiting_for_peers() or self.has_pending()):
+                self.progress(min(0.01, max(0.0, deadline - time.monotonic())))
+            if self.has_pending():
+                unfinished = [p for p in range(self.world) if self.has_pending(p)]
+                log.warning("rank %d: closing with sends to ranks %s not completed after %gs",
+                            self.rank, unfinished, timeout)
+            missing = self._waiting_for_peers()
+            if missing:
+                log.warning("rank %d: no goodbye from ranks %s within %gs; closing anyway",
+                            self.rank, missing, timeout)
+            self._dispatch()
+        finally:
+            self._teardown()
+
+    def abort(self, reason: str) -> None:
+        """Leave at once without the goodbye: peers get an abort notice and report this rank lost."""
+        if self._closed:
+            return
+        if not self._started:
+            self._free_comm()
+            self._closed = True
+            _OPEN_CHANNELS.discard(self)
+            return
+        MPI = self._MPI
+        msg = _encode_abort(reason)
+        notices = []
+        for peer in self._live_peers():
+            if peer in self._bye_from:
+                continue
+            try:
+                notices.append(self._comm.Isend(msg, peer, TAG_CTRL))
+            except MPI.Exception:
+                pass
+        limit = time.monotonic() + 0.5
+        try:
+            while notices and not MPI.Request.Testall(notices) and time.monotonic() < limit:
+                time.sleep(1e-4)
+        except MPI.Exception:
+            pass
+        for req in notices:
+            if req != MPI.REQUEST_NULL:
+                _ORPHANED_SENDS.append(msg)  # MPI may still read it after Free
+                try:
+                    req.Free()
+                except MPI.Exception:
+                    pass
+        log.warning("rank %d: channel aborted: %s", self.rank, reason)
+        self._teardown()
+
+    # --- sending helpers --------------------------------------------------------------------------
+
+    def _gather_type(self, views: list[memoryview]) -> Any:
+        """An hindexed byte datatype (relative to MPI.BOTTOM) that spans ``views`` in order."""
+        MPI = self._MPI
+        lengths: list[int] = []
+        addrs: list[int] = []
+        for v in views:
+            base = MPI.Get_address(v)
+            n = v.nbytes
+            off = 0
+            while off < n:
+                step = min(_MAX_BLOCK, n - off)
+                lengths.append(step)
+                addrs.append(base + off)
+                off += step
+        return MPI.BYTE.Create_hindexed(lengths, addrs).Commit()
+
+    def _post(self, req: Any, op: Any) -> None:
+        if self._free_slots:
+            i = self._free_slots.pop()
+            self._reqs[i] = req
+            self._ops[i] = op
+        else:
+            self._reqs.append(req)
+            self._ops.append(op)
+        self._active += 1
+        if type(op) is _BulkRecv:
+            self._bulk_active += 1
+
+    def _submit(self, spec: Any, tag: int, op: _Send, urgent: bool = False) -> None:
+        """Isend ``spec`` to ``op.peer``, or queue it behind the peer's earlier sends when that peer
+        already has ``_MAX_POSTED_SENDS`` in MPI (``urgent`` control messages skip the queue; they
+        need no ordering). Bounding posted sends keeps ``Testsome`` arrays short: MPI completes
+        queued small sends one per progress call, so thousands of posted ones cost O(n) per poll."""
+        peer = op.peer
+        self._pending_sends[peer] += 1
+        if peer not in self._lost:
+            self._pending_total += 1
+        if op.bulk:
+            self._bulk_active += 1
+        q = self._sendq[peer]
+        if not urgent and (q or self._posted_sends[peer] >= _MAX_POSTED_SENDS):
+            q.append((spec, tag, op))
+            return
+        self._post(self._comm.Isend(spec, peer, tag), op)
+        self._posted_sends[peer] += 1
+
+    def _drain_sendq(self, peer: int) -> None:
+        """Post queued sends to ``peer`` while it is below its limit of posted sends."""
+        q = self._sendq[peer]
+        while q and self._posted_sends[peer] < _MAX_POSTED_SENDS:
+            spec, tag, op = q[0]
+            try:
+                req = self._comm.Isend(spec, peer, tag)
+            except self._MPI.Exception as e:
+                self._lose(peer, f"MPI error sending to it: {e.Get_error_string()}")
+                return
+            q.popleft()
+            self._post(req, op)
+            self._posted_sends[peer] += 1
+
+    def _unaccount_send(self, op: _Send, posted: bool) -> None:
+        peer = op.peer
+        self._pending_sends[peer] -= 1
+        if peer not in self._lost:
+            self._pending_total -= 1
+        if op.bulk:
+            self._bulk_active -= 1
+        if posted:
+            self._posted_sends[peer] -= 1
+        if op.datatype is not None:
+            op.datatype.Free()
+
+    def _post_data_recv(self, peer: int, buf: bytearray) -> None:
+        op = _DataRecv(peer, buf)
+        self._post(self._comm.Irecv(buf, peer, TAG_DATA), op)
+        self._data_recvs[peer].append(op)
+
+    def _post_ctrl_recv(self, peer: int, buf: bytearray) -> None:
+        self._post(self._comm.Irecv(buf, peer, TAG_CTRL), _CtrlRecv(peer, buf))
+
+    # --- the progress engine ------------------------------------------------------------------------
+
+    @staticmethod
+    def _backoff(idle: float) -> float:
+        """Seconds to sleep between polls after ``idle`` seconds without work."""
+        if idle < _SPIN:
+            return 0.0
+        if idle < 0.01:
+            return 5e-5
+        if idle < 1.0:
+            return 5e-4
+        return 2e-3
+
+    def _poll(self) -> bool:
+        """One pass: returned buffers and credit, request completions, credit flush, callbacks."""
+        if self._in_poll:
+            raise TwisternetError("MPIChannel.progress was called from inside a handler callback")
+        self._check_thread()
+        self._in_poll = True
+        try:
+            did = False
+            if self._released:
+                self._drain_released()
+                did = True
+            completed = False
+            if self._active:
+                completed = self._test_requests()
+            if completed or self._events:
+                did = True
+                self._dispatch()
+                if self._released:  # consumers that release inside on_message: return it now
+                    self._drain_released()
+            if self._credit_out:
+                self._flush_credit(quiet=not completed)
+            if did:
+                self._last_activity = time.monotonic()
+            return did
+        finally:
+            self._in_poll = False
+
+    def _test_requests(self) -> bool:
+        MPI = self._MPI
+        if len(self._statuses) < len(self._reqs):
+            self._statuses.extend(MPI.Status() for _ in range(len(self._reqs) - len(self._statuses)))
+        try:
+            idx = MPI.Request.Testsome(self._reqs, self._statuses)
+        except MPI.Exception:
+            idx = self._find_failed()
+        if not idx:
+            return False
+        ops = self._ops
+        done = []
+        for i in idx:
+            done.append(ops[i])
+            ops[i] = None
+            self._free_slots.append(i)
+        self._active -= len(idx)
+        data_peers: set[int] = set()
+        for op in done:
+            if op is None:
+                continue
+            cls = type(op)
+            if cls is _DataRecv:
+                op.done = True
+                data_peers.add(op.peer)
+            elif cls is _Send:
+                self._send_done(op)
+            elif cls is _BulkRecv:
+                self._bulk_done(op)
+            elif cls is _CtrlRecv:
+                self._ctrl_received(op)
+        for peer in data_peers:
+            q = self._data_recvs[peer]
+            while q and q[0].done:
+                self._data_received(q.popleft())
+        return True
+
+    def _find_failed(self) -> list[int]:
+        """Testsome raised (MPI_ERR_IN_STATUS): sort the requests it completed into good ones (returned)
+        and failed ones, whose peers are reported lost.
+
+        The error leaves the indices unreported, but every request Testsome completed is now
+        REQUEST_NULL and the statuses hold their outcomes in ascending index order."""
+        MPI = self._MPI
+        null = MPI.REQUEST_NULL
+        finished = [i for i, op in enumerate(self._ops) if op is not None and self._reqs[i] == null]
+        completed: list[int] = []
+        for k, i in enumerate(finished):
+            err = self._statuses[k].Get_error() if k < len(self._statuses) else MPI.ERR_OTHER
+            if err == MPI.SUCCESS:
+                completed.append(i)
+                continue
+            op = self._ops[i]
+            self._ops[i] = None
+            self._free_slots.append(i)
+            self._active -= 1
+            peer = op.peer
+            cls = type(op)
+            if cls is _Send:
+                self._unaccount_send(op, True)
+            elif cls is _DataRecv:
+                try:
+                    self._data_recvs[peer].remove(op)
+                except ValueError:
+                    pass
+            elif cls is _BulkRecv:
+                self._bulk_pending[peer] -= 1
+                self._bulk_active -= 1
+            try:
+                what = MPI.Get_error_string(err)
+            except MPI.Exception:
+                what = f"MPI error {err}"
+            self._lose(peer, f"MPI error on a {cls.__name__.strip('_')} request: {what}")
+        return completed
+
+    def _send_done(self, op: _Send) -> None:
+        self._unaccount_send(op, True)
+        peer = op.peer
+        if self._sendq[peer] and peer not in self._lost:
+            self._drain_sendq(peer)
+        group = op.token
+        if group is not None:
+            if type(group) is _SendGroup:
+                group.left -= 1
+                if group.left or group.token is None:
+                    return
+                group = group.token
+            self._events.append((self._handler.on_sent, (group,)))  # type: ignore[union-attr]
+
+    def _data_received(self, op: _DataRecv) -> None:
+        """A TAG_DATA message (taken in posting order): deliver, or start its rendezvous, or note a BYE."""
+        peer = op.peer
+        buf = op.buf
+        kind, _flags, edge, size = _HDR.unpack_from(buf, 0)
+        if peer in self._lost:
+            log.debug("rank %d: message of kind %d from lost rank %d dropped", self.rank, kind, peer)
+            return
+        if peer in self._bye_from:
+            log.error("rank %d: message of kind %d from rank %d after its goodbye; dropped", self.rank, kind, peer)
+            return
+        if kind == _KIND_EAGER:
+            if size > self._eager_limit:
+                raise ProtocolError(f"eager message of {size} bytes from rank {peer} exceeds {self._eager_limit}")
+            cost = size or 1
+            if size <= self._copy_limit:
+                data = memoryview(bytes(memoryview(buf)[_HDR.size:_HDR.size + size]))
+                self._post_data_recv(peer, buf)
+                rel = _Release(self, peer, edge, cost, None, True)
+            else:
+                data = memoryview(buf)[_HDR.size:_HDR.size + size]
+                self._post_data_recv(peer, self._spares.pop() if self._spares else bytearray(self._pool_buf_size))
+                rel = _Release(self, peer, edge, cost, buf, True)
+            self.stats["msgs_received"] += 1
+            self.stats["bytes_received"] += size
+            q = self._order.get((peer, edge))
+            if q:
+                q.append(_Incoming(peer, edge, data, rel, True))
+            else:
+                self._events.append((self._handler.on_message, (peer, edge, data, rel)))  # type: ignore[union-attr]
+        elif kind == _KIND_RNDV:
+            lengths = _rndv_lengths(buf, size)
+            self._post_data_recv(peer, buf)
+            store = self._bulk_cache_take(size)
+            target = store if store.nbytes == size else store[:size]
+            inc = _Incoming(peer, edge, memoryview(target), _Release(self, peer, edge, size, store, False),
+                            False, len(lengths))
+            key = (peer, edge)
+            q = self._order.get(key)
+            if q is None:
+                q = self._order[key] = deque()
+            q.append(inc)
+            BYTE = self._MPI.BYTE
+            off = 0
+            for n in lengths:
+                self._post(self._comm.Irecv([target[off:off + n], BYTE], peer, TAG_BULK), _BulkRecv(peer, inc))
+                off += n
+            self._bulk_pending[peer] += len(lengths)
+        elif kind == _KIND_BYE:
+            log.debug("rank %d: goodbye from rank %d", self.rank, peer)
+            self._bye_from.add(peer)
+            self._credit_out.pop(peer, None)
+            self._credit_since.pop(peer, None)
+        else:
+            raise ProtocolError(f"unknown message kind {kind} from rank {peer}")
+
+    def _bulk_done(self, op: _BulkRecv) -> None:
+        inc = op.incoming
+        self._bulk_pending[op.peer] -= 1
+        self._bulk_active -= 1
+        inc.left -= 1
+        if inc.left:
+            return
+        inc.ready = True
+        self.stats["msgs_received"] += 1
+        self.stats["bytes_received"] += inc.data.nbytes
+        key = (inc.peer, inc.edge)
+        q = self._order.get(key)
+        on_message = self._handler.on_message  # type: ignore[union-attr]
+        while q and q[0].ready:
+            m = q.popleft()
+            self._events.append((on_message, (m.peer, m.edge, m.data, m.release)))
+        if not q:
+            self._order.pop(key, None)
+
+    def _ctrl_received(self, op: _CtrlRecv) -> None:
+        peer = op.peer
+        buf = op.buf
+        kind, body = _decode_ctrl(buf)
+        if kind == _KIND_ABORT:
+            reason = body
+            self._lose(peer, f"rank {peer} aborted: {reason}" if reason else f"rank {peer} aborted")
+            return
+        on_credit = self._handler.on_credit  # type: ignore[union-attr]
+        for edge, nbytes in body:
+            key = (peer, edge)
+            left = self._inflight.get(key, 0) - nbytes
+            if left < 0:
+                log.error("rank %d: rank %d returned %d bytes of credit on edge %d, more than in flight",
+                          self.rank, peer, nbytes, edge)
+                left = 0
+            if left:
+                self._inflight[key] = left
+            else:
+                self._inflight.pop(key, None)
+            if key in self._blocked:
+                self._blocked.discard(key)
+                self._events.append((on_credit, (peer, edge)))
+        if peer not in self._lost and not self._closed:
+            self._post_ctrl_recv(peer, buf)
+
+    def _drain_released(self) -> None:
+        released = self._released
+        spares = self._spares
+        now = None
+        while released:
+            rel = released.popleft()
+            if rel.buf is not None:
+                buf = rel.buf
+                rel.buf = None
+                # Recycle a buffer only if nothing but this frame refers to it: the consumer may keep
+                # zero-copy views (e.g. decoded numpy arrays) after release, and those must stay intact.
+                if sys.getrefcount(buf) <= 2:
+                    if rel.pool:
+                        if len(spares) < self._spare_cap:
+                            spares.append(buf)
+                    else:
+                        self._bulk_cache_put(buf)
+                del buf
+            peer = rel.peer
+            if peer in self._bye_from or peer in self._lost:
+                continue
+            per_edge = self._credit_out.get(peer)
+            if per_edge is None:
+                per_edge = self._credit_out[peer] = {}
+                if now is None:
+                    now = time.monotonic()
+                self._credit_since[peer] = now
+            per_edge[rel.edge] = per_edge.get(rel.edge, 0) + rel.cost
+
+    def _bulk_cache_take(self, size: int) -> Any:
+        """A buffer of at least ``size`` bytes for a rendezvous payload: the most recently recycled one
+        of the best fit (at most twice as big), else a fresh uninitialised one (no memset; MPI writes
+        every byte)."""
+        best = -1
+        cache = self._bulk_cache
+        for i in range(len(cache) - 1, -1, -1):  # newest first: likely still in the CPU cache
+            n = cache[i].nbytes
+            if size <= n <= 2 * size and (best < 0 or n < cache[best].nbytes):
+                best = i
+        if best >= 0:
+            arr = self._bulk_cache.pop(best)
+            self._bulk_cache_bytes -= arr.nbytes
+            self.stats["rndv_buffers_reused"] += 1
+            return arr
+        return np.empty(size, dtype=np.uint8)
+
+    def _bulk_cache_put(self, arr: Any) -> None:
+        cache = self._bulk_cache
+        cache.append(arr)
+        self._bulk_cache_bytes += arr.nbytes
+        while self._bulk_cache_bytes > self._bulk_cache_cap or len(cache) > _BULK_CACHE_MAX:
+            self._bulk_cache_bytes -= cache.pop(0).nbytes
+
+    def _flush_credit(self, quiet: bool) -> None:
+        """Send batched credit returns: all of them when ``quiet``, else only full or old batches."""
+        now = time.monotonic()
+        batch = self._credit_batch
+        for peer in list(self._credit_out):
+            per_edge = self._credit_out[peer]
+            if not (quiet or now - self._credit_since[peer] >= _CREDIT_MAX_DELAY
+                    or max(per_edge.values()) >= batch):
+                continue
+            del self._credit_out[peer]
+            del self._credit_since[peer]
+            for msg in _encode_credit(list(per_edge.items())):
+                try:
+                    self._submit(msg, TAG_CTRL, _Send(peer, msg), urgent=True)
+                except self._MPI.Exception as e:
+                    self._lose(peer, f"MPI error returning credit: {e.Get_error_string()}")
+                    break
+                self.stats["credit_msgs_sent"] += 1
+
+    def _dispatch(self) -> None:
+        """Run queued handler callbacks; one that raises leaves the rest queued for the next call."""
+        events = self._events
+        while events:
+            fn, args = events.popleft()
+            fn(*args)
+
+    # --- peers, checks, teardown -------------------------------------------------------------------
+
+    def _lose(self, peer: int, reason: str) -> None:
+        """Mark ``peer`` lost (once) and report it, unless it already left cleanly."""
+        if peer in self._lost or peer in self._bye_from:
+            return
+        self._pending_total -= self._pending_sends[peer]
+        self._lost[peer] = reason
+        log.warning("rank %d: lost rank %d: %s", self.rank, peer, reason)
+        q = self._sendq[peer]
+        while q:
+            self._unaccount_send(q.popleft()[2], False)
+        self._credit_out.pop(peer, None)
+        self._credit_since.pop(peer, None)
+        for key in [k for k in self._order if k[0] == peer]:
+            del self._order[key]
+        if self._handler is not None:
+            self._events.append((self._handler.on_peer_lost, (peer, reason)))
+
+    def _live_peers(self) -> list[int]:
+        return [p for p in range(self.world) if p != self.rank and p not in self._lost]
+
+    def _waiting_for_peers(self) -> list[int]:
+        return [p for p in self._live_peers() if p not in self._bye_from or self._bulk_pending[p]]
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise ClosedError("MPI channel is closed")
+        if not self._started:
+            raise TwisternetError("MPIChannel.start(handler) must be called first")
+        if self._owner_thread is not None:
+            self._check_thread()
+
+    def _check_thread(self) -> None:
+        if self._owner_thread is not None and threading.get_ident() != self._owner_thread:
+            raise TwisternetError(
+                f"MPI provides only {_level_name(self._MPI, self.thread_level)}: the MPI channel must be "
+                "driven from the thread that initialised MPI")
+
+    def _teardown(self) -> None:
+        """Cancel pre-posted receives, drop what is left and free the communicator."""
+        MPI = self._MPI
+        self._closed = True
+        for q in self._sendq:  # never handed to MPI: just drop them
+            while q:
+                self._unaccount_send(q.popleft()[2], False)
+        cancelled = []
+        for i, op in enumerate(self._ops):
+            if op is None:
+                continue
+            req = self._reqs[i]
+            if isinstance(op, _Send):
+                try:
+                    req.Free()  # completes in the background (or never, if the peer is gone)
+                except MPI.Exception:
+                    pass
+                # MPI may still read the buffers after Free: they must outlive this channel.
+                _ORPHANED_SENDS.append(op.keep)
+                continue
+            try:
+                req.Cancel()
+                cancelled.append(req)
+            except MPI.Exception:
+                pass
+        limit = time.monotonic() + 1.0
+        while cancelled and time.monotonic() < limit:
+            try:
+                if MPI.Request.Testall(cancelled):
+                    break
+            except MPI.Exception:
+                break
+            time.sleep(1e-4)
+        else:
+            if cancelled and time.monotonic() >= limit:
+                log.warning("rank %d: %d cancelled receives did not complete", self.rank, len(cancelled))
+        self._reqs.clear()
+        self._ops.clear()
+        self._free_slots.clear()
+        self._active = 0
+        self._data_recvs = [deque() for _ in range(self.world)]
+        self._order.clear()
+        self._spares.clear()
+        self._free_comm()
+        _OPEN_CHANNELS.discard(self)
+        log.debug("MPI channel rank %d closed", self.rank)
+
+    def _free_comm(self) -> None:
+        try:
+            if self._comm != self._MPI.COMM_NULL:
+                self._comm.Free()
+        except self._MPI.Exception as e:
+            log.warning("rank %d: freeing the channel communicator failed: %s", self.rank, e)
+
+
+def create_channel(config: "Config", *, comm: Any = None, rank: int | None = None,
+                   world: int | None = None, **_launch_info: Any) -> MPIChannel:
+    """Build the MPI channel on ``comm`` (default ``MPI.COMM_WORLD``), initialising MPI if needed.
+
+    Collective over ``comm``: every rank must call it (it dups the communicator). ``rank``/``world``,
+    if given by the caller (or set in ``config``), must agree with the communicator. Other launch
+    information passed by the core's registry is ignored.
+    """
+    MPI = _import_mpi()
+    global _ATEXIT_REGISTERED
+    if not _ATEXIT_REGISTERED:
+        # Registered after mpi4py's own exit hook, so it runs first (atexit is last-in first-out).
+        import atexit
+        atexit.register(_close_leftover_channels)
+        _ATEXIT_REGISTERED = True
+    if comm is None:
+        comm = MPI.COMM_WORLD
+    if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
+        raise TypeError(f"comm must be an mpi4py intracommunicator, got {comm!r}")
+    for key, given in (("rank", rank), ("world", world)):
+        actual = comm.Get_rank() if key == "rank" else comm.Get_size()
+        for source, value in (("argument", given), ("config", getattr(config, key))):
+            if value is not None and value != actual:
+                raise ConfigError(key, f"{source} says {value} but the MPI communicator says {actual}")
+    return MPIChannel(config, comm, MPI)

@@ -1,0 +1,720 @@
+"""Scenarios for the MPI channel, run under ``mpiexec`` by ``test_mpi_channel.py``.
+
+Usage: ``mpiexec -n N python tests/channels/mpi_scenarios.py SCENARIO``. Every rank prints one line
+``OK <scenario> rank=<r> <json details>`` on success; any failed check raises, so the rank exits
+non-zero and hydra ends the job. Payloads are derived from a seeded generator per
+(source, destination, edge, sequence number); receivers regenerate them independently and compare
+digests, which checks contents and per (peer, edge) order at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import threading
+import time
+from collections import deque
+from typing import Any, Callable
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+SCENARIO = sys.argv[1] if len(sys.argv) > 1 else "mixed"
+if SCENARIO == "funneled":
+    import mpi4py
+    mpi4py.rc.thread_level = "funneled"
+elif SCENARIO == "selfinit":
+    import mpi4py
+    mpi4py.rc.initialize = False
+
+from twisternet.config import load_config  # noqa: E402
+from twisternet.errors import ClosedError, ConfigError, PeerLostError, TwisternetError  # noqa: E402
+
+import channels.mpi as mpich  # noqa: E402
+
+#: Safety net: no scenario may run longer than this (the pytest side has its own timeout too).
+DEADLINE = time.monotonic() + float(os.environ.get("MPI_SCENARIO_DEADLINE", "100"))
+
+
+def check(cond: bool, what: str) -> None:
+    if not cond:
+        raise AssertionError(what)
+
+
+def payload(src: int, dst: int, edge: int, seq: int, size: int) -> bytes:
+    """The reference contents of message ``seq`` from ``src`` to ``dst`` on ``edge``."""
+    return np.random.default_rng([src, dst, edge % 1000003, seq]).bytes(size)
+
+
+def digest(data: Any) -> str:
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+def split_parts(data: bytes, rng: np.random.Generator) -> list[Any]:
+    """Cut ``data`` into 1-4 parts of assorted buffer types (including empty parts)."""
+    n = len(data)
+    k = int(rng.integers(1, 5))
+    cuts = sorted(int(c) for c in rng.integers(0, n + 1, size=k - 1)) if n else [0] * (k - 1)
+    bounds = [0, *cuts, n]
+    parts: list[Any] = []
+    for i in range(k):
+        piece = data[bounds[i]:bounds[i + 1]]
+        kind = (i + int(rng.integers(0, 4))) % 4
+        if kind == 0:
+            parts.append(piece)
+        elif kind == 1:
+            parts.append(bytearray(piece))
+        elif kind == 2:
+            padded = b"#" + piece + b"#"
+            parts.append(memoryview(padded)[1:1 + len(piece)])
+        else:
+            arr = np.frombuffer(piece, dtype=np.uint8)
+            if len(piece) % 4 == 0 and len(piece):
+                arr = arr.view(np.float32).reshape(-1, 2) if len(piece) % 8 == 0 else arr.view(np.float32)
+            parts.append(arr)
+    return parts
+
+
+class Recorder:
+    """A ChannelHandler that records everything the channel reports."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.messages: list[tuple[int, int, memoryview, Callable[[], None]]] = []
+        self.credits: list[tuple[int, int]] = []
+        self.sent: list[object] = []
+        self.lost: dict[int, str] = {}
+        self.on_message_hook: Callable[[int, int, memoryview, Callable[[], None]], None] | None = None
+
+    def on_message(self, peer: int, edge: int, data: memoryview, release: Callable[[], None]) -> None:
+        if self.on_message_hook is not None:
+            self.on_message_hook(peer, edge, data, release)
+        else:
+            self.messages.append((peer, edge, data, release))
+
+    def on_credit(self, peer: int, edge: int) -> None:
+        self.credits.append((peer, edge))
+
+    def on_sent(self, token: object) -> None:
+        self.sent.append(token)
+
+    def on_peer_lost(self, peer: int, reason: str) -> None:
+        self.lost[peer] = reason
+
+
+def make_channel(comm: Any = None, **cfg: Any) -> tuple[mpich.MPIChannel, Recorder]:
+    config = load_config(env={}, **cfg)
+    ch = mpich.create_channel(config, comm=comm)
+    rec = Recorder(ch.rank)
+    ch.start(rec)
+    return ch, rec
+
+
+def spin(ch: mpich.MPIChannel, cond: Callable[[], bool], what: str, limit: float = 60.0) -> None:
+    """Progress until ``cond()``; fail naming ``what`` after ``limit`` seconds."""
+    end = min(time.monotonic() + limit, DEADLINE)
+    while not cond():
+        if time.monotonic() > end:
+            raise AssertionError(f"rank {ch.rank}: timed out waiting for {what}")
+        ch.progress(0.002)
+
+
+def ok(rank: int, **details: Any) -> None:
+    print(f"OK {SCENARIO} rank={rank} {json.dumps(details, sort_keys=True)}", flush=True)
+
+
+class Traffic:
+    """Sends a planned set of messages to every peer on several edges, obeying credit, while
+    checking what arrives against the reference payloads."""
+
+    def __init__(self, ch: mpich.MPIChannel, rec: Recorder, edges: list[int],
+                 plan: Callable[[int, int, int], list[int]], hold: int = 0, seed: int = 0) -> None:
+        self.ch, self.rec = ch, rec
+        self.rng = np.random.default_rng([seed, ch.rank])
+        me, world = ch.rank, ch.world
+        self.outq: dict[tuple[int, int], deque[tuple[int, list[Any]]]] = {}
+        self.expected: dict[tuple[int, int], list[int]] = {}
+        self.tokens: set[tuple[int, int, int]] = set()
+        for peer in range(world):
+            if peer == me:
+                continue
+            for edge in edges:
+                sizes = plan(me, peer, edge)
+                self.outq[(peer, edge)] = deque((i, [s]) for i, s in enumerate(sizes))
+                self.expected[(peer, edge)] = plan(peer, me, edge)
+        self.next_seq = {k: 0 for k in self.expected}
+        self.blocked: set[tuple[int, int]] = set()
+        self.held: deque[tuple[memoryview, str, Callable[[], None]]] = deque()
+        self.hold = hold
+        self.refusals = 0
+        rec.on_message_hook = self._on_message
+        self.received_bytes = 0
+
+    def _on_message(self, peer: int, edge: int, data: memoryview, release: Callable[[], None]) -> None:
+        key = (peer, edge)
+        check(key in self.expected, f"rank {self.ch.rank}: message on unexpected (peer, edge) {key}")
+        seq = self.next_seq[key]
+        sizes = self.expected[key]
+        check(seq < len(sizes), f"rank {self.ch.rank}: extra message from {peer} on edge {edge}")
+        check(data.nbytes == sizes[seq],
+              f"rank {self.ch.rank}: message {seq} from {peer} edge {edge}: {data.nbytes} bytes, "
+              f"expected {sizes[seq]}")
+        want = digest(payload(peer, self.ch.rank, edge, seq, sizes[seq]))
+        check(digest(data) == want, f"rank {self.ch.rank}: message {seq} from {peer} edge {edge} corrupt "
+                                    "or out of order")
+        self.next_seq[key] = seq + 1
+        self.received_bytes += data.nbytes
+        self.held.append((data, want, release))
+        while len(self.held) > self.hold:
+            self._release_one()
+
+    def _release_one(self) -> None:
+        data, want, release = self.held.popleft()
+        # The buffer must still hold the message until release: catches early reuse by the channel.
+        check(digest(data) == want, f"rank {self.ch.rank}: message data changed before release")
+        release()
+
+    def pump(self) -> None:
+        for key in self.rec.credits:
+            self.blocked.discard(key)
+        self.rec.credits.clear()
+        for key, q in self.outq.items():
+            if key in self.blocked:
+                continue
+            while q:
+                seq, spec = q[0]
+                peer, edge = key
+                if isinstance(spec[0], int):
+                    data = payload(self.ch.rank, peer, edge, seq, spec[0])
+                    spec[0] = split_parts(data, self.rng)
+                token = (peer, edge, seq)
+                if not self.ch.send(peer, edge, spec[0], token=token):
+                    self.blocked.add(key)
+                    self.refusals += 1
+                    break
+                self.tokens.add(token)
+                q.popleft()
+
+    def done_sending(self) -> bool:
+        return not any(self.outq.values())
+
+    def done_receiving(self) -> bool:
+        return all(self.next_seq[k] == len(v) for k, v in self.expected.items())
+
+    def run(self, limit: float = 60.0) -> None:
+        end = min(time.monotonic() + limit, DEADLINE)
+        while not (self.done_sending() and self.done_receiving()):
+            if time.monotonic() > end:
+                missing = {str(k): (self.next_seq[k], len(v)) for k, v in self.expected.items()
+                           if self.next_seq[k] != len(v)}
+                raise AssertionError(f"rank {self.ch.rank}: traffic timed out; unsent="
+                                     f"{sum(len(q) for q in self.outq.values())} missing={missing}")
+            self.pump()
+            self.ch.progress(0.001)
+            if self.held and self.rng.random() < 0.3:
+                self._release_one()
+        while self.held:
+            self._release_one()
+
+    def check_tokens(self) -> None:
+        reported = [t for t in self.rec.sent]
+        check(len(reported) == len(set(reported)), f"rank {self.ch.rank}: a token was reported twice")
+        check(set(reported) == self.tokens,
+              f"rank {self.ch.rank}: on_sent tokens differ: missing {len(self.tokens - set(reported))}")
+
+
+# --- scenarios -----------------------------------------------------------------------------------
+
+def scenario_mixed() -> None:
+    """All-to-all on three edges (one the largest edge id) with sizes around every protocol boundary."""
+    bs = 32 << 10
+    ch, rec = make_channel(buffer_size=bs, buffer_count=4)
+    credit = bs * 4
+    boundaries = [0, 1, 17, 1000, bs // 2 - 1, bs // 2, bs // 2 + 1, bs - 1, bs, bs + 1, 3 * bs,
+                  credit, credit + 1, 1 << 20]
+
+    def plan(src: int, dst: int, edge: int) -> list[int]:
+        rng = np.random.default_rng([src, dst, edge % 1000003, 99])
+        sizes = list(boundaries) + [int(x) for x in rng.integers(0, 3 * bs, size=20)]
+        rng.shuffle(sizes)
+        return sizes
+
+    t = Traffic(ch, rec, [0, 7, (1 << 31) - 1], plan, hold=3, seed=1)
+    t.run()
+    stats = dict(ch.stats)
+    ch.close(30)
+    t.check_tokens()
+    check(not rec.lost, f"peers reported lost: {rec.lost}")
+    check(stats["rendezvous_sent"] > 0 and stats["eager_sent"] > 0, "both protocols must be used")
+    ok(ch.rank, received_bytes=t.received_bytes, refusals=t.refusals, **stats)
+
+
+def scenario_big() -> None:
+    """64 MB messages both ways (single part and multi-part), each followed by eager messages on the
+    same edge that must not overtake them; default buffer configuration."""
+    ch, rec = make_channel()
+    mb64 = 64 << 20
+
+    def plan(src: int, dst: int, edge: int) -> list[int]:
+        return [mb64, 5, mb64 + 3, 0, 1 << 20, 2 << 20, 1]
+
+    t = Traffic(ch, rec, [3], plan, hold=1, seed=2)
+    t.run()
+    ch.close(30)
+    t.check_tokens()
+    ok(ch.rank, received_bytes=t.received_bytes, refusals=t.refusals)
+
+
+def scenario_huge() -> None:
+    """One message over 2 GiB (a 2.1 GiB array plus a small part): 64-bit lengths end to end and
+    MPI counts kept below 2**31 per segment."""
+    words = (2200 << 20) // 8
+    ch, rec = make_channel()
+    if ch.rank == 0:
+        arr = np.arange(words, dtype=np.uint64)
+        check(ch.send(1, 11, [arr, b"tail"], token="huge"), "huge send refused")
+        spin(ch, lambda: rec.sent == ["huge"], "the huge send to complete", limit=80)
+        del arr
+    else:
+        spin(ch, lambda: len(rec.messages) == 1, "the huge message", limit=80)
+        _, edge, data, release = rec.messages.pop()
+        check(edge == 11 and data.nbytes == words * 8 + 4, f"huge message has {data.nbytes} bytes")
+        got = np.frombuffer(data, dtype=np.uint64, count=words)
+        step = 1 << 24
+        for start in range(0, words, step):
+            stop = min(words, start + step)
+            check(np.array_equal(got[start:stop], np.arange(start, stop, dtype=np.uint64)),
+                  f"huge message corrupt in words {start}..{stop}")
+        check(bytes(data[words * 8:]) == b"tail", "huge message tail corrupt")
+        del got
+        release()
+    ch.close(60)
+    ok(ch.rank)
+
+
+def scenario_many_parts() -> None:
+    """With the smallest buffer_size a header announces at most 7 segments: a message with more large
+    parts goes as one non-contiguous (hindexed) send; fewer parts go as segments. Both ways, both
+    directions, contents checked."""
+    ch, rec = make_channel(buffer_size=64, buffer_count=4)
+    peer = 1 - ch.rank
+    shapes = [[70_000] * 10, [70_000, 5, 100_000, 0, 3], [1] * 300, [200_000] * 7 + [10]]
+    got: list[bool] = []
+
+    def on_message(src: int, edge: int, data: memoryview, release: Callable[[], None]) -> None:
+        i = len(got)
+        want = b"".join(payload(peer, ch.rank, i, j, n) for j, n in enumerate(shapes[i]))
+        got.append(src == peer and edge == 5 and bytes(data) == want)
+        release()
+
+    rec.on_message_hook = on_message
+    for i, sizes in enumerate(shapes):
+        parts = [payload(ch.rank, peer, i, j, n) for j, n in enumerate(sizes)]
+        spin(ch, lambda: ch.send(peer, 5, parts, token=i), f"credit for message {i}")
+    spin(ch, lambda: len(got) == len(shapes) and len(rec.sent) == len(shapes), "all messages")
+    check(all(got), f"corrupt messages: {[i for i, g in enumerate(got) if not g]}")
+    check(sorted(rec.sent) == list(range(len(shapes))), f"on_sent tokens {rec.sent}")
+    check(ch.stats["noncontiguous_sent"] == 2, f"expected 2 hindexed sends: {ch.stats}")
+    ch.close(20)
+    ok(ch.rank)
+
+
+def scenario_keep_views() -> None:
+    """A consumer may keep zero-copy views (e.g. decoded arrays) after release: the channel must not
+    recycle those buffers, while buffers nobody views any more are recycled."""
+    bs = 64 << 10
+    ch, rec = make_channel(buffer_size=bs, buffer_count=4)
+    sizes = [bs - 100, 3 * bs, 2 << 20] * 6  # zero-copy eager, rendezvous, bigger rendezvous
+    if ch.rank == 0:
+        for i, n in enumerate(sizes):
+            spin(ch, lambda: ch.send(1, 1, [payload(0, 1, 1, i, n)]), f"credit for message {i}")
+        spin(ch, lambda: not ch.has_pending(), "sends to complete")
+        check(ch.send(1, 2, [b"phase 2"]), "send refused")
+        for i, n in enumerate(sizes):  # phase 2: the receiver keeps nothing
+            spin(ch, lambda: ch.send(1, 3, [payload(0, 1, 3, i, n)]), f"credit for message {i}")
+        ok(0)
+    else:
+        kept = []
+        rec.on_message_hook = lambda p, e, d, r: (kept.append((e, np.frombuffer(d, np.uint8))), r())
+        spin(ch, lambda: len(kept) == len(sizes) + 1, "phase 1")
+        for i, n in enumerate(sizes):
+            check(kept[i][1].tobytes() == payload(0, 1, 1, i, n), f"kept view {i} was overwritten")
+        reused_before = ch.stats["rndv_buffers_reused"]
+        kept.clear()
+        rec.on_message_hook = lambda p, e, d, r: (kept.append(bytes(d[:1])), r())
+        spin(ch, lambda: len(kept) == len(sizes), "phase 2")
+        check(ch.stats["rndv_buffers_reused"] > reused_before, "released, unviewed buffers were not recycled")
+        ok(1, reused=ch.stats["rndv_buffers_reused"])
+    ch.close(20)
+
+
+def scenario_backpressure() -> None:
+    """Rank 1 consumes slowly: rank 0's sends are refused once the credit is used, resume after
+    release, never exceed the budget, and other edges keep flowing meanwhile."""
+    bs, count = 64 << 10, 4
+    credit = bs * count
+    ch, rec = make_channel(buffer_size=bs, buffer_count=count)
+    size = 48 << 10  # above the copy limit: these hold pool buffers until released
+    fit = credit // size  # independent expectation: 5 messages fit in 256 KiB
+    total = 40
+    if ch.rank == 0:
+        data = [payload(0, 1, 1, i, size) for i in range(total)]
+        accepted = 0
+        while accepted < total and ch.send(1, 1, [data[accepted]]):
+            accepted += 1
+        check(accepted == fit, f"expected {fit} messages to fit the credit, {accepted} did")
+        # Blocked edge 1 does not block edge 2.
+        check(ch.send(1, 2, [b"other edge"]), "send on another edge was refused")
+        # Stay blocked while rank 1 holds everything (it signals with a message on edge 9).
+        go = []
+        rec.on_message_hook = lambda p, e, d, r: (go.append(bytes(d)), r())
+        refusals = 0
+        while not go:
+            refusals += not ch.send(1, 1, [data[accepted]])
+            ch.progress(0.005)
+            check(time.monotonic() < DEADLINE, "rank 0 never got the go signal")
+        check(refusals > 0, "send should have stayed refused")
+        check(not ch.send(1, 1, [data[accepted]]) or False, "rank 1 still holds the credit")
+        # Now rank 1 releases slowly; we keep sending as credit returns.
+        while accepted < total:
+            if ch.send(1, 1, [data[accepted]]):
+                accepted += 1
+            else:
+                ch.progress(0.002)
+            check(time.monotonic() < DEADLINE, "rank 0 stuck sending")
+        # A lone message larger than the whole credit may travel once nothing is in flight...
+        big = payload(0, 1, 1, total, credit * 2)
+        spin(ch, lambda: ch.send(1, 1, [big]), "the oversize send to be accepted")
+        # ...and then nothing else on that edge until it is released.
+        check(not ch.send(1, 1, [b"x"]), "a send behind an oversize message must wait")
+        spin(ch, lambda: ch.send(1, 1, [b"x"]), "credit after the oversize message")
+        spin(ch, lambda: not ch.has_pending(), "sends to complete")
+        ok(0, accepted=accepted, refused_while_held=refusals)
+    else:
+        held: deque[tuple[int, memoryview, Callable[[], None]]] = deque()
+        order: list[tuple[int, int]] = []
+        rec.on_message_hook = lambda p, e, d, r: (held.append((e, d, r)), order.append((e, d.nbytes)))
+        spin(ch, lambda: sum(1 for e, _, _ in held if e == 1) == fit and any(e == 2 for e, _, _ in held),
+             "the credit's worth of messages and the other edge's message")
+        # Hold for a while: nothing more may arrive on edge 1.
+        end = time.monotonic() + 0.3
+        while time.monotonic() < end:
+            ch.progress(0.005)
+        n1 = sum(1 for e, _, _ in held if e == 1)
+        check(n1 == fit, f"rank 0 exceeded the credit: {n1} messages held, credit fits {fit}")
+        for e, d, r in [h for h in held if h[0] == 2]:
+            check(bytes(d) == b"other edge", "wrong message on edge 2")
+            r()
+        held = deque(h for h in held if h[0] == 1)
+        check(ch.send(0, 9, [b"go"]), "go signal refused")
+        seq = 0
+        max_held = 0
+        got_big = False
+        end = DEADLINE
+        while True:
+            ch.progress(0.001)
+            check(time.monotonic() < end, "rank 1 timed out consuming")
+            in_flight = sum(d.nbytes for e, d, _ in held if e == 1)
+            max_held = max(max_held, in_flight)
+            if in_flight > credit:
+                check(len(held) == 1, f"{in_flight} bytes held beyond the credit by {len(held)} messages")
+            if not held:
+                continue
+            e, d, r = held[0]
+            if seq < total:
+                check(d.nbytes == size and bytes(d) == payload(0, 1, 1, seq, size), f"message {seq} corrupt")
+                time.sleep(0.002)  # the slow consumer
+            elif seq == total:
+                check(d.nbytes == credit * 2 and bytes(d) == payload(0, 1, 1, total, credit * 2),
+                      "oversize message corrupt")
+                end2 = time.monotonic() + 0.2
+                while time.monotonic() < end2:  # hold it: the next message must not arrive meanwhile
+                    ch.progress(0.005)
+                check(len(held) == 1, "a message overtook the held oversize message's credit")
+                got_big = True
+            else:
+                check(bytes(d) == b"x", "last message corrupt")
+                held.popleft()
+                r()
+                break
+            held.popleft()
+            r()
+            seq += 1
+        check(got_big, "oversize message not seen")
+        ok(1, max_held=max_held)
+    ch.close(30)
+    check(not rec.lost, f"peers reported lost: {rec.lost}")
+
+
+def scenario_close() -> None:
+    """Rank 0 closes right after posting its sends; the others' messages to it are delivered during
+    its close, and nobody is reported lost."""
+    from mpi4py import MPI
+    ch, rec = make_channel(buffer_size=16 << 10, buffer_count=8)
+
+    def plan(src: int, dst: int, edge: int) -> list[int]:
+        return [100, 40 << 10, 0, 10]  # fits the credit: no refusal
+
+    t = Traffic(ch, rec, [4], plan, hold=0, seed=3)
+    t.pump()
+    check(t.done_sending(), "all sends should fit the credit")
+    MPI.COMM_WORLD.Barrier()  # every rank has posted its sends; rank 0 has not received them yet
+    if ch.rank == 0:
+        start = time.monotonic()
+        ch.close(30)
+        took = time.monotonic() - start
+        check(t.done_receiving(), "rank 0 did not get its messages during close")
+    else:
+        t.run()
+        time.sleep(0.05 * ch.rank)
+        start = time.monotonic()
+        ch.close(30)
+        took = time.monotonic() - start
+        try:
+            ch.send(0, 4, [b"late"])
+            raise AssertionError("send after close must raise")
+        except ClosedError:
+            pass
+    t.check_tokens()
+    check(not rec.lost, f"peers reported lost: {rec.lost}")
+    check(took < 10, f"close took {took:.1f}s")
+    ok(ch.rank, close_seconds=round(took, 3))
+
+
+def scenario_abort_notice() -> None:
+    """Rank 1 aborts its channel: the others see it lost (with the reason), can no longer send to it,
+    and still close cleanly among themselves."""
+    ch, rec = make_channel(buffer_size=16 << 10)
+    if ch.rank == 1:
+        ch.abort("boom in rank 1")
+        ok(1)
+        return
+    spin(ch, lambda: 1 in rec.lost, "rank 1 to be reported lost", limit=20)
+    check("boom in rank 1" in rec.lost[1], f"reason not carried: {rec.lost[1]!r}")
+    try:
+        ch.send(1, 0, [b"to the dead"])
+        raise AssertionError("send to a lost peer must raise")
+    except PeerLostError as e:
+        check(e.rank == 1, "wrong rank in PeerLostError")
+    others = [p for p in range(ch.world) if p not in (ch.rank, 1)]
+    for p in others:
+        check(ch.send(p, 0, [b"hello %d" % ch.rank]), "send refused")
+    spin(ch, lambda: len(rec.messages) == len(others), "messages from the survivors", limit=20)
+    start = time.monotonic()
+    ch.close(20)
+    took = time.monotonic() - start
+    check(took < 5, f"close waited {took:.1f}s for a lost peer")
+    check(set(rec.lost) == {1}, f"unexpected losses {rec.lost}")
+    ok(ch.rank, close_seconds=round(took, 3))
+
+
+def scenario_peer_never_closes() -> None:
+    """Rank 1 never closes its channel (nor progresses): rank 0's close still returns within its
+    timeout, flushing what it can."""
+    ch, rec = make_channel(buffer_size=16 << 10)
+    if ch.rank == 1:
+        time.sleep(3.0)
+        ok(1)
+        return
+    check(ch.send(1, 0, [b"unread" * 100]), "send refused")
+    start = time.monotonic()
+    ch.close(1.0)
+    took = time.monotonic() - start
+    check(0.9 <= took < 5.0, f"close took {took:.2f}s for a 1s timeout")
+    check(not rec.lost, "a silent peer is not a lost peer")
+    ok(0, close_seconds=round(took, 3))
+
+
+def scenario_mpi_error() -> None:
+    """An MPI error on a request (here: rank 1 sends an oversized message into rank 0's control
+    receive, so MPI reports truncation) makes rank 0 report rank 1 lost; the rest carries on."""
+    ch, rec = make_channel(buffer_size=16 << 10)
+    if ch.rank == 1:
+        ch.comm.Send(b"z" * 10000, 0, mpich.TAG_CTRL)
+        ch.close(1.0)  # rank 0 no longer talks to us: its goodbye never comes
+        check(not rec.lost, f"rank 1 should not lose anyone: {rec.lost}")
+        ok(1)
+        return
+    if ch.rank == 0:
+        spin(ch, lambda: 1 in rec.lost, "rank 1 to be reported lost", limit=20)
+        check("truncat" in rec.lost[1].lower(), f"reason should name the MPI error: {rec.lost[1]!r}")
+        try:
+            ch.send(1, 0, [b"x"])
+            raise AssertionError("send to a lost peer must raise")
+        except PeerLostError:
+            pass
+    others = [p for p in range(ch.world) if p not in (ch.rank, 1)]
+    for p in others:
+        check(ch.send(p, 0, [b"still here"]), "send refused")
+    spin(ch, lambda: len(rec.messages) == len(others), "messages from the survivors", limit=20)
+    ch.close(10)
+    check(set(rec.lost) == ({1} if ch.rank == 0 else set()), f"unexpected losses {rec.lost}")
+    ok(ch.rank)
+
+
+def scenario_config_mismatch() -> None:
+    """Ranks that disagree on buffer_size get a clear ConfigError on every rank (not a truncation)."""
+    from mpi4py import MPI
+    size = 8192 if MPI.COMM_WORLD.rank == 1 else 4096
+    try:
+        mpich.create_channel(load_config(env={}, buffer_size=size))
+        raise AssertionError("mismatched buffer_size must be refused")
+    except ConfigError as e:
+        check(e.key == "buffer_size" and "4096" in str(e) and "8192" in str(e), f"unclear error: {e}")
+    ok(MPI.COMM_WORLD.rank)
+
+
+def scenario_rank_dies() -> None:
+    """Rank 1 dies (os._exit) in the middle of traffic: the launcher must end the job."""
+    ch, rec = make_channel(buffer_size=16 << 10)
+    print(f"READY rank={ch.rank}", flush=True)
+    end = time.monotonic() + 0.3
+    peer = (ch.rank + 1) % ch.world
+    while True:
+        ch.send(peer, 0, [b"x" * 1000])
+        ch.progress(0.001)
+        for *_, r in rec.messages:
+            r()
+        rec.messages.clear()
+        if ch.rank == 1 and time.monotonic() > end:
+            os._exit(7)
+        check(time.monotonic() < DEADLINE, "survived the death of rank 1")
+
+
+def scenario_mpi_abort() -> None:
+    """Rank 2 calls MPI_Abort(3) while the others progress: the launcher must end the job."""
+    from mpi4py import MPI
+    ch, rec = make_channel()
+    print(f"READY rank={ch.rank}", flush=True)
+    if ch.rank == 2:
+        time.sleep(0.2)
+        MPI.COMM_WORLD.Abort(3)
+    while time.monotonic() < DEADLINE:  # the others wait forever: only the launcher can end them
+        ch.progress(0.01)
+    raise AssertionError("survived the abort")
+
+
+def scenario_funneled() -> None:
+    """MPI granted only THREAD_FUNNELED: threaded progress is refused at start; manual progress from
+    the main thread works; a call from another thread is refused."""
+    from mpi4py import MPI
+    check(MPI.Query_thread() == MPI.THREAD_FUNNELED, f"thread level is {MPI.Query_thread()}")
+    config = load_config(env={}, progress="thread")
+    ch0 = mpich.create_channel(config)
+    check(ch0.requires_main_thread_progress, "requires_main_thread_progress should be True")
+    try:
+        ch0.start(Recorder(ch0.rank))
+        raise AssertionError("start must refuse threaded progress under THREAD_FUNNELED")
+    except ConfigError as e:
+        check("THREAD_FUNNELED" in str(e) and "manual" in str(e), f"unclear message: {e}")
+    ch0.close(1)
+    ch, rec = make_channel(progress="manual")
+    peer = 1 - ch.rank
+    check(ch.send(peer, 1, [b"manual %d" % ch.rank]), "send refused")
+    spin(ch, lambda: len(rec.messages) == 1, "a message")
+    check(bytes(rec.messages[0][2]) == b"manual %d" % peer, "wrong message")
+    rec.messages[0][3]()
+    errors: list[BaseException] = []
+
+    def other() -> None:
+        try:
+            ch.progress(0)
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    th = threading.Thread(target=other)
+    th.start()
+    th.join(10)
+    check(len(errors) == 1 and isinstance(errors[0], TwisternetError), f"other thread got {errors}")
+    ch.close(10)
+    ok(ch.rank)
+
+
+def scenario_usercomm() -> None:
+    """The channel on a split communicator: its world is the split, and the user's own traffic on
+    that communicator with the channel's tag values never mixes with the channel's."""
+    from mpi4py import MPI
+    world = MPI.COMM_WORLD
+    sub = world.Split(color=world.rank % 2, key=world.rank)
+    ch, rec = make_channel(comm=sub, buffer_size=4096)
+    check(ch.world == sub.size and ch.rank == sub.rank, "rank/world must come from the communicator")
+    peer = 1 - ch.rank
+    user_reqs = [sub.Isend(b"user %d" % tag, peer, tag) for tag in (mpich.TAG_DATA, mpich.TAG_BULK, mpich.TAG_CTRL)]
+    check(ch.send(peer, mpich.TAG_DATA, [b"chan small"]), "send refused")
+    big = payload(sub.rank, peer, 0, 0, 100_000)
+    check(ch.send(peer, 0, [big]), "send refused")
+    spin(ch, lambda: len(rec.messages) == 2, "channel messages")
+    got = {e: bytes(d) for _, e, d, _ in rec.messages}
+    check(got == {mpich.TAG_DATA: b"chan small", 0: payload(peer, sub.rank, 0, 0, 100_000)},
+          "channel messages wrong")
+    for *_, r in rec.messages:
+        r()
+    for tag in (mpich.TAG_DATA, mpich.TAG_BULK, mpich.TAG_CTRL):
+        buf = bytearray(32)
+        st = MPI.Status()
+        sub.Recv(buf, peer, tag, st)
+        check(bytes(buf[:st.Get_count()]) == b"user %d" % tag, "user message wrong")
+    MPI.Request.Waitall(user_reqs)
+    ch.close(10)
+    check(ch.comm == MPI.COMM_NULL, "the channel's communicator was not freed")
+    sub.Free()
+    ok(world.rank, sub_rank=ch.rank)
+
+
+def scenario_selfinit() -> None:
+    """mpi4py was told not to initialise MPI: the channel initialises it (asking for MULTIPLE)."""
+    import atexit
+    from mpi4py import MPI
+    check(not MPI.Is_initialized(), "MPI should not be initialised yet")
+    # Registered before the channel's hooks, so it runs after them: MPI must be finalized by then.
+    atexit.register(lambda: print(f"AT EXIT finalized={MPI.Is_finalized()}", flush=True))
+    ch, rec = make_channel()
+    check(MPI.Is_initialized(), "create_channel did not initialise MPI")
+    check(ch.thread_level == MPI.THREAD_MULTIPLE, f"thread level {ch.thread_level}")
+    peer = 1 - ch.rank
+    check(ch.send(peer, 0, [b"hi"]), "send refused")
+    spin(ch, lambda: len(rec.messages) == 1, "a message")
+    rec.messages[0][3]()
+    ch.close(10)
+    ok(ch.rank)
+
+
+def scenario_wakeup() -> None:
+    """``wakeup`` from another thread cuts a long progress wait short; an idle wait does not spin."""
+    ch, rec = make_channel()
+    timer = threading.Timer(0.2, ch.wakeup)
+    start = time.monotonic()
+    timer.start()
+    ch.progress(20.0)
+    woke = time.monotonic() - start
+    timer.join()
+    check(woke < 5.0, f"progress did not return after wakeup ({woke:.1f}s)")
+    # Idle for 1.5 s: the backoff must keep CPU use well below a full core.
+    cpu0, t0 = time.process_time(), time.monotonic()
+    while time.monotonic() - t0 < 1.5:
+        ch.progress(0.5)
+    cpu = (time.process_time() - cpu0) / (time.monotonic() - t0)
+    check(cpu < 0.6, f"idle progress used {cpu:.0%} of a core")
+    # A message arriving while the peer waits is still seen (the wait polls).
+    peer = 1 - ch.rank
+    check(ch.send(peer, 0, [b"after idle"]), "send refused")
+    spin(ch, lambda: len(rec.messages) == 1, "a message after idling")
+    rec.messages[0][3]()
+    ch.close(10)
+    ok(ch.rank, woke_after=round(woke, 3), idle_cpu=round(cpu, 3))
+
+
+SCENARIOS = {name[len("scenario_"):]: fn for name, fn in globals().items() if name.startswith("scenario_")}
+
+if __name__ == "__main__":
+    import logging
+    logging.basicConfig(level=os.environ.get("MPI_SCENARIO_LOG", "WARNING"),
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if SCENARIO not in SCENARIOS:
+        sys.exit(f"unknown scenario {SCENARIO!r}; known: {', '.join(sorted(SCENARIOS))}")
+    SCENARIOS[SCENARIO]()

@@ -1,0 +1,146 @@
+"""Pure parts of the MPI channel, without any MPI: launcher detection, wire encodings, segmenting."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import channels.mpi as mpich
+from twisternet.errors import ProtocolError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+# --- launcher detection --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("env", [
+    {"PMI_RANK": "0", "PMI_SIZE": "4", "PMI_FD": "9"},          # MPICH hydra (as set by this mpiexec)
+    {"HYDI_CONTROL_FD": "7"},                                    # hydra proxy
+    {"PMIX_RANK": "2", "PMIX_NAMESPACE": "job"},                 # PMIx (Open MPI 5, Slurm)
+    {"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "1"},  # Open MPI
+    {"MV2_COMM_WORLD_RANK": "0"},                                # MVAPICH
+    {"MPI_LOCALNRANKS": "2"},
+])
+def test_detects_launchers(env: dict[str, str]) -> None:
+    assert mpich.under_mpi_launcher({"PATH": "/bin", **env})
+
+
+@pytest.mark.parametrize("env", [
+    {},
+    {"PATH": "/bin", "HOME": "/root"},
+    {"HYDRA_HOST_FILE": "/etc/hosts.mpi", "HYDRA_LAUNCHER": "ssh"},  # user config, not a job
+    {"PMI_RANK": ""},
+])
+def test_no_launcher(env: dict[str, str]) -> None:
+    assert not mpich.under_mpi_launcher(env)
+
+
+def test_launch_info() -> None:
+    assert mpich.mpi_launch_info({"PMI_RANK": "3", "PMI_SIZE": "8"}) == (3, 8)
+    assert mpich.mpi_launch_info({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"}) == (1, 2)
+    assert mpich.mpi_launch_info({"PMI_RANK": "3"}) is None
+    assert mpich.mpi_launch_info({"PMI_RANK": "x", "PMI_SIZE": "2"}) is None
+
+
+def test_detection_under_real_mpiexec() -> None:
+    mpiexec = Path(sys.executable).parent / "mpiexec"
+    if not mpiexec.exists():
+        pytest.skip("no mpiexec")
+    code = "import sys, channels.mpi as m; print(m.under_mpi_launcher(), m.mpi_launch_info(), 'mpi4py' in sys.modules)"
+    out = subprocess.run([str(mpiexec), "-n", "2", sys.executable, "-c", code], cwd=ROOT, timeout=60,
+                         capture_output=True, text=True, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr
+    assert sorted(out.stdout.split("\n")[:2]) == ["True (0, 2) False", "True (1, 2) False"]
+
+
+def test_import_does_not_initialise_mpi() -> None:
+    code = "import sys, channels.mpi; assert 'mpi4py' not in sys.modules; print('ok')"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, timeout=60, capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+# --- control messages ------------------------------------------------------------------------------
+
+edges = st.integers(0, (1 << 31) - 1)
+counts = st.integers(0, (1 << 63) - 1)
+
+
+@given(st.lists(st.tuples(edges, counts), max_size=800))
+def test_credit_roundtrip(items: list[tuple[int, int]]) -> None:
+    msgs = mpich._encode_credit(items)
+    assert all(len(m) <= mpich._CTRL_BUF_SIZE for m in msgs)
+    decoded = []
+    for m in msgs:
+        buf = bytearray(mpich._CTRL_BUF_SIZE)  # as received: in a fixed-size buffer
+        buf[:len(m)] = m
+        kind, body = mpich._decode_ctrl(buf)
+        assert kind == mpich._KIND_CREDIT
+        decoded.extend(body)
+    assert decoded == items
+
+
+@given(st.text(max_size=5000))
+def test_abort_notice_roundtrip(reason: str) -> None:
+    msg = mpich._encode_abort(reason)
+    assert len(msg) <= mpich._CTRL_BUF_SIZE
+    kind, text = mpich._decode_ctrl(msg)
+    assert kind == mpich._KIND_ABORT
+    assert reason.encode("utf-8", "replace").decode("utf-8", "replace").startswith(text)
+    if len(reason.encode("utf-8", "replace")) <= mpich._CTRL_BUF_SIZE - 8:
+        assert text == reason.encode("utf-8", "replace").decode("utf-8")
+
+
+@given(st.binary(max_size=64))
+def test_garbage_control_message_is_a_protocol_error_or_valid(data: bytes) -> None:
+    try:
+        kind, _ = mpich._decode_ctrl(data)
+    except ProtocolError:
+        return
+    assert kind in (mpich._KIND_CREDIT, mpich._KIND_ABORT)
+
+
+# --- rendezvous headers and segments ---------------------------------------------------------------
+
+@given(edges, st.lists(st.integers(1, 1 << 40), min_size=1, max_size=50))
+def test_rndv_header_roundtrip(edge: int, lengths: list[int]) -> None:
+    hdr = mpich._rndv_header(edge, sum(lengths), lengths)
+    kind, _flags, got_edge, size = mpich._HDR.unpack_from(hdr, 0)
+    assert (kind, got_edge, size) == (mpich._KIND_RNDV, edge, sum(lengths))
+    assert list(mpich._rndv_lengths(hdr, size)) == lengths
+    with pytest.raises(ProtocolError):
+        mpich._rndv_lengths(hdr, size + 1)
+
+
+part_sizes = st.lists(st.sampled_from([0, 1, 100, (64 << 10) - 1, 64 << 10, 200_000]), max_size=8)
+
+
+@settings(max_examples=60, deadline=None)
+@given(part_sizes, st.integers(0, 2**32 - 1))
+def test_segments_concatenate_to_the_message(sizes: list[int], seed: int) -> None:
+    import random
+    rnd = random.Random(seed)
+    parts = [bytes(rnd.getrandbits(8) for _ in range(min(n, 64))) * (n // 64) + bytes(n % 64) for n in sizes]
+    views = [mpich._byte_view(p) for p in parts]
+    segs = mpich._segments(views)
+    assert b"".join(bytes(memoryview(s)) for s in segs) == b"".join(parts)
+    assert all(memoryview(s).nbytes > 0 for s in segs)
+    # large parts travel as themselves (zero copy); only small neighbours are joined
+    big = [p for p in parts if len(p) >= mpich._COALESCE]
+    assert sum(1 for s in segs if memoryview(s).nbytes >= mpich._COALESCE) >= len(big)
+    for s in segs:
+        if isinstance(s, memoryview) and s.nbytes >= mpich._COALESCE:
+            assert any(s.obj is p for p in parts)
+
+
+def test_byte_view_flattens_and_rejects_non_contiguous() -> None:
+    np = pytest.importorskip("numpy")
+    a = np.arange(12, dtype=np.float64).reshape(3, 4)
+    v = mpich._byte_view(a)
+    assert v.nbytes == 96 and v.format == "B" and bytes(v) == a.tobytes()
+    with pytest.raises(TypeError, match="contiguous"):
+        mpich._byte_view(a[:, ::2])
