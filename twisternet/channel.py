@@ -10,8 +10,9 @@ stops its senders (back pressure) and memory stays bounded.
 
 Threading contract (what the core guarantees, so channels need no locks of their own):
 
-* ``start``, ``send``, ``progress``, ``has_pending`` and ``close`` are called by one thread at a time: the
-  progress thread, or in manual mode the thread running ``Context.progress``.
+* ``start``, ``send``, ``progress``, ``has_pending`` and ``close`` are called by one thread at a time
+  (the Context serialises them): the progress thread, a thread blocked in a Context wait that drives
+  progress itself meanwhile, or in manual mode the thread running ``Context.progress``.
 * ``wakeup`` and the ``release`` functions handed out with messages may be called from any thread.
 * handler callbacks run on the thread that called ``progress``.
 

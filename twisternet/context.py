@@ -500,8 +500,10 @@ class Context:
                     self._failure = e
             self.notify()
 
-    def _progress_once(self, timeout: float) -> bool:
-        with self._chan_lock:
+    def _progress_once(self, timeout: float, *, lock_held: bool = False) -> bool:
+        if not lock_held:
+            self._chan_lock.acquire()
+        try:
             self._in_progress.active = True
             try:
                 did = self._pump()
@@ -518,6 +520,8 @@ class Context:
                 did = self._deliver() or did
             finally:
                 self._in_progress.active = False
+        finally:
+            self._chan_lock.release()
         if did:
             self.notify()
         return did
@@ -598,6 +602,16 @@ class Context:
             # manual mode: this thread drives the engine
             if not self._chan_lock.locked() or not getattr(self._in_progress, "active", False):
                 self._progress_once(min(timeout, 0.01))
+            return
+        # A blocked caller drives the engine itself when it is free, as MPI does: the reply it waits
+        # for is then received, handled and seen in this thread, with no hand-off between threads.
+        if not getattr(self._in_progress, "active", False) and self._chan_lock.acquire(blocking=False):
+            with self._lock:
+                changed = self._gen != gen
+            if changed or self._stop:
+                self._chan_lock.release()
+                return
+            self._progress_once(min(timeout, 0.005), lock_held=True)
             return
         with self._cond:
             if self._gen == gen:

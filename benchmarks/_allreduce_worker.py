@@ -1,0 +1,34 @@
+"""Worker of benchmarks/allreduce.py for twisternet (TCP under `twisternet run`, MPI under mpiexec)."""
+
+import json
+import sys
+import time
+
+import numpy as np
+
+import twisternet as tn
+from collectives import AllReduce
+
+
+def main() -> None:
+    sizes = [int(x) for x in sys.argv[1].split(",")]
+    reps = [int(x) for x in sys.argv[2].split(",")]
+    with tn.init(timeout=600) as ctx:
+        ar = AllReduce(ctx, edge=1, op="sum")
+        out = {}
+        for size, n in zip(sizes, reps):
+            x = np.ones(size // 4, np.float32)
+            y = ar.allreduce(x)                     # warm-up
+            assert y[0] == ctx.world, y[:4]
+            times = []
+            for _ in range(n):
+                t = time.perf_counter()
+                ar.allreduce(x)
+                times.append(time.perf_counter() - t)
+            out[size] = sorted(times)[len(times) // 2]
+        if ctx.rank == 0:
+            print("ALLREDUCE " + json.dumps({"channel": ctx.channel.name, "median_s": out}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
