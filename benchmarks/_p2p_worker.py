@@ -26,40 +26,46 @@ def main() -> None:
                "link": getattr(ctx.channel, "_peers", {}).get(1 - ctx.rank).kind
                if hasattr(ctx.channel, "_peers") else ctx.channel.name}
         peer = 1 - ctx.rank
+        # Cumulative expected counts (not snapshots of the counter: the peer's next message may
+        # already have arrived when a snapshot would be taken).
+        expect = 0
         for size in sizes:
             arr = np.ones(size, np.uint8)
             reps = max(3, min(20000, budget // size))
-            base = got[0]
             if ctx.rank == 0:
                 ctx.send(peer, 1, arr)      # warm-up (allocations, page faults)
                 ctx.flush()
-                ctx.wait_until(lambda: got[0] == base + 1)
+                expect += 1
+                ctx.wait_until(lambda: got[0] == expect)
                 t = time.perf_counter()
                 for _ in range(reps):
                     ctx.send(peer, 1, arr)
                 ctx.flush()
-                ctx.wait_until(lambda: got[0] == base + 2)
+                expect += 1
+                ctx.wait_until(lambda: got[0] == expect)
                 dt = time.perf_counter() - t
                 out["bandwidth"][size] = reps * size / dt
             else:
-                ctx.wait_until(lambda: got[0] == base + 1)
+                expect += 1
+                ctx.wait_until(lambda: got[0] == expect)
                 ctx.send(peer, 1, b"k")
                 ctx.flush()
-                ctx.wait_until(lambda: got[0] == base + 1 + reps)
+                expect += reps
+                ctx.wait_until(lambda: got[0] == expect)
                 ctx.send(peer, 1, b"k")
                 ctx.flush()
         for size in lat_sizes:
             arr = np.ones(size, np.uint8)
             reps = max(20, min(2000, (64 << 20) // max(size, 1)))
-            base = got[0]
             t = time.perf_counter()
             for i in range(reps):
+                expect += 1
                 if ctx.rank == 0:
                     ctx.send(peer, 1, arr)
                     ctx.flush()
-                    ctx.wait_until(lambda: got[0] == base + i + 1)
+                    ctx.wait_until(lambda: got[0] == expect)
                 else:
-                    ctx.wait_until(lambda: got[0] == base + i + 1)
+                    ctx.wait_until(lambda: got[0] == expect)
                     ctx.send(peer, 1, arr)
                     ctx.flush()
             out["latency"][size] = (time.perf_counter() - t) / reps / 2

@@ -1,10 +1,11 @@
-"""Point-to-point bandwidth and latency: twisternet over UDS and TCP vs raw sockets, same run.
+"""Point-to-point bandwidth and latency: twisternet over UDS, TCP and MPI vs raw sockets and raw mpi4py.
 
     python benchmarks/p2p.py [--sizes 1K,...] [--repeat 3] [--quick] [--json OUT] [--plot OUT.png]
 
 One-way bandwidth sends ``budget`` bytes (at least 3 messages) of each size from rank 0 to rank 1;
 latency is half a ping-pong round trip. The raw baseline is plain ``sendall``/``recv_into`` between
-two processes over the same kind of socket. Every figure is the median of ``--repeat`` runs, and
+two processes over the same kind of socket; for the MPI channel it is mpi4py ``Send``/``Recv`` into a
+reused buffer under the same ``mpiexec`` (skipped, with the reason printed, without mpi4py). Every figure is the median of ``--repeat`` runs, and
 the runs of twisternet and of the baseline alternate so that both see the same machine load.
 """
 
@@ -18,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import _raw_sockets as raw  # noqa: E402
-from benchmarks.common import fmt_size, median, run_tagged, table, twisternet_run  # noqa: E402
+from benchmarks.common import fmt_size, median, mpiexec_run, run_tagged, table, twisternet_run  # noqa: E402
 
 KB, MB = 1 << 10, 1 << 20
 DEFAULT_SIZES = [1 * KB, 16 * KB, 256 * KB, 1 * MB, 4 * MB, 16 * MB, 64 * MB, 256 * MB]
@@ -48,9 +49,24 @@ def main(argv: list[str] | None = None) -> int:
     if a.quick:
         sizes, budget, repeat, lat_sizes = [1 * KB, 1 * MB, 4 * MB], 16 * MB, 1, [1 * KB]
     transports = {"uds": {}, "tcp": {"TWISTERNET_FORCE_TCP": "1"}}
+    import importlib.util
+    if importlib.util.find_spec("mpi4py") is not None and mpiexec_run(2, "x") is not None:
+        transports["mpi"] = {}
+    else:
+        print("[p2p] skipping the MPI channel: mpi4py/mpiexec missing (pip install '.[mpi]')", file=sys.stderr)
+    worker_args = [",".join(map(str, sizes)), str(budget), ",".join(map(str, lat_sizes))]
     runs: dict[str, dict[str, list]] = {}
     for rep in range(repeat):
         for kind, env in transports.items():
+            if kind == "mpi":
+                for name, script in (("twisternet-mpi", "benchmarks/_p2p_worker.py"),
+                                     ("raw-mpi", "benchmarks/_p2p_mpi4py.py")):
+                    print(f"[p2p] run {rep + 1}/{repeat}: {name} ...", file=sys.stderr, flush=True)
+                    r = run_tagged(mpiexec_run(2, script, *worker_args), "P2P")
+                    runs.setdefault(name, {}).setdefault("bw", []).append(
+                        {int(k): v for k, v in r["bandwidth"].items()})
+                    runs[name].setdefault("lat", []).append({int(k): v for k, v in r["latency"].items()})
+                continue
             print(f"[p2p] run {rep + 1}/{repeat}: twisternet over {kind} ...", file=sys.stderr, flush=True)
             r = run_tagged(twisternet_run(2, "benchmarks/_p2p_worker.py", ",".join(map(str, sizes)),
                                           str(budget), ",".join(map(str, lat_sizes))), "P2P", **env)
@@ -71,8 +87,9 @@ def main(argv: list[str] | None = None) -> int:
             t, b = med[f"twisternet-{kind}"]["bw"][s], med[f"raw-{kind}"]["bw"][s]
             row += [f"{t / 1e9:.2f}", f"{b / 1e9:.2f}", f"{t / b:.2f}"]
         rows.append(row)
-    print(f"\nOne-way bandwidth, GB/s (median of {repeat}; ratio = twisternet / raw socket)")
-    print(table(["size", "tn UDS", "raw UDS", "ratio", "tn TCP", "raw TCP", "ratio"], rows))
+    print(f"\nOne-way bandwidth, GB/s (median of {repeat}; ratio = twisternet / raw socket or raw mpi4py)")
+    heads = ["size"] + [h for k in transports for h in (f"tn {k.upper()}", f"raw {k.upper()}", "ratio")]
+    print(table(heads, rows))
     lrows = []
     for s in lat_sizes:
         row = [fmt_size(s)]
@@ -81,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
             row += [f"{t * 1e6:.0f}", f"{b * 1e6:.0f}", f"{t / b:.1f}"]
         lrows.append(row)
     print(f"\nOne-way latency (half round trip), µs (median of {repeat}; ratio = twisternet / raw)")
-    print(table(["size", "tn UDS", "raw UDS", "ratio", "tn TCP", "raw TCP", "ratio"], lrows))
+    print(table(heads, lrows))
     big = [s for s in sizes if s >= 4 * MB]
     if big:
         worst = min(med[f"twisternet-{k}"]["bw"][s] / med[f"raw-{k}"]["bw"][s] for k in transports for s in big)

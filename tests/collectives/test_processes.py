@@ -28,7 +28,8 @@ def test_scenarios_in_processes(launcher: str, op: str, mode: str, kind: str) ->
     check(params, merged(run_scenario(launcher, 3, "run_op", params)))
 
 
-@pytest.mark.slow
+# Not marked slow on purpose: CI runs the whole operation x mode matrix under twisternet run (TCP) and
+# under mpiexec, at 2 and 4 processes (the channel issues ask for exactly that).
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 @pytest.mark.parametrize("mode", ["batch", "streaming"])
