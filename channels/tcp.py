@@ -136,7 +136,8 @@ class TCPChannel(Channel):
         for p in peers.values():
             p.sock.setblocking(False)
             self._sel.register(p.sock, selectors.EVENT_READ, p)
-        self._recv_buffers = _RecvBuffers(max(4 * self.credit, 256 << 20))
+        # Idle large buffers kept for reuse are bounded by twice the memory limit (512 MiB by default).
+        self._recv_buffers = _RecvBuffers(max(4 * self.credit, 2 * config.memory_limit))
         self._closing = False
         if session is not None:
             session.on_event(self._on_session_event)
