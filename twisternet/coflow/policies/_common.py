@@ -1,0 +1,62 @@
+"""Helpers shared by the built-in policies (not public API)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from ..model import Allocation, Coflow, PortCapacities
+from ..rate_allocation import CoflowLoads, ResidualCapacity
+
+
+def zero_rates(coflows: Sequence[Coflow]) -> list[np.ndarray]:
+    """One zero vector per coflow."""
+    return [np.zeros(len(c)) for c in coflows]
+
+
+def build_allocation(coflows: Sequence[Coflow], order: Sequence[int],
+                     rates: list[np.ndarray]) -> Allocation:
+    """Package per-coflow rate vectors and a positional order; finished flows get rate 0."""
+    out = {}
+    for c, r in zip(coflows, rates):
+        r = np.where(c.remaining > 0, r, 0.0)
+        out[c.id] = r
+    return Allocation(rates=out, order=[coflows[i].id for i in order])
+
+
+def clip_to_capacity(coflows: Sequence[Coflow], rates: list[np.ndarray], caps: PortCapacities) -> None:
+    """Scale rates down (in place) at any port an LP or rounding pushed past its capacity."""
+    n_in, n_out = caps.num_ingress, caps.num_egress
+    lin = np.zeros(n_in)
+    lout = np.zeros(n_out)
+    for c, r in zip(coflows, rates):
+        lin += np.bincount(c.src, weights=r, minlength=n_in)
+        lout += np.bincount(c.dst, weights=r, minlength=n_out)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        fin = np.where(lin > caps.ingress, caps.ingress / np.where(lin > 0, lin, 1.0), 1.0)
+        fout = np.where(lout > caps.egress, caps.egress / np.where(lout > 0, lout, 1.0), 1.0)
+    if (fin < 1).any() or (fout < 1).any():
+        for i, c in enumerate(coflows):
+            rates[i] = rates[i] * np.minimum(fin[c.src], fout[c.dst])
+
+
+def available(res: ResidualCapacity) -> tuple[np.ndarray, np.ndarray]:
+    """Residual capacity with saturated (below tolerance) ports reported as exactly zero."""
+    return (np.where(res.res_in > res.tol_in, res.res_in, 0.0),
+            np.where(res.res_out > res.tol_out, res.res_out, 0.0))
+
+
+def madd_in_order(coflows: Sequence[Coflow], order: Sequence[int], loads: CoflowLoads,
+                  res: ResidualCapacity, rates: list[np.ndarray]) -> None:
+    """Give each coflow in ``order`` MADD rates (remaining / Γ') over the capacity still in ``res``,
+    where Γ' is its bottleneck time on that residual; coflows with a saturated needed port get none."""
+    for i in order:
+        if res.exhausted():
+            return
+        cin, cout = available(res)
+        g = loads.gamma(i, cin, cout)
+        if not np.isfinite(g) or g <= 0:
+            continue
+        rates[i] = coflows[i].remaining / g
+        res.take_loads(loads.load_in[i], loads.load_out[i], 1.0 / g)
