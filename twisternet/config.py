@@ -60,7 +60,7 @@ class Config:
     buffer_size: int = 1 << 20
     #: Receive credit a receiver grants each (peer, edge): this many buffers' worth of bytes may be in
     #: flight before the sender must wait. A single larger message may always travel alone.
-    buffer_count: int = 8
+    buffer_count: int = 32
     #: Buffers in each process's pool (packing of small records, receive of small messages).
     pool_buffers: int = 64
     #: Records an operation may hold undelivered at a destination before it stops accepting
