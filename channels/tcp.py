@@ -319,28 +319,10 @@ class TCPChannel(Channel):
     def _read(self, p: _Peer) -> bool:
         did = False
         for _ in range(64):  # bounded, so one busy peer cannot starve the others
-            if p.cur is not None:
-                try:
-                    n = p.sock.recv_into(p.cur[p.cur_pos:])
-                except (BlockingIOError, InterruptedError):
-                    break
-                except OSError as e:
-                    self._broken(p, f"receive failed: {e}")
-                    return True
-                if n == 0:
-                    self._eof(p)
-                    return True
-                did = True
-                p.last_recv = time.monotonic()
-                p.cur_pos += n
-                if p.cur_pos == len(p.cur):
-                    hdr = p.cur_hdr
-                    data, p.cur, p.cur_hdr = p.cur, None, None
-                    assert hdr is not None
-                    self._frame(p, hdr[0], hdr[1], hdr[2], data)
-                continue
+            # a large payload in progress is received straight into its own buffer, else into staging
+            target = p.cur[p.cur_pos:] if p.cur is not None else memoryview(p.rbuf)[p.rlen:]
             try:
-                n = p.sock.recv_into(memoryview(p.rbuf)[p.rlen:])
+                n = p.sock.recv_into(target)
             except (BlockingIOError, InterruptedError):
                 break
             except OSError as e:
@@ -351,6 +333,14 @@ class TCPChannel(Channel):
                 return True
             did = True
             p.last_recv = time.monotonic()
+            if p.cur is not None:
+                p.cur_pos += n
+                if p.cur_pos == len(p.cur):
+                    hdr = p.cur_hdr
+                    data, p.cur, p.cur_hdr = p.cur, None, None
+                    assert hdr is not None
+                    self._frame(p, hdr[0], hdr[1], hdr[2], data)
+                continue
             p.rlen += n
             try:
                 self._parse(p)
