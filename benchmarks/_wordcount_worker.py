@@ -6,7 +6,7 @@ import time
 from collections import Counter
 
 import twisternet as tn
-from collectives import KeyedReduce
+from collectives import Barrier, KeyedReduce
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent.parent / "examples"))
 from wordcount import generated_words  # noqa: E402
@@ -19,6 +19,7 @@ def main() -> None:
         counts = KeyedReduce(ctx, sources=ctx.tasks, destinations=ctx.tasks, edge=1, op="sum",
                              key_type="str", mode="batch")
         task = ctx.my_tasks[0]
+        Barrier(ctx, "start", ctx.world).enter(ctx.rank)   # every worker has its input: start together
         t0 = time.perf_counter()
         counts.send_many(task, Counter(words))   # map-side combine, then route and reduce by key
         counts.finish(task)
