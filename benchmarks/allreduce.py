@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     have_torch = importlib.util.find_spec("torch") is not None
     have_mpi = importlib.util.find_spec("mpi4py") is not None and mpiexec_run(2, "x") is not None
     if not have_torch:
-        print("[allreduce] skipping gloo: torch is not installed (pip install '.[bench]')", file=sys.stderr)
+        print("[allreduce] skipping gloo: torch is not installed (pip install torch)", file=sys.stderr)
     if not have_mpi:
         print("[allreduce] skipping MPI columns: mpi4py/mpiexec missing (pip install '.[mpi]')", file=sys.stderr)
     args = [",".join(map(str, sizes)), ",".join(map(str, reps))]
