@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
+import time
 from typing import Any, Iterable, Iterator
 
 from twisternet.errors import ConfigError
@@ -88,6 +89,12 @@ class Gather(_TreeGatherBase):
     Batch: after every source finished, the destination gets all records ordered by source task and,
     within a source, in send order (spilling to disk past ``config.memory_limit``). Streaming: records
     arrive as they come, in send order per source, with no order between sources.
+
+    ``quorum`` (batch only) lets the destination proceed without stragglers: a dict of partial-barrier
+    rules (``timeout``, ``percent``, ``min_wait``, ``knee``; see ``collectives.barrier``) applied to the
+    sources' ``finish`` calls as they reach the destination. When it fires, the results hold exactly
+    the records of the sources that had finished, ``left_out`` lists the others, and what they send
+    afterwards is dropped. Example: ``quorum={"percent": 75, "knee": True}``.
     """
 
     operation = "Gather"
@@ -95,9 +102,12 @@ class Gather(_TreeGatherBase):
     def __init__(self, ctx: Any, sources: int | Iterable[int] | None = None,
                  destinations: int | Iterable[int] | None = None, edge: int | None = None, *,
                  mode: Mode = "batch", callback: Callback | None = None, limit: int | None = None,
-                 timeout: float | None = None, fanout: int = 2) -> None:
+                 timeout: float | None = None, fanout: int = 2, quorum: Any = None) -> None:
         if destinations is None and type(self) is Gather:
             destinations = [ctx.plan.tasks[0]]
+        self._quorum = self._quorum_barrier(quorum, mode, edge)
+        #: Batch with a quorum: the sources whose records were left out (None until the results form).
+        self.left_out: list[int] | None = None
         super().__init__(ctx, sources, destinations, _need_edge(edge, type(self).__name__), mode=mode,
                          callback=callback, limit=limit, timeout=timeout, fanout=fanout)
 
@@ -110,6 +120,10 @@ class Gather(_TreeGatherBase):
     def _setup(self) -> None:
         root = self._root_task()
         self._build_up({root: self.plan.rank_of(root)})
+        if self._quorum is not None:
+            from .barrier.partial import PartialBarrier as _Rules   # the pure state machine
+            self._quorum = _Rules(f"gather-quorum-{self.edge}", max=len(self.sources), late="pass",
+                                  **self._quorum_rules)
 
     def send(self, task: int, value: Any, *, timeout: float | None = None) -> None:
         """Contribute ``value`` from local source ``task``; blocks under back pressure."""
@@ -126,6 +140,9 @@ class Gather(_TreeGatherBase):
 
     def _root_items(self, node: Node, items: list) -> None:
         if self.mode == "batch":
+            if self._quorum is not None and node.complete:
+                self._late_records += len(items)   # from a source the quorum left out
+                return
             store: SpillStore = node.state
             for src, v in items:
                 store.add(src, v)
@@ -136,9 +153,74 @@ class Gather(_TreeGatherBase):
     def _root_complete(self, node: Node) -> None:
         if self.mode == "batch":
             store = node.state
+            self.left_out = []
             self._complete(node.tid, lambda: (tuple(r) for r in store))
         else:
             self._end(node.tid)
+
+    # ------------------------------------------------------------------ finish quorum (batch)
+    def _quorum_barrier(self, quorum: Any, mode: str, edge: Any) -> Any:
+        """A partial barrier over the sources' finishes, run at the destination (None: wait for all).
+
+        ``quorum`` is a dict (or BarrierSpec) of partial-barrier rules without ``max`` (the number of
+        sources): ``timeout``, ``percent``, ``min_wait``, ``knee``. When it fires, the destination's
+        results hold the records of the sources that had finished; ``left_out`` names the others and
+        whatever they send later is dropped.
+        """
+        if quorum is None:
+            return None
+        if type(self) is not Gather or mode != "batch":
+            raise ConfigError("quorum", "a finish quorum is for batch Gather only")
+        from .barrier.specs import BarrierSpec
+        rules = quorum.to_dict() if isinstance(quorum, BarrierSpec) else dict(quorum)
+        rules.pop("max", None)
+        rules.pop("late", None)
+        unknown = set(rules) - {"timeout", "percent", "min_wait", "knee"}
+        if unknown:
+            raise ConfigError("quorum", f"unknown rules {sorted(unknown)}; use timeout, percent, min_wait, knee")
+        self._quorum_rules = rules
+        self._late_records = 0
+        self._quorum_timer: Any = None
+        return True   # the state machine is built in _setup, once the sources are known
+
+    def _root_finished(self, tasks: list[int]) -> None:
+        super()._root_finished(tasks)
+        if self._quorum is None or self.left_out is not None:
+            return
+        now = time.monotonic()
+        releases = []
+        for t in tasks:
+            releases.extend(self._quorum.enter(str(t), 0, now).releases)
+        self._quorum_settle(releases)
+
+    def _quorum_tick(self) -> None:
+        with self._lock:
+            if self.left_out is None and not self._closed:
+                self._quorum_settle(self._quorum.tick(time.monotonic()))
+        self._after()
+
+    def _quorum_settle(self, releases: list) -> None:
+        """Under the lock: complete on a fire, else arm a timer for the barrier's next deadline."""
+        if releases:
+            passed = {int(label) for label in releases[0].fire.passed}
+            node = next(iter(self._nodes.values()))
+            node.complete = True
+            store = node.state
+            self.left_out = sorted(set(self.sources) - passed)
+            if self.left_out:
+                log.warning("%s on edge %d: finish quorum (%s) reached without sources %s; their records "
+                            "are left out", self.describe(), self.edge, releases[0].fire.reason.value,
+                            self.left_out)
+            self._complete(node.tid, lambda: (tuple(r) for r in store if r[0] in passed))
+            self._changed = True
+            return
+        deadline = self._quorum.next_deadline()
+        if deadline is not None:
+            if self._quorum_timer is not None:
+                self._quorum_timer.cancel()
+            self._quorum_timer = threading.Timer(max(0.0, deadline - time.monotonic()), self._quorum_tick)
+            self._quorum_timer.daemon = True
+            self._quorum_timer.start()
 
 
 class AllGather(DownTreeMixin, Gather):
