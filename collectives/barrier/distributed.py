@@ -48,9 +48,11 @@ class PartialBarrier:
                                 knee=knee)
         self._client = barrier_client(ctx)
 
-    def enter(self, label: Any, *, wait: Optional[float] = None) -> BarrierRelease:
-        """Enter as ``label``; block until released; the release says who passed (label -> rank)."""
-        return self._client.enter(self.name, str(label), self.spec,
+    def enter(self, label: Any, *, round: Optional[int] = None, wait: Optional[float] = None) -> BarrierRelease:
+        """Enter as ``label`` (in ``round``, default: this label's next one); block until released; the
+        release says who passed (label -> rank). A catch-up barrier raises ``CatchUp``, whose
+        ``next_round`` is the round to enter next."""
+        return self._client.enter(self.name, str(label), self.spec, round=round,
                                   timeout=self.ctx.config.timeout if wait is None else wait)
 
     def enter_async(self, label: Any, on_done: Any) -> int:

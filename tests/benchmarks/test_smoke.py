@@ -37,3 +37,10 @@ def test_wordcount_quick():
     p = run("wordcount.py", "--quick")
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     assert "twisternet KeyedReduce, 2 workers" in p.stdout and "speedup vs Counter" in p.stdout
+
+
+@pytest.mark.timeout(300)
+def test_stragglers_quick():
+    p = run("stragglers.py", "--quick")
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert "classic barrier" in p.stdout and "partial barrier (knee) + re-execution" in p.stdout
