@@ -245,7 +245,9 @@ class Context:
                    on_timeout: Callable[[], BaseException] | None = None) -> None:
         """Block until ``predicate()``; raise PeerLostError on a lost peer, ``on_timeout()`` on timeout."""
         limit = self.config.timeout if timeout is None else timeout
-        deadline = time.monotonic() + limit
+        start = time.monotonic()
+        deadline = start + limit
+        spin_until = start + self.config.spin_time
         flushed = False
         while True:
             with self._lock:
@@ -258,9 +260,12 @@ class Context:
                 if self._out_partial:
                     self.flush()
             self._raise_failures()
-            remaining = deadline - time.monotonic()
+            now = time.monotonic()
+            remaining = deadline - now
             if remaining <= 0:
                 raise (on_timeout() if on_timeout else OperationTimeout("wait_until timed out", timeout=limit))
+            if now < spin_until and self._spin_once():
+                continue
             self._wait_change(gen, min(remaining, 0.5))
 
     def notify(self) -> None:
@@ -594,6 +599,16 @@ class Context:
                         self._refused[key] = time.monotonic()
                     break
         return did
+
+    def _spin_once(self) -> bool:
+        """One non-blocking progress round by this waiting thread, if it may drive the engine now."""
+        if getattr(self._in_progress, "active", False) or not self._chan_lock.acquire(blocking=False):
+            return False
+        if self._stop:
+            self._chan_lock.release()
+            return False
+        self._progress_once(0.0, lock_held=True)
+        return True
 
     def _wait_change(self, gen: int, timeout: float) -> None:
         if timeout <= 0:
