@@ -1,6 +1,6 @@
 """Transports that move framed buffers between ranks: TCP (Unix sockets between same-host peers), MPI,
 and an in-process channel for tests. Each registers with the core by name (see twisternet.channel)."""
 
-from .mpi_detect import under_mpi_launcher
+from .mpi import MPIChannel, mpi_launch_info, under_mpi_launcher
 
-__all__ = ["under_mpi_launcher"]
+__all__ = ["MPIChannel", "mpi_launch_info", "under_mpi_launcher"]

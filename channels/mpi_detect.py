@@ -1,15 +1,8 @@
-"""Tell whether this process was started by an MPI launcher, without importing mpi4py."""
+"""Tell whether this process was started by an MPI launcher, without importing mpi4py (which would
+initialise MPI): the one implementation lives in :mod:`channels.mpi`, importable without mpi4py."""
 
 from __future__ import annotations
 
-import os
-from typing import Mapping
+from .mpi import mpi_launch_info, under_mpi_launcher
 
-_MARKERS = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS",
-            "HYDI_CONTROL_FD", "MPIEXEC_HOSTNAME", "PMI_FD", "SLURM_MPI_TYPE_PMI")
-
-
-def under_mpi_launcher(env: Mapping[str, str] | None = None) -> bool:
-    """True when environment variables set by mpirun/mpiexec (MPICH hydra, PMI, PMIx, Open MPI) exist."""
-    env = os.environ if env is None else env
-    return any(k in env for k in _MARKERS)
+__all__ = ["under_mpi_launcher", "mpi_launch_info"]
