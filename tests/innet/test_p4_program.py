@@ -155,7 +155,7 @@ def test_p4_objects_not_in_p4info_do_not_exist(p4info):
 
 
 def test_header_layout_matches_the_wire_format():
-    wire = pytest.importorskip("innet.wire", reason="innet.wire (dataplane helper) not available")
+    from innet import wire
     atp = _blocks("header", SRC)["atp_t"]
     widths = [_width(t) for t, _ in re.findall(r"(bit<[^>]+>)\s+(\w+)\s*;", atp)]
     assert sum(widths) == 8 * wire.HEADER_SIZE

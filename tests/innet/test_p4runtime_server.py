@@ -32,12 +32,7 @@ from test_p4_fake_switch import COUNTER_NAMES, FakeSwitch
 pytestmark = pytest.mark.timeout(60)
 RPC_TIMEOUT = 5.0
 
-try:
-    from innet.switch import SoftwareSwitch
-    _SOFTWARE_SWITCH_ERROR = None
-except Exception as exc:  # noqa: BLE001 - any import failure means "not available"
-    SoftwareSwitch = None
-    _SOFTWARE_SWITCH_ERROR = f"innet.switch.SoftwareSwitch unavailable: {exc!r}"
+from innet.switch import SoftwareSwitch
 
 
 def _make_fake():
@@ -45,9 +40,6 @@ def _make_fake():
 
 
 def _make_software():
-    if SoftwareSwitch is None:
-        print(_SOFTWARE_SWITCH_ERROR)
-        pytest.skip(_SOFTWARE_SWITCH_ERROR)
     return SoftwareSwitch(num_aggregators=16, value_count=4)
 
 
