@@ -1,7 +1,8 @@
 """Stragglers: a MapReduce-style job of R rounds over 8 local workers where, in every round, the
 slowest map task takes 10x the median. Completion time with a classic barrier per round vs a
-knee-released partial barrier (Albrecht et al., ATC 2006) whose left-out tasks are re-executed by the
-released workers (a late straggler gets CatchUp and skips ahead).
+knee-released partial barrier (Albrecht et al., ATC 2006) whose left-out tasks are re-executed with
+their input split evenly over the released workers (a late straggler gets CatchUp and skips ahead to
+the barrier's current round).
 
     python benchmarks/stragglers.py [--workers 8] [--rounds 10] [--median 0.1] [--repeat 3] [--quick]
 

@@ -164,6 +164,17 @@ class ServiceLink:
         """Where the services run: "master" or "rank 0"."""
         return "master" if self._session is not None else "rank 0"
 
+    def local_service(self, name: str) -> Any | None:
+        """The service object itself when it runs in this process (rank 0 under MPI/local), else None.
+        Lets the hosting rank install Python callbacks, which cannot travel to another process."""
+        if self._host is None:
+            return None
+        with self._host._lock:
+            svc = self._host._services.get(name)
+            if svc is None:
+                svc = self._host._services[name] = create_service(name)
+            return svc
+
     def subscribe(self, name: str, callback: Callable[[dict], None]) -> None:
         """Deliver the replies of service ``name`` to ``callback`` (on the progress thread)."""
         self._subs[name] = callback

@@ -29,6 +29,19 @@ def barrier_client(ctx: "Context") -> BarrierClient:
     return client
 
 
+def set_enter_callback(ctx: "Context", name: str, callback: Any, callback_timeout: Optional[float] = None) -> None:
+    """Install the enter-callback ``callback(label, rank, default) -> bool`` of barrier ``name``: it may
+    veto (False) or force (True) the fire and is re-invoked every ``callback_timeout`` seconds even when
+    nobody arrives. Python callables cannot cross processes, so this works on the rank that hosts the
+    coordinator (rank 0 under MPI and the local channel); under TCP the bootstrap master hosts it."""
+    svc = ctx.services.local_service(SERVICE)
+    if svc is None:
+        from twisternet.errors import TwisternetError
+        raise TwisternetError(f"the barrier coordinator runs on the {ctx.services.coordinator}, not in rank "
+                              f"{ctx.rank}: install enter-callbacks in rank 0 of an MPI or local job")
+    svc.set_enter_callback(name, callback, callback_timeout)
+
+
 class PartialBarrier:
     """A partial barrier of the job (Albrecht et al. 2006) entered by logical tasks (labels).
 

@@ -2,12 +2,14 @@
 
 import importlib.util
 import re
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.jobs import lines, run_tcp
+from tests.jobs import lines, run_mpi, run_tcp
 from twisternet.testing import run_local
+from collectives.barrier.distributed import PartialBarrier
 
 SCRIPT = Path(__file__).parent / "scripts" / "straggler.py"
 spec = importlib.util.spec_from_file_location("straggler", SCRIPT)
@@ -37,3 +39,30 @@ def test_knee_releases_fast_workers_tcp(late):
     p = run_tcp(4, SCRIPT, late, timeout=100)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     check([l[3:] for l in lines(p, "PB ")], late)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("late", ["pass", "catch_up"])
+def test_knee_releases_fast_workers_mpi(late):
+    p = run_mpi(4, SCRIPT, late, timeout=100)          # coordinator: rank 0, over control edges
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    check([l[3:] for l in lines(p, "PB ")], late)
+
+
+def test_enter_callback_installed_on_the_hosting_rank_forces_the_fire():
+    from collectives.barrier.distributed import set_enter_callback
+
+    def job(ctx):
+        if ctx.rank == 0:
+            # force the fire as soon as two labels are in, whatever the rules say
+            set_enter_callback(ctx, "cb", lambda label, rank, default: default or len(seen) >= 1 or
+                               seen.append(label) and False)
+        b = PartialBarrier(ctx, "cb", max=ctx.world, timeout=30)
+        if ctx.rank == 2:
+            time.sleep(1.5)
+        rel = b.enter(f"t{ctx.rank}", wait=10)
+        return rel.status.name, sorted(rel.fire.passed)
+    seen: list = []
+    out = run_local(3, job, timeout=30)
+    assert out[0][1] == out[1][1] and len(out[0][1]) == 2 and "t2" not in out[0][1]
+    assert out[2][0] == "LATE_FIRE"
