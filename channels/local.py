@@ -56,7 +56,6 @@ class LocalChannel(Channel):
         self._left: set[int] = set()
         self._lost: set[int] = set()
         self._dead = False
-        self._closing = False
         hub.attach(self)
 
     # -- called by peers (any thread) -----------------------------------------------------------
@@ -144,7 +143,6 @@ class LocalChannel(Channel):
 
     def close(self, timeout: float) -> None:
         import time
-        self._closing = True
         for c in self.hub.channels:
             if c is not None and c.rank != self.rank:
                 c._post(("bye", self.rank))

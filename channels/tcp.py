@@ -138,7 +138,6 @@ class TCPChannel(Channel):
             self._sel.register(p.sock, selectors.EVENT_READ, p)
         # Idle large buffers kept for reuse are bounded by twice the memory limit (512 MiB by default).
         self._recv_buffers = _RecvBuffers(max(4 * self.credit, 2 * config.memory_limit))
-        self._closing = False
         if session is not None:
             session.on_event(self._on_session_event)
 
@@ -217,7 +216,6 @@ class TCPChannel(Channel):
 
     def close(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        self._closing = True
         for p in self._peers.values():
             if not p.lost:
                 self._enqueue(p, _HDR.pack(BYE, 0, 0), [], None)
@@ -241,7 +239,7 @@ class TCPChannel(Channel):
 
     def abort(self, reason: str) -> None:
         log.info("rank %d: aborting: %s", self.rank, reason)
-        self._teardown(abort=True)
+        self._teardown()
         if self.session is not None:
             try:
                 # Leaving the master link without "bye" makes the master report this rank lost.
@@ -543,7 +541,7 @@ class TCPChannel(Channel):
             except OSError:
                 pass
 
-    def _teardown(self, abort: bool = False) -> None:
+    def _teardown(self) -> None:
         for p in self._peers.values():
             self._unregister(p)
         for ls in self._listeners:

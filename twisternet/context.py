@@ -433,10 +433,7 @@ class Context:
                     break
                 if not block:
                     return False
-            self._raise_failures()
-            if time.monotonic() >= deadline:
-                raise BackPressureTimeout("send blocked by back pressure", edge=edge, timeout=limit)
-            self._wait_change(gen, min(deadline - time.monotonic(), 0.5))
+            self._blocked(gen, deadline, limit, edge, "send blocked by back pressure")
         if wake:
             self.channel.wakeup()
         if done is not None:
@@ -445,10 +442,7 @@ class Context:
                     gen = self._gen
                 if done.is_set():
                     break
-                self._raise_failures()
-                if time.monotonic() >= deadline:
-                    raise BackPressureTimeout("large send did not complete", edge=edge, timeout=limit)
-                self._wait_change(gen, min(deadline - time.monotonic(), 0.5))
+                self._blocked(gen, deadline, limit, edge, "large send did not complete")
             with self._lock:
                 if dst in self._lost:  # its buffers were let go because the peer died, not sent
                     raise PeerLostError(dst, self._lost[dst])
@@ -472,13 +466,17 @@ class Context:
                     break
                 if not block:
                     return False
-            self._raise_failures()
-            if time.monotonic() >= deadline:
-                raise BackPressureTimeout("send to own rank blocked by back pressure", edge=edge, timeout=limit)
-            self._wait_change(gen, min(deadline - time.monotonic(), 0.5))
+            self._blocked(gen, deadline, limit, edge, "send to own rank blocked by back pressure")
         if not forced:
             self.channel.wakeup()
         return True
+
+    def _blocked(self, gen: int, deadline: float, limit: float, edge: int, what: str) -> None:
+        """One wait of a blocked send: raise on a failure or past the deadline, else wait for a change."""
+        self._raise_failures()
+        if time.monotonic() >= deadline:
+            raise BackPressureTimeout(what, edge=edge, timeout=limit)
+        self._wait_change(gen, min(deadline - time.monotonic(), 0.5))
 
     def _queue(self, s: _OutStream, msg: _OutMsg) -> None:
         s.queue.append(msg)
