@@ -7,7 +7,7 @@ Start with :func:`init`; the operations live in the ``collectives`` package.
 from .channel import Channel, register_channel
 from .codec import Codec, KeyCodec
 from .config import Config, load_config
-from .context import Context
+from .context import Context, SendHandle
 from .errors import (AuthError, BackPressureTimeout, ClosedError, CodecError, ConfigError, OperationTimeout,
                      PeerLostError, ProtocolError, TwisternetError)
 from .runtime import init
@@ -16,7 +16,7 @@ from .task_plan import TaskPlan
 __version__ = "0.1.0"
 
 __all__ = [
-    "init", "Context", "Config", "load_config", "TaskPlan", "Codec", "KeyCodec", "Channel",
+    "init", "Context", "SendHandle", "Config", "load_config", "TaskPlan", "Codec", "KeyCodec", "Channel",
     "register_channel", "TwisternetError", "ConfigError", "CodecError", "ProtocolError", "AuthError",
     "PeerLostError", "OperationTimeout", "BackPressureTimeout", "ClosedError", "__version__",
 ]

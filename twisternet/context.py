@@ -105,6 +105,27 @@ class _LocalRef(_MsgRef):
             self.ctx._local_bytes[self.edge] -= self.nbytes
 
 
+class SendHandle:
+    """Completion of a :meth:`Context.isend`: until :meth:`wait` returns, the sent arrays may still be read."""
+
+    __slots__ = ("_ctx", "_done", "_dst", "_edge", "_deadline", "_limit")
+
+    def __init__(self, ctx: "Context", done: threading.Event | None, dst: int, edge: int,
+                 deadline: float, limit: float) -> None:
+        self._ctx, self._done, self._dst, self._edge = ctx, done, dst, edge
+        self._deadline, self._limit = deadline, limit
+
+    @property
+    def done(self) -> bool:
+        """Whether the channel has finished with the record's memory."""
+        return self._done is None or self._done.is_set()
+
+    def wait(self) -> None:
+        """Block until sent; PeerLostError if the peer died first, BackPressureTimeout past the send's timeout."""
+        if self._done is not None:
+            self._ctx._wait_sent(self._done, self._dst, self._edge, self._deadline, self._limit)
+
+
 class Context:
     """A process's handle on a job. Create it with :func:`twisternet.init`."""
 
@@ -211,6 +232,17 @@ class Context:
     def send(self, dst_rank: int, edge: int, obj: Any, *, timeout: float | None = None) -> None:
         """Send ``obj`` to ``dst_rank`` on ``edge``; blocks under back pressure (see module doc)."""
         self._send(dst_rank, edge, obj, block=True, timeout=timeout)
+
+    def isend(self, dst_rank: int, edge: int, obj: Any, *, timeout: float | None = None) -> "SendHandle":
+        """Start a send and return at once with its :class:`SendHandle` (still blocks under back pressure).
+
+        Arrays of at least ``zero_copy_threshold`` bytes go out without a copy, so the caller must not
+        modify them until ``handle.wait()`` returns (as with ``MPI_Isend``); smaller records are copied
+        into the send buffers and their handle is done at once.
+        """
+        got = self._send(dst_rank, edge, obj, block=True, timeout=timeout, wait_sent=False)
+        assert isinstance(got, SendHandle)
+        return got
 
     def try_send(self, dst_rank: int, edge: int, obj: Any) -> bool:
         """Like :meth:`send` but returns False instead of blocking when there is no room."""
@@ -373,7 +405,7 @@ class Context:
         return threading.get_ident() == self._progress_thread_id or getattr(self._in_progress, "active", False)
 
     def _send(self, dst: int, edge: int, obj: Any, *, block: bool, timeout: float | None,
-              closing: bool = False) -> bool:
+              closing: bool = False, wait_sent: bool = True) -> "bool | SendHandle":
         if not isinstance(dst, int) or not 0 <= dst < self.world:
             raise TwisternetError(f"destination rank must be in [0, {self.world}), got {dst!r}")
         if edge < CONTROL_EDGE_BASE:
@@ -388,7 +420,8 @@ class Context:
         limit = self.config.timeout if timeout is None else timeout
         deadline = time.monotonic() + limit
         if dst == self.rank:
-            return self._send_local(edge, parts, n, block=block, forced=forced, deadline=deadline, limit=limit)
+            sent = self._send_local(edge, parts, n, block=block, forced=forced, deadline=deadline, limit=limit)
+            return sent if wait_sent else SendHandle(self, None, dst, edge, deadline, limit)
         key = (dst, edge)
         done: threading.Event | None = None
         while True:
@@ -436,17 +469,22 @@ class Context:
             self._blocked(gen, deadline, limit, edge, "send blocked by back pressure")
         if wake:
             self.channel.wakeup()
+        if not wait_sent:
+            return SendHandle(self, done, dst, edge, deadline, limit)
         if done is not None:
-            while not done.is_set():
-                with self._lock:
-                    gen = self._gen
-                if done.is_set():
-                    break
-                self._blocked(gen, deadline, limit, edge, "large send did not complete")
-            with self._lock:
-                if dst in self._lost:  # its buffers were let go because the peer died, not sent
-                    raise PeerLostError(dst, self._lost[dst])
+            self._wait_sent(done, dst, edge, deadline, limit)
         return True
+
+    def _wait_sent(self, done: threading.Event, dst: int, edge: int, deadline: float, limit: float) -> None:
+        while not done.is_set():
+            with self._lock:
+                gen = self._gen
+            if done.is_set():
+                break
+            self._blocked(gen, deadline, limit, edge, "large send did not complete")
+        with self._lock:
+            if dst in self._lost:  # its buffers were let go because the peer died, not sent
+                raise PeerLostError(dst, self._lost[dst])
 
     def _send_local(self, edge: int, parts: list, n: int, *, block: bool, forced: bool,
                     deadline: float, limit: float) -> bool:

@@ -82,3 +82,10 @@ def test_three_gib_object_round_trips():
     p = run_tcp(2, S / "tcp_huge.py", "3", timeout=1100, TWISTERNET_PEER_TIMEOUT="120")
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert lines(p, "HUGE") == [f"HUGE size={3 << 30} same=True"]
+
+
+@pytest.mark.timeout(120)
+def test_isend_handles_guard_the_sent_memory():
+    p = run_tcp(2, S / "tcp_isend.py", timeout=100)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert lines(p, "RESULT") == ["RESULT ok=True received=21"], p.stdout[-2000:]
