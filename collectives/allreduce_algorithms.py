@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from twisternet.errors import ConfigError, OperationTimeout
+from twisternet.context import SendHandle
+from twisternet.errors import ClosedError, ConfigError, OperationTimeout, ProtocolError
 
 from .edges import AR_DOWN, AR_UP, RING, channel_edge
 from .reduction import own, snapshot
@@ -47,6 +48,7 @@ class RankAllReduce:
         self.tree = KaryTree(self.ranks[0], self.ranks, op.fanout)
         self.stash: dict[tuple, Any] = {}
         self.calls = 0
+        self.ring: _RingCall | None = None   # the ring call in progress (its records skip the stash)
         for offset in (AR_UP, AR_DOWN, RING):
             op._register(offset, self._on_record, activates=False)
 
@@ -55,7 +57,11 @@ class RankAllReduce:
             kind, call, step, chunk, payload = msg
         except (TypeError, ValueError):
             raise self.op._protocol(src, msg) from None
-        self.stash[(kind, call, step, chunk, src)] = own(payload)
+        rc = self.ring
+        if kind == "r" and rc is not None and call == rc.call:
+            self._apply(rc, step, chunk, payload, src)
+        else:
+            self.stash[(kind, call, step, chunk, src)] = own(payload)
         self.op._changed = True
         return True
 
@@ -90,9 +96,27 @@ class RankAllReduce:
             flat[a:b] = r
 
     # ------------------------------------------------------------------ entry
-    def run(self, value: Any, timeout: float | None) -> Any:
+    def run(self, value: Any, timeout: float | None, out: np.ndarray | None = None) -> Any:
         op = self.op
         t = op.timeout if timeout is None else timeout
+        if out is not None:
+            if not isinstance(value, np.ndarray) or not isinstance(out, np.ndarray):
+                raise TypeError("allreduce(out=...) needs a numpy array value and a numpy array out")
+            if out.shape != value.shape or out.dtype != value.dtype:
+                raise ValueError(f"allreduce(out=...): out is {out.dtype}{list(out.shape)}, the value is "
+                                 f"{value.dtype}{list(value.shape)}; they must match")
+            if not out.flags.c_contiguous or not out.flags.writeable:
+                raise ValueError("allreduce(out=...): out must be a writeable C-contiguous array")
+            if out is not value and np.shares_memory(out, value):
+                raise ValueError("allreduce(out=...): out overlaps the value without being the same array")
+        result = self._run(value, t, out)
+        if out is not None and result is not out:
+            out[...] = result
+            return out
+        return result
+
+    def _run(self, value: Any, t: float, out: np.ndarray | None) -> Any:
+        op = self.op
         if op.via == "innet":
             return self._innet(value, t)
         if not self.same_ranks:
@@ -113,7 +137,7 @@ class RankAllReduce:
         if n == 1:
             return snapshot(value)
         if ring_ok and (op.via == "ring" or (op.via == "auto" and value.nbytes >= op.ring_threshold)):
-            return self._ring(value, call, t)
+            return self._ring(value, call, t, out)
         return self._tree(value, call, t)
 
     # ------------------------------------------------------------------ in-network (hook)
@@ -157,24 +181,96 @@ class RankAllReduce:
         return acc
 
     # ------------------------------------------------------------------ ring
-    def _ring(self, value: np.ndarray, call: int, t: float) -> np.ndarray:
+    def _ring(self, value: np.ndarray, call: int, t: float, out: np.ndarray | None = None) -> np.ndarray:
+        """Reduce-scatter then allgather, pipelined chunk by chunk.
+
+        Every chunk is forwarded as soon as it is complete, and the records of the call in progress are
+        applied by the handler straight into the result (no copy out of the receive buffer): in the
+        reduce-scatter each rank receives every segment but its own exactly once, so the result there is
+        ``input + received`` written once; in the allgather the received chunk is the result. The input
+        is only read, and no copy of it is made.
+        """
+        op = self.op
         ranks = self.ranks
         n = len(ranks)
-        i = ranks.index(self.op.rank)
-        right, left = ranks[(i + 1) % n], ranks[(i - 1) % n]
-        flat = np.array(value, copy=True).reshape(-1)
-        edges = [flat.size * k // n for k in range(n + 1)]
-        segs = [self._chunks(edges[s], edges[s + 1], flat.itemsize) for s in range(n)]
-        for step in range(n - 1):                       # reduce-scatter
-            send_s, recv_s = (i - step) % n, (i - step - 1) % n
-            for c, (a, b) in enumerate(segs[send_s]):
-                self._send(right, RING, ("r", call, step, c, flat[a:b]), t)
-            for c, (a, b) in enumerate(segs[recv_s]):
-                self._combine_into(flat, a, b, self._take(("r", call, step, c, left), t))
-        for step in range(n - 1):                       # allgather
-            send_s, recv_s = (i + 1 - step) % n, (i - step) % n
-            for c, (a, b) in enumerate(segs[send_s]):
-                self._send(right, RING, ("r", call, n - 1 + step, c, flat[a:b]), t)
-            for c, (a, b) in enumerate(segs[recv_s]):
-                flat[a:b] = self._take(("r", call, n - 1 + step, c, left), t)
-        return flat.reshape(value.shape)
+        i = ranks.index(op.rank)
+        right = ranks[(i + 1) % n]
+        src = np.ascontiguousarray(value).reshape(-1)
+        result = np.empty_like(src) if out is None else out.reshape(-1)
+        if out is not None and out is value:
+            src = result   # in place: each element is read (sent or combined) before it is overwritten
+        edges = [src.size * k // n for k in range(n + 1)]
+        segs = [self._chunks(edges[s], edges[s + 1], src.itemsize) for s in range(n)]
+        rc = _RingCall(call, n, i, src, result, segs, op.reduction.ufunc)
+        with op._lock:
+            self.ring = rc
+            for key in [k for k in self.stash if k[0] == "r" and k[1] == call]:
+                self._apply(rc, key[2], key[3], self.stash.pop(key), key[4])
+        handles: list[SendHandle] = []
+        ring_edge = channel_edge(op.edge, RING)
+
+        def send(step: int, c: int, chunk: np.ndarray) -> None:
+            handles.append(op.ctx.isend(right, ring_edge, ("r", call, step, c, chunk), timeout=t))
+
+        try:
+            for c, (a, b) in enumerate(segs[i]):             # reduce-scatter step 0: own input
+                send(0, c, src[a:b])
+            for step in range(2 * (n - 1)):
+                s = (i - step - 1) % n if step < n - 1 else (i - (step - (n - 1))) % n
+                for c, (a, b) in enumerate(segs[s]):
+                    self._wait_applied(rc, step, c, ranks[(i - 1) % n], t)
+                    if step + 1 < 2 * (n - 1):
+                        send(step + 1, c, result[a:b])
+            for h in handles:
+                h.wait()
+        finally:
+            with op._lock:
+                self.ring = None
+        return result.reshape(value.shape) if out is None else out
+
+    def _apply(self, rc: "_RingCall", step: int, c: int, payload: Any, src: int) -> None:
+        """Put ring record (step, chunk c) of the call in progress into its place (under the op lock)."""
+        n, i = rc.n, rc.i
+        s = (i - step - 1) % n if step < n - 1 else (i - (step - (n - 1))) % n
+        if not (0 <= step < 2 * (n - 1)) or not (0 <= c < len(rc.segs[s])):
+            raise ProtocolError(f"allreduce() ring: rank {src} sent step {step} chunk {c}, which does not exist")
+        a, b = rc.segs[s][c]
+        if not isinstance(payload, np.ndarray) or payload.dtype != rc.out.dtype or payload.size != b - a:
+            raise ProtocolError(f"allreduce() ring: rank {src} sent "
+                                f"{getattr(payload, 'dtype', type(payload).__name__)} x "
+                                f"{getattr(payload, 'size', '?')} for a chunk of {b - a} x {rc.out.dtype} "
+                                "(every rank must pass arrays of the same shape and dtype)")
+        if (step, c) in rc.applied:
+            raise ProtocolError(f"allreduce() ring: rank {src} sent step {step} chunk {c} twice")
+        if step < n - 1:
+            rc.ufunc(rc.src[a:b], payload.reshape(-1), out=rc.out[a:b])
+        else:
+            rc.out[a:b] = payload.reshape(-1)
+        rc.applied.add((step, c))
+
+    def _wait_applied(self, rc: "_RingCall", step: int, c: int, left: int, timeout: float) -> None:
+        op = self.op
+
+        def ready() -> bool:
+            return (step, c) in rc.applied or op._error is not None or op._closed
+
+        def on_timeout() -> BaseException:
+            return OperationTimeout(f"allreduce() call {rc.call}: no data from rank {left} "
+                                    f"(ring step {step}, chunk {c})", edge=op.edge, operation=op.operation,
+                                    timeout=timeout)
+        op.ctx.wait_until(ready, timeout=timeout, on_timeout=on_timeout)
+        op._raise_if_failed()
+        if (step, c) not in rc.applied:
+            raise ClosedError(f"{op.describe()} was closed during allreduce()")
+
+
+class _RingCall:
+    """The ring allreduce call in progress on this rank: where its records go and which have arrived."""
+
+    __slots__ = ("call", "n", "i", "src", "out", "segs", "ufunc", "applied")
+
+    def __init__(self, call: int, n: int, i: int, src: np.ndarray, out: np.ndarray,
+                 segs: list[list[tuple[int, int]]], ufunc: Any) -> None:
+        self.call, self.n, self.i = call, n, i
+        self.src, self.out, self.segs, self.ufunc = src, out, segs, ufunc
+        self.applied: set[tuple[int, int]] = set()

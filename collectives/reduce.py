@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, Callable, Iterable
 
+import numpy as np
+
 from twisternet.errors import ConfigError
 
 from .base import Callback, Mode
@@ -236,8 +238,12 @@ class AllReduce(DownTreeMixin, Reduce):
     def _known_finished(self, task: int | None) -> set[int]:
         return super()._known_finished(self._root_task()) | self._down_finished
 
-    def allreduce(self, value: Any, *, timeout: float | None = None) -> Any:
+    def allreduce(self, value: Any, *, out: "np.ndarray | None" = None, timeout: float | None = None) -> Any:
         """Rank-level collective: every rank running a task of this operation calls it once with its value
         and gets the reduction of all of them. Large arrays with a named reduction go over a ring
-        (reduce-scatter + allgather, chunked); the rest over the tree, chunked and pipelined."""
-        return self._rank_allreduce.run(value, timeout)
+        (reduce-scatter + allgather, chunked); the rest over the tree, chunked and pipelined.
+
+        ``out`` (numpy arrays only): a C-contiguous array of the value's shape and dtype that receives the
+        result and is returned; it may be ``value`` itself (in place, as torch.distributed does), which
+        saves allocating (and faulting in) a fresh result array on every call."""
+        return self._rank_allreduce.run(value, timeout, out)
