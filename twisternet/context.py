@@ -444,7 +444,8 @@ class Context:
                         # own channel message; zero-copy unless we must not block for its completion
                         if s.packer.pending_bytes:
                             self._emit_partial(s)
-                        if forced:
+                        if forced or not block:
+                            # no waiting for completion here (engine thread / try_send): send a copy
                             payload = [_DIRECT, b"".join(parts)]
                         else:
                             done = threading.Event()

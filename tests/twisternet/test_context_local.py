@@ -183,3 +183,21 @@ def test_thread_safe_sends():
         return all(v == list(range(per_thread)) for v in by.values())
 
     assert run_local(2, job) == [True, True]
+
+
+def test_try_send_of_a_large_record_does_not_wait_for_its_completion():
+    # A record above the zero-copy threshold through try_send (as operations do from their
+    # non-blocking paths) used to wait for the send's completion with a zero timeout and fail.
+    def job(ctx):
+        got = []
+        ctx.register(4, lambda src, obj: got.append(np.array(obj, copy=True)) or True)
+        if ctx.rank == 0:
+            arr = np.arange(1 << 18, dtype=np.float64)       # 2 MB
+            assert ctx.try_send(1, 4, arr)
+            arr[:] = -1                                        # try_send copied: no effect on the peer
+            ctx.flush()
+            return "sent"
+        ctx.wait_until(lambda: len(got) == 1, timeout=20)
+        return bool(np.array_equal(got[0], np.arange(1 << 18, dtype=np.float64)))
+
+    assert run_local(2, job) == ["sent", True]
