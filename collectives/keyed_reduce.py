@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import zlib
 from operator import itemgetter
 from typing import Any, Iterable
 
@@ -10,6 +11,21 @@ from .reduce import _need_edge, _pick_op
 from .reduction import ReduceFn, Reduction, own, snapshot
 from .routing import Selector, check_key_type, hash_selector, normalize_key
 from .uptree import Node, UpTreeOperation
+
+
+def _columns(pairs: Iterable[tuple[Any, Any]]) -> list:
+    """``(key, value)`` pairs as ``[keys, values]``: msgpack packs two flat lists in C, where a list of
+    tuples costs an extension record per pair."""
+    pairs = pairs if isinstance(pairs, list) else list(pairs)
+    return [[k for k, _ in pairs], [v for _, v in pairs]]
+
+
+def _pairs(payload: Any) -> Iterable[tuple[Any, Any]]:
+    """The inverse of :func:`_columns` (checked: a malformed payload is a protocol error upstream)."""
+    keys, values = payload
+    if not isinstance(keys, list) or not isinstance(values, list) or len(keys) != len(values):
+        raise ValueError("malformed key/value columns")
+    return zip(keys, values)
 
 
 class KeyedReduce(UpTreeOperation):
@@ -75,9 +91,20 @@ class KeyedReduce(UpTreeOperation):
             self._input(task, lambda: self._room(node), lambda: self._take(node, lst, snapshot),
                         block=True, timeout=timeout)
 
+        dests = self.destinations
+        nd = len(dests)
+        # The default selector on str/int keys, inlined: the same stable hash as routing.stable_hash
+        fast = self.selector is hash_selector and kt in ("str", "int")
+        crc32 = zlib.crc32
         for key, value in pairs:
-            key = normalize_key(key, kt)
-            d = self._select(key)
+            tk = type(key)
+            if fast and tk is str and kt == "str":
+                d = dests[crc32(key.encode("utf-8", "surrogatepass")) % nd]
+            elif fast and tk is int and kt == "int" and -(1 << 63) <= key < (1 << 63):
+                d = dests[crc32(key.to_bytes(8, "little", signed=True)) % nd]
+            else:
+                key = normalize_key(key, kt)
+                d = self._select(key)
             lst = by_dest.get(d)
             if lst is None:
                 lst = by_dest[d] = []
@@ -125,25 +152,33 @@ class KeyedReduce(UpTreeOperation):
         elif self.mode == "batch":
             self._combine(node.state, pairs, copy)
             if len(node.state) >= self.limit:
-                self._up_send(node, "d", list(node.state.items()))
+                self._up_send(node, "d", _columns(node.state.items()))
                 node.state.clear()
         else:
-            self._up_send(node, "d", [(k, snapshot(v)) for k, v in pairs] if copy is snapshot else pairs)
+            self._up_send(node, "d", _columns([(k, snapshot(v)) for k, v in pairs] if copy is snapshot
+                                              else pairs))
 
     def _up_data(self, node: Node, src: int, payload: Any) -> bool:
         if not self._room(node):
             return False
-        self._take(node, payload, own)
+        self._take_columns(node, src, payload)
         return True
 
     def _up_child_done(self, node: Node, src: int, payload: Any) -> None:
         if payload:
-            self._take(node, payload, own)
+            self._take_columns(node, src, payload)
+
+    def _take_columns(self, node: Node, src: int, payload: Any) -> None:
+        try:
+            pairs = list(_pairs(payload))
+        except (TypeError, ValueError):
+            raise self._protocol(src, payload) from None
+        self._take(node, pairs, own)
 
     def _up_final(self, node: Node) -> Any:
         if self.mode != "batch":
             return None
-        out = list(node.state.items())
+        out = _columns(node.state.items()) if node.state else None
         node.state.clear()
         return out
 
