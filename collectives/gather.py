@@ -10,11 +10,13 @@ import itertools
 import logging
 import threading
 import time
-from typing import Any, Iterable, Iterator
+from itertools import islice
+from typing import Any, Iterable, Iterator, Mapping
 
 from twisternet.errors import ConfigError
 
 from .base import Callback, Mode
+from .columns import from_columns, to_columns
 from .downtree import DownTreeMixin
 from .edges import DOWN, channel_edge
 from .reduce import _need_edge
@@ -45,6 +47,9 @@ class _TreeGatherBase(UpTreeOperation):
             return self.mode == "batch" or self._root_room(node)
         return self._out_room(node)
 
+    #: Items per record: (task, value) here, (key, task, value) for KeyedGather.
+    _record_width = 2
+
     #: Batch mode: local records are sent up in lists of this many (fewer messages, same order).
     batch_records = 256
 
@@ -57,12 +62,12 @@ class _TreeGatherBase(UpTreeOperation):
             if len(buf) >= self.batch_records:
                 self._flush_node(node)
         else:
-            self._up_send(node, "d", items)
+            self._up_send(node, "d", to_columns(items, self._record_width))
 
     def _flush_node(self, node: Node) -> None:
         buf = self._outbuf.pop(node.tid, None)
         if buf:
-            self._up_send(node, "d", buf)
+            self._up_send(node, "d", to_columns(buf, self._record_width))
 
     def _held(self) -> int:
         return sum(len(b) for b in self._outbuf.values())
@@ -70,7 +75,11 @@ class _TreeGatherBase(UpTreeOperation):
     def _up_data(self, node: Node, src: int, payload: Any) -> bool:
         if not self._input_room(node):
             return False
-        self._push(node, own(payload) if node.parent is None else payload)
+        try:
+            items = from_columns(payload, self._record_width)
+        except ValueError:
+            raise self._protocol(src, payload) from None
+        self._push(node, own(items) if node.parent is None else items)
         return True
 
     def _root_items(self, node: Node, items: list) -> None:
@@ -132,6 +141,21 @@ class Gather(_TreeGatherBase):
     def offer(self, task: int, value: Any) -> bool:
         """Like :meth:`send` but returns False instead of blocking when the operation is full."""
         return self._send(task, value, False, None)
+
+    def send_many(self, task: int, values: Iterable[Any], *, timeout: float | None = None,
+                  chunk: int = 4096) -> None:
+        """Contribute many values from local source ``task``, in order: the same as calling :meth:`send`
+        for each, with the per-record bookkeeping done once per ``chunk`` values."""
+        if not isinstance(chunk, int) or chunk < 1:
+            raise ValueError(f"chunk must be a positive int, got {chunk!r}")
+        node = next(iter(self._nodes.values()))
+        it = iter(values)
+        while True:
+            batch = [(task, snapshot(v)) for v in islice(it, chunk)]
+            if not batch:
+                return
+            self._input(task, lambda: self._input_room(node), lambda: self._push(node, batch, local=True),
+                        block=True, timeout=timeout)
 
     def _send(self, task: int, value: Any, block: bool, timeout: float | None) -> bool:
         node = next(iter(self._nodes.values()))
@@ -321,6 +345,7 @@ class KeyedGather(_TreeGatherBase):
     """
 
     operation = "KeyedGather"
+    _record_width = 3
 
     def __init__(self, ctx: Any, sources: int | Iterable[int] | None = None,
                  destinations: int | Iterable[int] | None = None, edge: int | None = None, *,
@@ -350,6 +375,36 @@ class KeyedGather(_TreeGatherBase):
     def offer(self, task: int, key: Any, value: Any) -> bool:
         """Like :meth:`send` but returns False instead of blocking when the operation is full."""
         return self._send(task, key, value, False, None)
+
+    def send_many(self, task: int, items: Iterable[tuple[Any, Any]] | Mapping[Any, Any], *,
+                  timeout: float | None = None, chunk: int = 4096) -> None:
+        """Contribute many ``(key, value)`` pairs (or a mapping) from local source ``task``: the same as
+        calling :meth:`send` for each, routed and handed over per destination ``chunk`` at a time."""
+        if not isinstance(chunk, int) or chunk < 1:
+            raise ValueError(f"chunk must be a positive int, got {chunk!r}")
+        self._check_source(task)
+        pairs = items.items() if isinstance(items, Mapping) else items
+        by_dest: dict[int, list] = {}
+        kt = self.key_type
+
+        def hand_over(d: int, batch: list) -> None:
+            node = self._nodes[d]
+            self._input(task, lambda: self._input_room(node), lambda: self._push(node, batch, local=True),
+                        block=True, timeout=timeout)
+
+        for key, value in pairs:
+            key = normalize_key(key, kt)
+            d = self._select(key)
+            batch = by_dest.get(d)
+            if batch is None:
+                batch = by_dest[d] = []
+            batch.append((key, task, snapshot(value)))
+            if len(batch) >= chunk:
+                by_dest[d] = []
+                hand_over(d, batch)
+        for d, batch in by_dest.items():
+            if batch:
+                hand_over(d, batch)
 
     def _send(self, task: int, key: Any, value: Any, block: bool, timeout: float | None) -> bool:
         key = normalize_key(key, self.key_type)

@@ -7,25 +7,11 @@ from operator import itemgetter
 from typing import Any, Iterable
 
 from .base import Callback, Mode
+from .columns import from_columns, to_columns
 from .reduce import _need_edge, _pick_op
 from .reduction import ReduceFn, Reduction, own, snapshot
 from .routing import Selector, check_key_type, hash_selector, normalize_key
 from .uptree import Node, UpTreeOperation
-
-
-def _columns(pairs: Iterable[tuple[Any, Any]]) -> list:
-    """``(key, value)`` pairs as ``[keys, values]``: msgpack packs two flat lists in C, where a list of
-    tuples costs an extension record per pair."""
-    pairs = pairs if isinstance(pairs, list) else list(pairs)
-    return [[k for k, _ in pairs], [v for _, v in pairs]]
-
-
-def _pairs(payload: Any) -> Iterable[tuple[Any, Any]]:
-    """The inverse of :func:`_columns` (checked: a malformed payload is a protocol error upstream)."""
-    keys, values = payload
-    if not isinstance(keys, list) or not isinstance(values, list) or len(keys) != len(values):
-        raise ValueError("malformed key/value columns")
-    return zip(keys, values)
 
 
 class KeyedReduce(UpTreeOperation):
@@ -152,11 +138,11 @@ class KeyedReduce(UpTreeOperation):
         elif self.mode == "batch":
             self._combine(node.state, pairs, copy)
             if len(node.state) >= self.limit:
-                self._up_send(node, "d", _columns(node.state.items()))
+                self._up_send(node, "d", to_columns(node.state.items(), 2))
                 node.state.clear()
         else:
-            self._up_send(node, "d", _columns([(k, snapshot(v)) for k, v in pairs] if copy is snapshot
-                                              else pairs))
+            self._up_send(node, "d", to_columns([(k, snapshot(v)) for k, v in pairs] if copy is snapshot
+                                              else pairs, 2))
 
     def _up_data(self, node: Node, src: int, payload: Any) -> bool:
         if not self._room(node):
@@ -170,15 +156,15 @@ class KeyedReduce(UpTreeOperation):
 
     def _take_columns(self, node: Node, src: int, payload: Any) -> None:
         try:
-            pairs = list(_pairs(payload))
-        except (TypeError, ValueError):
+            pairs = from_columns(payload, 2)
+        except ValueError:
             raise self._protocol(src, payload) from None
         self._take(node, pairs, own)
 
     def _up_final(self, node: Node) -> Any:
         if self.mode != "batch":
             return None
-        out = _columns(node.state.items()) if node.state else None
+        out = to_columns(node.state.items(), 2) if node.state else None
         node.state.clear()
         return out
 

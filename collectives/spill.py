@@ -39,6 +39,9 @@ class SpillCorruptionError(TwisternetError):
     """A spill file does not read back as written (checksum mismatch, truncation, bad header)."""
 
 
+_SAMPLED = (dict, list, tuple)
+
+
 def estimate_size(obj: Any, _depth: int = 0) -> int:
     """A cheap estimate of the memory ``obj`` holds, in bytes (used for the spill bound)."""
     if isinstance(obj, np.ndarray):
@@ -57,7 +60,7 @@ def estimate_size(obj: Any, _depth: int = 0) -> int:
                 n += sum(estimate_size(o, _depth + 1) for o in obj)
         return n
     if isinstance(obj, dict):
-        n = 232 + 100 * len(obj)
+        n = sys.getsizeof(obj)
         if _depth < 4 and len(obj) <= 64:
             n += sum(estimate_size(k, _depth + 1) + estimate_size(v, _depth + 1) for k, v in obj.items())
         return n
@@ -155,6 +158,8 @@ class SpillStore:
         self._sorted = True
         self.count = 0
         self.spilled_bytes = 0
+        self._est_n = 0      # records whose size was estimated, and the sum of those estimates
+        self._est_sum = 0
 
     # ------------------------------------------------------------------ writing
     def add(self, key: Any, value: Any) -> None:
@@ -162,7 +167,16 @@ class SpillStore:
         if self._closed:
             raise TwisternetError(f"{self.name}: store already closed")
         self._mem.append((key, value))
-        self._mem_bytes += estimate_size(value) + estimate_size(key) + 72
+        # Walking every small container costs more than storing it: measure the first records, every
+        # 8th one and anything that is not a dict/list/tuple (arrays, strings: exact and cheap), and
+        # charge the other containers the running mean of the measured records.
+        if self.count < 64 or not self.count & 7 or type(value) not in _SAMPLED:
+            size = estimate_size(value) + estimate_size(key) + 72
+            self._est_n += 1
+            self._est_sum += size
+        else:
+            size = self._est_sum // self._est_n
+        self._mem_bytes += size
         self._sorted = False
         self.count += 1
         if self._mem_bytes > self.memory_limit:
