@@ -20,7 +20,7 @@ from .columns import from_columns, to_columns
 from .downtree import DownTreeMixin
 from .edges import DOWN, channel_edge
 from .reduce import _need_edge
-from .reduction import own, snapshot
+from .reduction import own_values, snapshot
 from .routing import Selector, check_key_type, hash_selector, normalize_key
 from .spill import SpillStore, estimate_size
 from .uptree import Node, UpTreeOperation
@@ -76,10 +76,12 @@ class _TreeGatherBase(UpTreeOperation):
         if not self._input_room(node):
             return False
         try:
+            if node.parent is None:   # kept past this call: no views of receive buffers
+                payload[-1] = own_values(payload[-1])
             items = from_columns(payload, self._record_width)
-        except ValueError:
+        except (ValueError, TypeError, IndexError):
             raise self._protocol(src, payload) from None
-        self._push(node, own(items) if node.parent is None else items)
+        self._push(node, items)
         return True
 
     def _root_items(self, node: Node, items: list) -> None:

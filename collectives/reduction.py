@@ -38,17 +38,35 @@ def snapshot(value: Any) -> Any:
     if t in _ATOMS or isinstance(value, _IMMUTABLE):
         return value
     if t is dict:
-        if all(type(v) in _ATOMS for v in value.values()) and all(type(k) in _ATOMS for k in value):
+        if _flat(value.values()) and _flat(value):
             return value.copy()
     elif t is tuple:
-        if all(type(v) in _ATOMS or isinstance(v, _IMMUTABLE) for v in value):
+        if _flat(value) or all(isinstance(v, _IMMUTABLE) for v in value):
             return value
     elif t is list:
-        if all(type(v) in _ATOMS for v in value):
+        if _flat(value):
             return value[:]
     elif isinstance(value, np.ndarray):
         return value.copy()
     return copy.deepcopy(value)
+
+
+def _flat(items: Any) -> bool:
+    """Whether every item is a plain scalar (``type(x) in _ATOMS``); a loop beats ``all(genexpr)`` here."""
+    for x in items:
+        if type(x) not in _ATOMS:
+            return False
+    return True
+
+
+def own_values(values: list) -> list:
+    """:func:`own` of every item of a freshly decoded list, in place (plain records are left as they are)."""
+    for i, v in enumerate(values):
+        t = type(v)
+        if t in _ATOMS or (t is dict and _flat(v.values())):
+            continue
+        values[i] = own(v)
+    return values
 
 
 def own(value: Any) -> Any:
@@ -63,13 +81,13 @@ def own(value: Any) -> Any:
     if isinstance(value, np.ndarray):
         return value.copy() if value.base is not None else value
     if t is tuple or t is list:
-        if all(type(v) in _ATOMS for v in value):
+        if _flat(value):
             return value
         if any(isinstance(v, (np.ndarray, tuple, list, dict)) for v in value):
             return t(own(v) for v in value)
         return value
     if t is dict:
-        if all(type(v) in _ATOMS for v in value.values()):
+        if _flat(value.values()):
             return value
         return {k: own(v) for k, v in value.items()}
     return value
