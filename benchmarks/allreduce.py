@@ -1,10 +1,13 @@
-"""float32 allreduce: twisternet (TCP/UDS channel, and MPI channel) vs mpi4py Allreduce (MPICH) and
-torch.distributed gloo, all measured in the same run.
+"""float32 allreduce: twisternet (TCP/UDS channel, and MPI channel) vs mpi4py Allreduce (MPICH),
+torch.distributed gloo and ray.util.collective (gloo backend), all measured in the same run.
 
-    python benchmarks/allreduce.py [--workers 2,4] [--sizes 1K,1M,64M] [--repeat 3] [--quick]
+    python -m benchmarks --suite allreduce [--workers 2,4] [--repeat 3] [--quick]
+                         [--set allreduce.sizes=1K,1M,64M] [--set allreduce.ray=1]
+    python benchmarks/allreduce.py [--workers 2,4] [--sizes 1K,1M,64M] [--repeat 3] [--quick] [--json OUT]
 
-Each figure is the median over ``--repeat`` job launches of the per-call median time on rank 0.
-A peer that is not installed (torch, mpi4py) is skipped with the reason printed.
+Each figure is the median over ``repeat`` job launches of the per-call median time on rank 0.
+A peer that cannot run here (torch, ray, mpi4py not installed) is listed as skipped with the reason.
+Ray's start-up takes ~20 s, so quick runs skip it unless ``--set allreduce.ray=1``.
 """
 
 from __future__ import annotations
@@ -12,95 +15,221 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import (ROOT, fmt_size, job_env, median, mpiexec_run, run_tagged, table,  # noqa: E402
+from benchmarks.common import (ROOT, fmt_size, job_env, median, mpiexec_run, run_tagged,  # noqa: E402
                                twisternet_run)
-from benchmarks.p2p import parse_sizes  # noqa: E402
+from benchmarks.harness import Chart, SuiteOptions, SuiteResult, Table, Target, ratio  # noqa: E402
+
+NAME = "allreduce"
+DESCRIPTION = ("float32 allreduce 1 KB..256 MB at 2 and 4 workers: twisternet TCP/UDS and MPI vs "
+               "mpi4py (MPICH), torch gloo, ray.util.collective gloo")
+
+KB, MB = 1 << 10, 1 << 20
+FULL_SIZES = [1 * KB, 64 * KB, 1 * MB, 16 * MB, 64 * MB, 256 * MB]
+QUICK_SIZES = [1 * KB, 64 * KB]
+TARGET_SIZE = 64 * MB
+#: Peers in column order: (key in the results, column header).
+PEERS = [("twisternet-tcp", "tn TCP/UDS"), ("twisternet-mpi", "tn MPI"), ("mpi4py", "mpi4py (MPICH)"),
+         ("gloo", "torch gloo"), ("ray-gloo", "ray gloo")]
+#: (twisternet variant, peer, the largest acceptable time ratio): the targets of issue 8.
+TARGETS = [("twisternet-tcp", "gloo", 1.0), ("twisternet-mpi", "mpi4py", 1.15), ("twisternet-tcp", "mpi4py", 1.25)]
+
+
+def installed(module: str) -> bool:
+    """Whether ``module`` can be imported here (without importing it: torch and ray are slow to import)."""
+    return importlib.util.find_spec(module) is not None
 
 
 def reps_for(size: int) -> int:
-    return 200 if size <= 64 << 10 else 20 if size <= 4 << 20 else 5
+    """Timed calls per launch: many for small sizes, a few for large ones."""
+    return 200 if size <= 64 * KB else 20 if size <= 4 * MB else 5
 
 
-def gloo(n: int, sizes: list[int], reps: list[int]) -> dict:
+def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+        return s.getsockname()[1]
+
+
+def _collect(procs: list[subprocess.Popen], what: str, timeout: float) -> dict:
+    try:
+        outs = [p.communicate(timeout=timeout) for p in procs]
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.communicate()
+        raise RuntimeError(f"{what} did not finish within {timeout:.0f} s") from None
+    for out, _ in outs:
+        for line in out.splitlines():
+            if line.startswith("ALLREDUCE "):
+                return json.loads(line[len("ALLREDUCE "):])
+    raise RuntimeError(f"{what} printed nothing (exit {[p.returncode for p in procs]}):\n"
+                       + "\n".join(e[-1500:] for _, e in outs))
+
+
+def gloo(n: int, sizes: list[int], reps: list[int], timeout: float = 900) -> dict:
+    """torch.distributed gloo all_reduce, one process per rank, rendezvous on a loopback port."""
+    port = _free_port()
     procs = [subprocess.Popen([sys.executable, str(ROOT / "benchmarks/_allreduce_gloo.py"), str(r), str(n),
                                str(port), ",".join(map(str, sizes)), ",".join(map(str, reps))],
                               env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for r in range(n)]
-    outs = [p.communicate(timeout=900) for p in procs]
-    for out, _ in outs:
-        for line in out.splitlines():
-            if line.startswith("ALLREDUCE "):
-                return json.loads(line[10:])
-    raise RuntimeError("gloo run printed nothing:\n" + "\n".join(e[-1500:] for _, e in outs))
+    return _collect(procs, "the gloo run", timeout)
+
+
+def ray_gloo(n: int, sizes: list[int], reps: list[int], timeout: float = 900) -> dict:
+    """ray.util.collective allreduce (gloo backend) among n Ray actors of a private local Ray instance."""
+    proc = subprocess.Popen([sys.executable, str(ROOT / "benchmarks/_allreduce_ray.py"), str(n),
+                             ",".join(map(str, sizes)), ",".join(map(str, reps))],
+                            env=job_env(RAY_DISABLE_USAGE_STATS="1"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    return _collect([proc], "the ray run", timeout)
+
+
+def _ray_reason(opts: SuiteOptions) -> str | None:
+    """Why the ray peer does not run here, or None when it does."""
+    if not installed("ray"):
+        return "ray gloo: ray is not installed (pip install ray; its gloo backend also needs torch)"
+    if not installed("torch"):
+        return "ray gloo: ray.util.collective's gloo backend runs on torch.distributed, and torch is not installed"
+    if opts.quick and not opts.get("ray", False):
+        return "ray gloo: left out of quick runs (Ray's start-up takes ~20 s); --set allreduce.ray=1 to include"
+    if not opts.get("ray", True):
+        return "ray gloo: disabled with --set allreduce.ray=0"
+    return None
+
+
+def run(opts: SuiteOptions) -> SuiteResult:
+    """Every peer at every worker count and size; tables, charts and the issue's 64 MB targets."""
+    t0 = time.monotonic()
+    sizes = sorted(opts.get("sizes", QUICK_SIZES if opts.quick else FULL_SIZES))
+    workers = sorted(set(opts.workers))
+    repeat = opts.repeats()
+    reps = [reps_for(s) for s in sizes]
+    res = SuiteResult(suite=NAME, description=DESCRIPTION)
+    have_mpi = installed("mpi4py") and mpiexec_run(2, "x") is not None
+    have_torch = installed("torch")
+    if not have_mpi:
+        res.skipped.append("twisternet MPI channel and mpi4py (MPICH): mpi4py/mpiexec missing (pip install '.[mpi]')")
+    if not have_torch:
+        res.skipped.append("torch gloo: torch is not installed (pip install torch)")
+    ray_reason = _ray_reason(opts)
+    if ray_reason:
+        res.skipped.append(ray_reason)
+    args = [",".join(map(str, sizes)), ",".join(map(str, reps))]
+
+    def peers(n: int) -> dict[str, Callable[[], dict]]:
+        p: dict[str, Callable[[], dict]] = {
+            "twisternet-tcp": lambda: run_tagged(twisternet_run(n, "benchmarks/_allreduce_worker.py", *args),
+                                                 "ALLREDUCE")}
+        if have_mpi:
+            p["twisternet-mpi"] = lambda: run_tagged(mpiexec_run(n, "benchmarks/_allreduce_worker.py", *args),
+                                                     "ALLREDUCE")
+            p["mpi4py"] = lambda: run_tagged(mpiexec_run(n, "benchmarks/_allreduce_mpi4py.py", *args), "ALLREDUCE")
+        if have_torch:
+            p["gloo"] = lambda: gloo(n, sizes, reps)
+        if ray_reason is None:
+            p["ray-gloo"] = lambda: ray_gloo(n, sizes, reps)
+        return p
+
+    bar = opts.bar(NAME)
+    bar.set_total(sum(len(peers(n)) for n in workers) * repeat)
+    samples: dict[int, dict[str, list[dict[int, float]]]] = {}
+    failures: dict[str, str] = {}
+    for n in workers:
+        for rep in range(repeat):
+            for name, fn in peers(n).items():
+                bar.step(f"{n} workers, run {rep + 1}/{repeat}: {name}")
+                try:
+                    r = fn()
+                except Exception as e:  # noqa: BLE001 - a peer failing is reported, the others go on
+                    failures.setdefault(name, f"{type(e).__name__}: {str(e).strip()[:500]}")
+                    continue
+                samples.setdefault(n, {}).setdefault(name, []).append(
+                    {int(k): float(v) for k, v in r["median_s"].items()})
+    for name, why in failures.items():
+        res.skipped.append(f"{name}: failed in this run: {why}")
+    med: dict[int, dict[str, dict[int, float]]] = {
+        n: {name: {s: median([r[s] for r in runs]) for s in sizes} for name, runs in by.items()}
+        for n, by in samples.items()}
+
+    present = [(k, h) for k, h in PEERS if any(k in med.get(n, {}) for n in workers)]
+    for n in workers:
+        m = med.get(n, {})
+        rows: list[list[Any]] = []
+        for s in sizes:
+            get = lambda k: m.get(k, {}).get(s)  # noqa: E731
+            rows.append([fmt_size(s), *(None if get(k) is None else get(k) * 1e3 for k, _ in present),
+                         *(ratio(get(a), get(b)) for a, b, _ in TARGETS)])
+        res.tables.append(Table(
+            f"allreduce, {n} workers: ms per call (median of {repeat} launches)",
+            ["size", *(h for _, h in present), "tnTCP/gloo", "tnMPI/mpi4py", "tnTCP/mpi4py"], rows,
+            note="ratios are times (below 1: twisternet faster); n/a: peer not measured"))
+        res.charts.append(Chart(f"time_vs_size_{n}w", f"allreduce time vs size, {n} workers",
+                                "message size (bytes)", "ms per call",
+                                {h: [(s, m[k][s] * 1e3) for s in sizes] for k, h in present if k in m},
+                                logx=True, logy=True))
+    tsize = TARGET_SIZE if TARGET_SIZE in sizes else None
+    if tsize is not None and len(workers) > 1:
+        res.charts.append(Chart("time_vs_workers_64M", "allreduce 64 MB: time vs workers", "workers",
+                                "ms per call", {h: [(n, med[n][k][tsize] * 1e3) for n in workers
+                                                    if k in med.get(n, {})] for k, h in present}))
+    labels = dict(PEERS)
+    for n in workers:
+        for a, b, limit in TARGETS:
+            name = f"allreduce 64 MB, {n} workers: {labels[a]} vs {labels[b]}"
+            wanted = "at least as fast as" if limit == 1.0 else f"within {limit:.2f}x of"
+            wanted = f"{labels[a]} {wanted} {labels[b]} (time ratio <= {limit:.2f})"
+            if tsize is None:
+                res.targets.append(Target(name, wanted, "not measured (64 MB not in this run's sizes)", None))
+                continue
+            ta, tb = med.get(n, {}).get(a, {}).get(tsize), med.get(n, {}).get(b, {}).get(tsize)
+            q = ratio(ta, tb)
+            if q is None:
+                missing = labels[a] if ta is None else labels[b]
+                res.targets.append(Target(name, wanted, f"not measured ({missing} did not run)", None))
+            else:
+                res.targets.append(Target(name, wanted, f"{q:.2f}x ({ta * 1e3:.1f} ms vs {tb * 1e3:.1f} ms)",
+                                          q <= limit))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if max(workers) > cores:
+        res.notes.append(f"{max(workers)} workers share {cores} cores here: every implementation runs "
+                         "oversubscribed at that size, so compare the ratios, not the absolute times")
+    res.raw = {"sizes": sizes, "workers": workers, "repeat": repeat, "calls_per_launch": reps,
+               "samples_s": samples, "median_s": med}
+    res.seconds = time.monotonic() - t0
+    return res
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The standalone script (kept for compatibility): same as ``python -m benchmarks --suite allreduce``."""
+    from benchmarks import report
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workers", default="2,4")
-    ap.add_argument("--sizes", type=parse_sizes, default=parse_sizes("1K,1M,64M"))
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--sizes", help="e.g. 1K,1M,64M")
+    ap.add_argument("--repeat", type=int)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--ray", choices=["0", "1"], help="include (1) or leave out (0) the ray peer")
     ap.add_argument("--json")
     a = ap.parse_args(argv)
-    workers = [int(w) for w in a.workers.split(",")]
-    sizes, repeat = a.sizes, a.repeat
-    if a.quick:
-        sizes, repeat, workers = parse_sizes("1K,1M"), 1, [2]
-    reps = [reps_for(s) for s in sizes]
-    have_torch = importlib.util.find_spec("torch") is not None
-    have_mpi = importlib.util.find_spec("mpi4py") is not None and mpiexec_run(2, "x") is not None
-    if not have_torch:
-        print("[allreduce] skipping gloo: torch is not installed (pip install torch)", file=sys.stderr)
-    if not have_mpi:
-        print("[allreduce] skipping MPI columns: mpi4py/mpiexec missing (pip install '.[mpi]')", file=sys.stderr)
-    args = [",".join(map(str, sizes)), ",".join(map(str, reps))]
-    results: dict = {}
-    for n in workers:
-        for rep in range(repeat):
-            runs = {"twisternet-tcp": lambda: run_tagged(twisternet_run(n, "benchmarks/_allreduce_worker.py", *args),
-                                                         "ALLREDUCE")}
-            if have_mpi:
-                runs["twisternet-mpi"] = lambda: run_tagged(
-                    mpiexec_run(n, "benchmarks/_allreduce_worker.py", *args), "ALLREDUCE")
-                runs["mpi4py"] = lambda: run_tagged(mpiexec_run(n, "benchmarks/_allreduce_mpi4py.py", *args),
-                                                    "ALLREDUCE")
-            if have_torch:
-                runs["gloo"] = lambda: gloo(n, sizes, reps)
-            for name, fn in runs.items():
-                print(f"[allreduce] {n} workers, run {rep + 1}/{repeat}: {name} ...", file=sys.stderr, flush=True)
-                try:
-                    r = fn()
-                except Exception as e:  # noqa: BLE001 - report and go on with the other peers
-                    print(f"[allreduce] {name} failed: {e}", file=sys.stderr)
-                    continue
-                results.setdefault(n, {}).setdefault(name, []).append({int(k): v for k, v in r["median_s"].items()})
-    names = ["twisternet-tcp", "twisternet-mpi", "mpi4py", "gloo"]
-    for n, by in results.items():
-        med = {name: {s: median([r[s] for r in runs]) for s in sizes} for name, runs in by.items()}
-        rows = []
-        for s in sizes:
-            row = [fmt_size(s)] + [f"{med[k][s] * 1e3:.3f}" if k in med else "n/a" for k in names]
-            t, m, g = med.get("twisternet-tcp", {}).get(s), med.get("mpi4py", {}).get(s), med.get("gloo", {}).get(s)
-            tm = med.get("twisternet-mpi", {}).get(s)
-            row += [f"{t / m:.2f}" if t and m else "n/a", f"{tm / m:.2f}" if tm and m else "n/a",
-                    f"{t / g:.2f}" if t and g else "n/a"]
-            rows.append(row)
-        print(f"\nallreduce, {n} workers: median ms per call (median of {repeat} launches); ratios are times")
-        print(table(["size", "tn TCP/UDS", "tn MPI", "mpi4py", "gloo", "tnTCP/mpi4py", "tnMPI/mpi4py",
-                     "tnTCP/gloo"], rows))
-        results[n] = {"median_s": med}
+    extra: dict[str, Any] = {k: v for k, v in (("sizes", a.sizes), ("ray", a.ray)) if v}
+    opts = SuiteOptions(quick=a.quick, workers=[int(w) for w in a.workers.split(",")], repeat=a.repeat or 3,
+                        repeat_given=bool(a.repeat), extra=extra)
+    res = run(opts)
+    opts.bar(NAME).finish()
+    print(report.render_suite_text(res))
     if a.json:
-        Path(a.json).write_text(json.dumps(results, indent=1, default=str))
+        Path(a.json).write_text(json.dumps(res.to_json(), indent=1))
     return 0
 
 

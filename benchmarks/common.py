@@ -14,8 +14,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def job_env(**extra: str) -> dict[str, str]:
+    """The environment of a benchmark job: ours without TWISTERNET_* settings, the repository importable."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TWISTERNET_")}
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONUNBUFFERED"] = "1"
     env.update(extra)
     return env
 
@@ -32,10 +34,12 @@ def run_tagged(cmd: Sequence[str], tag: str, *, timeout: float = 900, **env: str
 
 
 def twisternet_run(n: int, script: str, *args: str) -> list[str]:
+    """The command line launching ``script`` (relative to the repository) as an ``n``-worker local job."""
     return [sys.executable, "-m", "twisternet", "run", "-n", str(n), str(ROOT / script), *args]
 
 
 def mpiexec_run(n: int, script: str, *args: str) -> list[str] | None:
+    """The mpiexec command line for ``script`` with ``n`` ranks, or None without the mpich wheel's mpiexec."""
     exe = Path(sys.executable).parent / "mpiexec"
     if not exe.exists():
         return None
@@ -43,10 +47,12 @@ def mpiexec_run(n: int, script: str, *args: str) -> list[str] | None:
 
 
 def median(xs: Sequence[float]) -> float:
+    """The median of ``xs`` (raises StatisticsError when empty)."""
     return statistics.median(xs)
 
 
 def fmt_size(n: int) -> str:
+    """``65536`` -> ``"64 KB"``: byte counts as table labels (exact binary units only)."""
     for unit, k in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
         if n >= k and n % k == 0:
             return f"{n // k} {unit}"
@@ -54,7 +60,7 @@ def fmt_size(n: int) -> str:
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """A Markdown table."""
+    """A Markdown table of pre-formatted cells (the suites use :mod:`benchmarks.report` instead)."""
     cells = [[str(c) for c in r] for r in rows]
     widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
     line = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"  # noqa: E731

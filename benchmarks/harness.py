@@ -61,9 +61,18 @@ class SuiteResult:
     skipped: list[str] = field(default_factory=list)   # "peer: reason" for peers that could not run
     raw: dict[str, Any] = field(default_factory=dict)  # every measured sample, JSON-serialisable
     seconds: float = 0.0
+    status: str = "ok"             # "ok", "failed" (the suite raised) or "not available" (no module)
+    error: str = ""                # the traceback / reason when status is not "ok"
+    description: str = ""          # the suite module's DESCRIPTION, filled in by the entry point
+    notes: list[str] = field(default_factory=list)  # free-form remarks shown under the suite's tables
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        """A JSON-serialisable dict of every field (tuples become lists, odd objects become strings)."""
+        return _jsonable(asdict(self))
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
 
 
 class Progress:
@@ -81,19 +90,23 @@ class Progress:
         self.done = 0
         self.t0 = time.monotonic()
         self._tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self._running = False      # a run was announced and has not been counted yet
 
     def set_total(self, total: int) -> None:
         self.total = max(0, int(total))
         self.done = 0
+        self._running = False
 
     def step(self, label: str) -> None:
         """Announce the next run (counts the previous one as done)."""
-        if self.done < self.total:
+        if self._running and self.done < self.total:
             self.done += 1
+        self._running = True
         self._draw(label)
 
     def finish(self) -> None:
         self.done = self.total
+        self._running = False
         self._draw("done")
         if self._tty:
             self.stream.write("\n")
@@ -121,11 +134,91 @@ class SuiteOptions:
     repeat: int = 3                # repetitions; suites report medians
     progress: Progress | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # suite-specific overrides (--set key=value)
+    repeat_given: bool = False     # --repeat was given explicitly (then it applies to --quick runs too)
+    used: set[str] = field(default_factory=set, repr=False)  # the extra keys the suite asked for via get()
 
     def bar(self, suite: str) -> Progress:
         if self.progress is None:
             self.progress = Progress(suite)
         return self.progress
+
+    def get(self, key: str, default: Any) -> Any:
+        """The ``--set key=value`` override of ``key`` converted to the type of ``default``, else ``default``.
+
+        Lists are given comma-separated (``sizes=1K,64K``); byte sizes accept K/M/G suffixes when the
+        default holds ints. A value that does not convert raises ValueError naming the key.
+        """
+        self.used.add(key)
+        if key not in self.extra:
+            return default
+        value = self.extra[key]
+        if not isinstance(value, str) or isinstance(default, str) or default is None:
+            return value
+        try:
+            if isinstance(default, bool):
+                if value.lower() in ("1", "true", "yes", "on"):
+                    return True
+                if value.lower() in ("0", "false", "no", "off"):
+                    return False
+                raise ValueError(value)
+            if isinstance(default, int):
+                return parse_size(value)
+            if isinstance(default, float):
+                return float(value)
+            if isinstance(default, (list, tuple)):
+                items = [t for t in value.split(",") if t.strip()]
+                if default and isinstance(default[0], float):
+                    return [float(t) for t in items]
+                if default and isinstance(default[0], str):
+                    return [t.strip() for t in items]
+                return [parse_size(t) for t in items]
+        except ValueError:
+            raise ValueError(f"--set {key}={value}: expected a value like {default!r}") from None
+        return value
+
+    def repeats(self, default: int | None = None) -> int:
+        """How many repetitions to run: 1 in quick mode unless --repeat was given explicitly."""
+        if self.repeat_given:
+            return max(1, self.repeat)
+        if self.quick:
+            return 1
+        return max(1, default if default is not None else self.repeat)
+
+
+_SIZE_SUFFIX = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    """``"64K"`` -> 65536, ``"1M"`` -> 1048576, ``"123"`` -> 123 (binary units, case-insensitive)."""
+    tok = text.strip().upper().removesuffix("B")
+    mult = _SIZE_SUFFIX.get(tok[-1:], 1)
+    number = tok[:-1] if mult > 1 else tok
+    try:
+        value = int(number) * mult
+    except ValueError:
+        raise ValueError(f"not a size: {text!r} (use e.g. 1024, 64K, 16M, 1G)") from None
+    if value < 0:
+        raise ValueError(f"not a size: {text!r} (negative)")
+    return value
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    """``a / b``, or None when either side was not measured (so tables show n/a, never a fake number)."""
+    if a is None or b is None or b == 0:
+        return None
+    return a / b
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    if hasattr(obj, "item"):          # numpy scalars
+        return obj.item()
+    return str(obj)
 
 
 SuiteRun = Callable[[SuiteOptions], SuiteResult]

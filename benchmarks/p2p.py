@@ -1,129 +1,158 @@
 """Point-to-point bandwidth and latency: twisternet over UDS, TCP and MPI vs raw sockets and raw mpi4py.
 
+    python -m benchmarks --suite p2p [--quick] [--repeat 3] [--set p2p.sizes=1K,1M] [--set p2p.budget=512M]
     python benchmarks/p2p.py [--sizes 1K,...] [--repeat 3] [--quick] [--json OUT] [--plot OUT.png]
 
 One-way bandwidth sends ``budget`` bytes (at least 3 messages) of each size from rank 0 to rank 1;
 latency is half a ping-pong round trip. The raw baseline is plain ``sendall``/``recv_into`` between
 two processes over the same kind of socket; for the MPI channel it is mpi4py ``Send``/``Recv`` into a
-reused buffer under the same ``mpiexec`` (skipped, with the reason printed, without mpi4py). Every figure is the median of ``--repeat`` runs, and
-the runs of twisternet and of the baseline alternate so that both see the same machine load.
+reused buffer under the same ``mpiexec`` (skipped, with the reason, without mpi4py). Every figure is
+the median of ``repeat`` runs, and the runs of twisternet and of the baseline alternate so that both
+see the same machine load. Always 2 ranks (``--workers`` does not apply).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import _raw_sockets as raw  # noqa: E402
-from benchmarks.common import fmt_size, median, mpiexec_run, run_tagged, table, twisternet_run  # noqa: E402
+from benchmarks.common import fmt_size, median, mpiexec_run, run_tagged, twisternet_run  # noqa: E402
+from benchmarks.harness import Chart, SuiteOptions, SuiteResult, Table, Target, parse_size, ratio  # noqa: E402
+
+NAME = "p2p"
+DESCRIPTION = "point-to-point bandwidth/latency, 2 ranks: twisternet UDS/TCP/MPI vs raw sockets and raw mpi4py"
 
 KB, MB = 1 << 10, 1 << 20
 DEFAULT_SIZES = [1 * KB, 16 * KB, 256 * KB, 1 * MB, 4 * MB, 16 * MB, 64 * MB, 256 * MB]
+QUICK_SIZES = [1 * KB, 1 * MB, 4 * MB]
 LAT_SIZES = [1 * KB, 64 * KB, 1 * MB]
+BW_TARGET = 0.85          # twisternet bandwidth / raw bandwidth at >= 4 MB
 
 
 def parse_sizes(text: str) -> list[int]:
-    out = []
-    for tok in text.split(","):
-        tok = tok.strip().upper()
-        mult = {"K": KB, "M": MB, "G": 1 << 30}.get(tok[-1:], 1)
-        out.append(int(tok[:-1] if mult > 1 else tok) * mult)
-    return out
+    """``"1K,1M"`` -> [1024, 1048576]."""
+    return [parse_size(tok) for tok in text.split(",") if tok.strip()]
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", type=parse_sizes, default=DEFAULT_SIZES)
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--budget", type=parse_sizes, default=[512 * MB], help="bytes per bandwidth run")
-    ap.add_argument("--quick", action="store_true", help="small sizes and budget (smoke run)")
-    ap.add_argument("--json", help="write raw numbers here")
-    ap.add_argument("--plot", help="write a PNG chart here (needs matplotlib)")
-    a = ap.parse_args(argv)
-    sizes, budget, repeat = a.sizes, a.budget[0], a.repeat
-    lat_sizes = LAT_SIZES
-    if a.quick:
-        sizes, budget, repeat, lat_sizes = [1 * KB, 1 * MB, 4 * MB], 16 * MB, 1, [1 * KB]
-    transports = {"uds": {}, "tcp": {"TWISTERNET_FORCE_TCP": "1"}}
-    import importlib.util
-    if importlib.util.find_spec("mpi4py") is not None and mpiexec_run(2, "x") is not None:
+def have_mpi() -> bool:
+    """mpi4py importable and an mpiexec next to this interpreter."""
+    return importlib.util.find_spec("mpi4py") is not None and mpiexec_run(2, "x") is not None
+
+
+def run(opts: SuiteOptions) -> SuiteResult:
+    """Measure every transport against its raw baseline; tables, a bandwidth chart and the 0.85 target."""
+    t0 = time.monotonic()
+    sizes = opts.get("sizes", QUICK_SIZES if opts.quick else DEFAULT_SIZES)
+    budget = opts.get("budget", 16 * MB if opts.quick else 512 * MB)
+    lat_sizes = opts.get("lat_sizes", [1 * KB] if opts.quick else LAT_SIZES)
+    repeat = opts.repeats()
+    res = SuiteResult(suite=NAME, description=DESCRIPTION)
+    transports: dict[str, dict[str, str]] = {"uds": {}, "tcp": {"TWISTERNET_FORCE_TCP": "1"}}
+    if have_mpi():
         transports["mpi"] = {}
     else:
-        print("[p2p] skipping the MPI channel: mpi4py/mpiexec missing (pip install '.[mpi]')", file=sys.stderr)
+        res.skipped.append("twisternet MPI channel and raw mpi4py: mpi4py/mpiexec missing (pip install '.[mpi]')")
+    bar = opts.bar(NAME)
+    bar.set_total(repeat * 2 * len(transports))
     worker_args = [",".join(map(str, sizes)), str(budget), ",".join(map(str, lat_sizes))]
-    runs: dict[str, dict[str, list]] = {}
+    runs: dict[str, dict[str, list[dict[int, float]]]] = {}
+
+    def record(name: str, bw: dict, lat: dict) -> None:
+        d = runs.setdefault(name, {"bw": [], "lat": []})
+        d["bw"].append({int(k): float(v) for k, v in bw.items()})
+        d["lat"].append({int(k): float(v) for k, v in lat.items()})
+
     for rep in range(repeat):
         for kind, env in transports.items():
             if kind == "mpi":
                 for name, script in (("twisternet-mpi", "benchmarks/_p2p_worker.py"),
                                      ("raw-mpi", "benchmarks/_p2p_mpi4py.py")):
-                    print(f"[p2p] run {rep + 1}/{repeat}: {name} ...", file=sys.stderr, flush=True)
+                    bar.step(f"run {rep + 1}/{repeat}: {name}")
                     r = run_tagged(mpiexec_run(2, script, *worker_args), "P2P")
-                    runs.setdefault(name, {}).setdefault("bw", []).append(
-                        {int(k): v for k, v in r["bandwidth"].items()})
-                    runs[name].setdefault("lat", []).append({int(k): v for k, v in r["latency"].items()})
+                    record(name, r["bandwidth"], r["latency"])
                 continue
-            print(f"[p2p] run {rep + 1}/{repeat}: twisternet over {kind} ...", file=sys.stderr, flush=True)
-            r = run_tagged(twisternet_run(2, "benchmarks/_p2p_worker.py", ",".join(map(str, sizes)),
-                                          str(budget), ",".join(map(str, lat_sizes))), "P2P", **env)
-            runs.setdefault(f"twisternet-{kind}", {}).setdefault("bw", []).append(
-                {int(k): v for k, v in r["bandwidth"].items()})
-            runs[f"twisternet-{kind}"].setdefault("lat", []).append({int(k): v for k, v in r["latency"].items()})
-            print(f"[p2p] run {rep + 1}/{repeat}: raw sockets over {kind} ...", file=sys.stderr, flush=True)
-            runs.setdefault(f"raw-{kind}", {}).setdefault("bw", []).append(
-                {s: raw.bandwidth(kind, s, budget) for s in sizes})
-            runs[f"raw-{kind}"].setdefault("lat", []).append({s: raw.latency(kind, s) for s in lat_sizes})
+            bar.step(f"run {rep + 1}/{repeat}: twisternet over {kind}")
+            r = run_tagged(twisternet_run(2, "benchmarks/_p2p_worker.py", *worker_args), "P2P", **env)
+            record(f"twisternet-{kind}", r["bandwidth"], r["latency"])
+            bar.step(f"run {rep + 1}/{repeat}: raw sockets over {kind}")
+            record(f"raw-{kind}", {s: raw.bandwidth(kind, s, budget) for s in sizes},
+                   {s: raw.latency(kind, s) for s in lat_sizes})
     med = {name: {"bw": {s: median([r[s] for r in d["bw"]]) for s in sizes},
                   "lat": {s: median([r[s] for r in d["lat"]]) for s in lat_sizes}}
            for name, d in runs.items()}
-    rows = []
+    heads = ["size"] + [h for k in transports for h in (f"tn {k.upper()}", f"raw {k.upper()}", "ratio")]
+    rows: list[list[Any]] = []
     for s in sizes:
-        row = [fmt_size(s)]
+        row: list[Any] = [fmt_size(s)]
         for kind in transports:
             t, b = med[f"twisternet-{kind}"]["bw"][s], med[f"raw-{kind}"]["bw"][s]
-            row += [f"{t / 1e9:.2f}", f"{b / 1e9:.2f}", f"{t / b:.2f}"]
+            row += [t / 1e9, b / 1e9, ratio(t, b)]
         rows.append(row)
-    print(f"\nOne-way bandwidth, GB/s (median of {repeat}; ratio = twisternet / raw socket or raw mpi4py)")
-    heads = ["size"] + [h for k in transports for h in (f"tn {k.upper()}", f"raw {k.upper()}", "ratio")]
-    print(table(heads, rows))
-    lrows = []
+    res.tables.append(Table(f"One-way bandwidth, GB/s (median of {repeat})", heads, rows,
+                            note="ratio = twisternet / raw socket (raw mpi4py for MPI); higher is better"))
+    lrows: list[list[Any]] = []
     for s in lat_sizes:
         row = [fmt_size(s)]
         for kind in transports:
             t, b = med[f"twisternet-{kind}"]["lat"][s], med[f"raw-{kind}"]["lat"][s]
-            row += [f"{t * 1e6:.0f}", f"{b * 1e6:.0f}", f"{t / b:.1f}"]
+            row += [t * 1e6, b * 1e6, ratio(t, b)]
         lrows.append(row)
-    print(f"\nOne-way latency (half round trip), µs (median of {repeat}; ratio = twisternet / raw)")
-    print(table(heads, lrows))
+    res.tables.append(Table(f"One-way latency (half a round trip), µs (median of {repeat})", heads, lrows,
+                            note="ratio = twisternet / raw; lower is better"))
+    res.charts.append(Chart("bandwidth", "p2p one-way bandwidth vs message size (2 ranks)",
+                            "message size (bytes)", "GB/s",
+                            {name: [(s, d["bw"][s] / 1e9) for s in sizes] for name, d in med.items()},
+                            logx=True))
     big = [s for s in sizes if s >= 4 * MB]
     if big:
-        worst = min(med[f"twisternet-{k}"]["bw"][s] / med[f"raw-{k}"]["bw"][s] for k in transports for s in big)
-        print(f"\nTarget: >= 0.85 of raw bandwidth at >= 4 MB; worst ratio measured: {worst:.2f} "
-              f"({'met' if worst >= 0.85 else 'MISSED'})")
+        for kind in transports:
+            worst_size = min(big, key=lambda s: med[f"twisternet-{kind}"]["bw"][s] / med[f"raw-{kind}"]["bw"][s])
+            worst = med[f"twisternet-{kind}"]["bw"][worst_size] / med[f"raw-{kind}"]["bw"][worst_size]
+            res.targets.append(Target(f"p2p bandwidth over {kind.upper()} at >= 4 MB",
+                                      f">= {BW_TARGET:.2f}x the raw {'mpi4py' if kind == 'mpi' else 'socket'}",
+                                      f"worst {worst:.2f}x (at {fmt_size(worst_size)})", worst >= BW_TARGET))
+    else:
+        res.targets.append(Target("p2p bandwidth at >= 4 MB", f">= {BW_TARGET:.2f}x raw",
+                                  "not measured (no size >= 4 MB in this run)", None))
+    res.raw = {"sizes": sizes, "latency_sizes": lat_sizes, "budget": budget, "repeat": repeat,
+               "runs": runs, "median": med}
+    res.seconds = time.monotonic() - t0
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The standalone script (kept for compatibility): same as ``python -m benchmarks --suite p2p``."""
+    from benchmarks import report
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", help="message sizes, e.g. 1K,1M,64M")
+    ap.add_argument("--repeat", type=int)
+    ap.add_argument("--budget", help="bytes per bandwidth run, e.g. 512M")
+    ap.add_argument("--quick", action="store_true", help="small sizes and budget (smoke run)")
+    ap.add_argument("--json", help="write raw numbers here")
+    ap.add_argument("--plot", help="write a PNG chart here (needs matplotlib)")
+    a = ap.parse_args(argv)
+    extra: dict[str, Any] = {k: v for k, v in (("sizes", a.sizes), ("budget", a.budget)) if v}
+    opts = SuiteOptions(quick=a.quick, repeat=a.repeat or 3, repeat_given=bool(a.repeat), extra=extra)
+    res = run(opts)
+    opts.bar(NAME).finish()
+    print(report.render_suite_text(res))
     if a.json:
-        Path(a.json).write_text(json.dumps({"sizes": sizes, "runs": runs, "median": med}, indent=1))
+        Path(a.json).write_text(json.dumps(res.to_json(), indent=1))
     if a.plot:
-        try:
-            import matplotlib
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
-        except ImportError:
+        if not report.have_matplotlib():
             print("--plot needs matplotlib (pip install matplotlib)", file=sys.stderr)
             return 1
-        fig, ax = plt.subplots(figsize=(7, 4))
-        for name, d in med.items():
-            ax.plot(sizes, [d["bw"][s] / 1e9 for s in sizes], marker="o", label=name)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("message size (bytes)")
-        ax.set_ylabel("GB/s")
-        ax.set_title("one-way bandwidth")
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(a.plot, dpi=120)
+        out = report.write_charts([res], Path(a.plot).parent)
+        for path in out.values():
+            path.replace(a.plot)
     return 0
 
 

@@ -4,6 +4,7 @@ knee-released partial barrier (Albrecht et al., ATC 2006) whose left-out tasks a
 their input split evenly over the released workers (a late straggler gets CatchUp and skips ahead to
 the barrier's current round).
 
+    python -m benchmarks --suite stragglers [--quick] [--set stragglers.n=8] [--set stragglers.rounds=10]
     python benchmarks/stragglers.py [--workers 8] [--rounds 10] [--median 0.1] [--repeat 3] [--quick]
 
 Task durations are simulated with sleep (deterministic per round and task), so the figure measures
@@ -13,38 +14,82 @@ synchronisation, not CPU: 8 workers on this 2-core machine do not compete for th
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import median, run_tagged, table, twisternet_run  # noqa: E402
+from benchmarks.common import median, run_tagged, twisternet_run  # noqa: E402
+from benchmarks.harness import SuiteOptions, SuiteResult, Table, Target, ratio  # noqa: E402
+
+NAME = "stragglers"
+DESCRIPTION = ("MapReduce rounds with a 10x straggler per round: classic barrier vs knee-released partial "
+               "barrier with re-execution (8 workers)")
+SPEEDUP_TARGET = 3.0
+
+
+def run(opts: SuiteOptions) -> SuiteResult:
+    """Both synchronisation modes, alternating, ``repeat`` times; a table and the 3x speedup target.
+
+    Overrides: ``n`` (workers, default 8; 4 when quick), ``rounds`` (10; 3), ``median`` (task seconds, 0.1; 0.05).
+    """
+    t0 = time.monotonic()
+    n = opts.get("n", 4 if opts.quick else 8)
+    rounds = opts.get("rounds", 3 if opts.quick else 10)
+    med_task = opts.get("median", 0.05 if opts.quick else 0.1)
+    if n < 2 or rounds < 1 or med_task <= 0:
+        raise ValueError(f"stragglers needs n >= 2, rounds >= 1, median > 0 (got {n}, {rounds}, {med_task})")
+    repeat = opts.repeats()
+    bar = opts.bar(NAME)
+    bar.set_total(2 * repeat)
+    times: dict[str, list[float]] = {"classic": [], "partial": []}
+    extra: dict[str, list[Any]] = {"classic": [], "partial": []}
+    for rep in range(repeat):
+        for mode in times:
+            bar.step(f"run {rep + 1}/{repeat}: {mode} barrier")
+            r = run_tagged(twisternet_run(n, "benchmarks/_stragglers_worker.py", mode, str(rounds), str(med_task)),
+                           "STRAGGLERS")
+            times[mode].append(float(r["seconds"]))
+            extra[mode].append(r)
+    c, p = median(times["classic"]), median(times["partial"])
+    speedup = ratio(c, p)
+    res = SuiteResult(suite=NAME, description=DESCRIPTION)
+    res.tables.append(Table(
+        f"{rounds} rounds x {n} workers, median task {med_task * 1e3:.0f} ms, slowest 10x (median of {repeat})",
+        ["synchronisation", "job seconds", "speedup"],
+        [["classic barrier", c, 1.0], ["partial barrier (knee) + re-execution", p, speedup]],
+        note="task durations are simulated with sleep: the figure measures synchronisation, not CPU"))
+    res.targets.append(Target(f"stragglers, {n} workers: partial barrier vs classic barrier",
+                              f">= {SPEEDUP_TARGET:.0f}x faster job", f"{speedup:.2f}x" if speedup else "n/a",
+                              None if speedup is None else speedup >= SPEEDUP_TARGET))
+    res.raw = {"workers": n, "rounds": rounds, "median_task_s": med_task, "repeat": repeat, "seconds": times,
+               "runs": extra}
+    res.seconds = time.monotonic() - t0
+    return res
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The standalone script (kept for compatibility): same as ``python -m benchmarks --suite stragglers``."""
+    from benchmarks import report
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--workers", type=int, default=8)
-    ap.add_argument("--rounds", type=int, default=10)
-    ap.add_argument("--median", type=float, default=0.1, help="median task time, seconds")
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--workers", type=int)
+    ap.add_argument("--rounds", type=int)
+    ap.add_argument("--median", type=float, help="median task time, seconds")
+    ap.add_argument("--repeat", type=int)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--json")
     a = ap.parse_args(argv)
-    if a.quick:
-        a.workers, a.rounds, a.median, a.repeat = 4, 3, 0.05, 1
-    times: dict[str, list[float]] = {"classic": [], "partial": []}
-    for rep in range(a.repeat):
-        for mode in times:
-            print(f"[stragglers] run {rep + 1}/{a.repeat}: {mode} barrier ...", file=sys.stderr, flush=True)
-            r = run_tagged(twisternet_run(a.workers, "benchmarks/_stragglers_worker.py", mode, str(a.rounds),
-                                          str(a.median)), "STRAGGLERS")
-            times[mode].append(r["seconds"])
-    c, p = median(times["classic"]), median(times["partial"])
-    print(f"\n{a.rounds} rounds x {a.workers} workers, median task {a.median * 1e3:.0f} ms, slowest 10x "
-          f"(median of {a.repeat})")
-    print(table(["synchronisation", "job seconds", "speedup"],
-                [["classic barrier", f"{c:.2f}", "1.00"],
-                 ["partial barrier (knee) + re-execution", f"{p:.2f}", f"{c / p:.2f}"]]))
-    print(f"\nTarget: >= 3x; measured {c / p:.2f}x ({'met' if c / p >= 3 else 'MISSED'})")
+    extra: dict[str, Any] = {k: v for k, v in (("n", a.workers), ("rounds", a.rounds), ("median", a.median))
+                             if v is not None}
+    opts = SuiteOptions(quick=a.quick, repeat=a.repeat or 3, repeat_given=bool(a.repeat), extra=extra)
+    res = run(opts)
+    opts.bar(NAME).finish()
+    print(report.render_suite_text(res))
+    if a.json:
+        Path(a.json).write_text(json.dumps(res.to_json(), indent=1))
     return 0
 
 
