@@ -214,6 +214,12 @@ class TCPChannel(Channel):
             return bool(p and p.wq and not p.lost)
         return any(p.wq and not p.lost for p in self._peers.values())
 
+    def pending_bytes(self, peer: int) -> int:
+        """Bytes queued for ``peer`` and not yet written to its socket (the coflow scheduler keeps this
+        small so that its own priority-ordered queues hold the backlog)."""
+        p = self._peers.get(peer)
+        return p.wq_bytes if p is not None and not p.lost else 0
+
     def close(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         for p in self._peers.values():

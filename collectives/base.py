@@ -112,7 +112,14 @@ class Operation:
         self._changed = False
         self._active = False        # send/finish called or records handled: close() waits for duties
         claim_edge(ctx, self.edge, f"{self.operation}(edge={self.edge})")
+        # Coflow hook (twisternet.coflow.live): with coflow_policy set, this operation instance is a
+        # coflow (or joins the one of an enclosing ``ctx.coflow(...)`` block) until _teardown.
+        coflows = getattr(ctx, "coflows", None)
+        self._coflow_id: Any = None
         try:
+            if coflows is not None:
+                self._coflow_id = coflows.attach(self.edge, self.operation, self.source_ranks,
+                                                 self.destination_ranks)
             with self._lock:  # records buffered before registration may arrive at once: hold them off
                 self._setup()
         except BaseException:
@@ -245,6 +252,9 @@ class Operation:
             except Exception:  # noqa: BLE001 - the context may already be closed
                 log.debug("unregister of edge %d failed", e, exc_info=True)
         self._registered = []
+        coflows = getattr(self.ctx, "coflows", None)
+        if coflows is not None:
+            coflows.detach(self.edge)
         release_edge(self.ctx, self.edge)
         try:
             self._release_storage()

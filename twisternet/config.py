@@ -123,6 +123,26 @@ class Config:
     #: Logging level for the ``twisternet`` loggers ("" leaves logging alone).
     log_level: str = ""
 
+    # --- coflow scheduling (design.md section 6; twisternet.coflow.live) -------------------------
+    #: Order pending sends by coflow priority: "none" (off: plain per-stream order, no cost), or a
+    #: registered policy name ("fifo", "fair", "sebf", "deadline", "dag", ...).
+    coflow_policy: str = "none"
+    #: Capacity of each rank's port in bytes/s, as the policies see it (rates and deadlines use it).
+    coflow_rank_capacity: int = 125_000_000
+    #: Seconds between schedule recomputations (it is also recomputed on every registration change).
+    coflow_interval: float = 0.1
+    #: With scheduling on: bytes handed to the channel per peer and not yet written to the socket;
+    #: beyond it, sends wait in the Context's queues where a more urgent coflow can overtake them.
+    coflow_inflight: int = 1 << 20
+    #: With scheduling on: records up to this size are sliced into pool buffers (so others can
+    #: overtake between slices) instead of going out zero-copy as one message.
+    coflow_slice_limit: int = 16 << 20
+    #: With scheduling on: pace each flow to the rate the policy gives it (token bucket).
+    coflow_pacing: bool = False
+    #: With scheduling on: report coflows to the job's coordinator (bootstrap master / rank 0) and use the
+    #: job-wide order it pushes; without it (or when it goes silent) each rank orders locally.
+    coflow_coordinator: bool = True
+
     def __post_init__(self) -> None:
         _validate(self)
 
@@ -137,7 +157,9 @@ class Config:
 
 
 _FIELDS = {f.name: f for f in fields(Config)}
-_SIZE_KEYS = {"buffer_size", "zero_copy_threshold", "memory_limit", "socket_buffer"}
+_SIZE_KEYS = {"buffer_size", "zero_copy_threshold", "memory_limit", "socket_buffer", "coflow_inflight",
+              "coflow_slice_limit"}
+_BUILTIN_COFLOW_POLICIES = ("none", "fifo", "fair", "sebf", "deadline", "dag")
 _CHOICES = {"progress": ("thread", "manual"), "channel": ("auto", "tcp", "mpi", "local")}
 
 
@@ -176,6 +198,16 @@ def _validate(c: Config) -> None:
             raise ConfigError("master", f"must be HOST:PORT, got {c.master!r}")
     if c.token is not None and len(c.token) < 8:
         raise ConfigError("token", "must be at least 8 characters")
+    if c.coflow_policy not in _BUILTIN_COFLOW_POLICIES:
+        from .coflow.scheduler import policy_names  # lazily: user-registered policies are allowed too
+        if c.coflow_policy not in policy_names():
+            raise ConfigError("coflow_policy", f"must be 'none' or a coflow policy "
+                              f"({', '.join(policy_names())}); got {c.coflow_policy!r}")
+    positive("coflow_rank_capacity")
+    positive("coflow_inflight", 1)
+    positive("coflow_slice_limit", 0)
+    if not 0 < c.coflow_interval <= 60:
+        raise ConfigError("coflow_interval", f"must be in (0, 60] seconds, got {c.coflow_interval!r}")
 
 
 def _coerce(key: str, value: Any, source: str) -> Any:

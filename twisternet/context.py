@@ -167,12 +167,27 @@ class Context:
         self._closed = False
         self._stop = False
 
+        #: Coflow scheduler of this process (None unless ``coflow_policy`` is set; twisternet.coflow.live).
+        self.coflows: Any = None
+        self._pace_until = 0.0
+        if config.coflow_policy != "none":
+            from .coflow.live import CoflowRuntime
+            self.coflows = CoflowRuntime(self.world, self.rank, config.coflow_policy,
+                                         rank_capacity=config.coflow_rank_capacity,
+                                         interval=config.coflow_interval)
+        # with scheduling on, records up to this size are sliced into pool buffers so others can overtake
+        self._slice_limit = (min(config.coflow_slice_limit, config.buffer_size * config.pool_buffers // 2)
+                             if self.coflows is not None else -1)
         self.channel.start(self)
         self._left_peers: set[int] = set()
         self._register_control(_LEAVE_EDGE, self._on_leave)
         from .services import ServiceLink
         #: Link to the job's coordinator services (barrier manager, coflow coordinator).
         self.services = ServiceLink(self)
+        if self.coflows is not None and config.coflow_coordinator and self.world > 1:
+            from .coflow.coordinator import SERVICE_NAME
+            self.services.subscribe(SERVICE_NAME, self.coflows.on_schedule)
+            self.coflows.connect(lambda msg: self.services.send(SERVICE_NAME, msg))
         self._thread: threading.Thread | None = None
         if config.progress == "thread":
             self._thread = threading.Thread(target=self._run, name=f"twisternet-progress-{self.rank}",
@@ -255,6 +270,16 @@ class Context:
                 return self._local_bytes.get(edge, 0) < self._credit
             s = self._out.get((dst_rank, edge))
             return s is None or s.queued_bytes < self._credit
+
+    def coflow(self, name: Any, *, size: float | None = None, deadline: float | None = None,
+               parents: Any = ()) -> Any:
+        """Context manager: operations created inside form one coflow ``name`` of ``size`` total bytes,
+        finishing within ``deadline`` seconds, after the coflows ``parents``. A no-op (yielding None)
+        when ``coflow_policy`` is "none"."""
+        if self.coflows is None:
+            import contextlib
+            return contextlib.nullcontext()
+        return self.coflows.group(name, size=size, deadline=deadline, parents=parents)
 
     def flush(self) -> None:
         """Send partly filled buffers now instead of waiting for the channel to go idle."""
@@ -432,7 +457,7 @@ class Context:
                 s = self._out.get(key)
                 if s is None:
                     s = self._out[key] = _OutStream(dst, edge, self.pool)
-                direct = n >= self._zc
+                direct = n >= self._zc and n > self._slice_limit
                 if direct:
                     room = s.queued_bytes < self._credit
                 else:
@@ -549,12 +574,17 @@ class Context:
             self._in_progress.active = True
             try:
                 did = self._pump()
+                if self.coflows is not None:
+                    self.coflows.flush_outbox()   # coordinator reports, outside the Context lock
                 if did or self._in_dirty:
                     timeout = 0.0
                 else:
                     with self._lock:
                         if self._out_partial:
                             timeout = max(0.0, min(timeout, min(self._out_partial.values()) - time.monotonic()))
+                        if self._out_ready and self.coflows is not None:
+                            # scheduled sends wait for pacing tokens or channel room: poll at least this often
+                            timeout = max(0.0, min(timeout, self._pace_until - time.monotonic(), 0.01))
                         self._sleep_until = time.monotonic() + timeout
                 did = self.channel.progress(timeout) or did
                 self._sleep_until = float("inf") if timeout > 0 else self._sleep_until
@@ -578,6 +608,8 @@ class Context:
                     s = self._out[key]
                     if due <= now and not s.queue:
                         self._emit_partial(s)
+            if self.coflows is not None:
+                return self._pump_scheduled() or did
             for key in list(self._out_ready):
                 s = self._out[key]
                 while s.queue:
@@ -589,6 +621,40 @@ class Context:
                     did = True
                 if not s.queue:
                     self._out_ready.discard(key)
+        return did
+
+    def _pump_scheduled(self) -> bool:
+        """The coflow-scheduled pump (lock held): streams in the coflows' priority order; per peer, no
+        more than ``coflow_inflight`` bytes waiting in the channel, so the backlog stays here where a more
+        urgent coflow can overtake; optional token-bucket pacing per flow."""
+        cf = self.coflows
+        cf.refresh()
+        did = False
+        now = time.monotonic()
+        cap = self.config.coflow_inflight
+        pacing = self.config.coflow_pacing
+        pending = getattr(self.channel, "pending_bytes", None)
+        wake = float("inf")
+        for key in sorted(self._out_ready, key=lambda k: cf.edge_rank(k[1])):
+            s = self._out[key]
+            while s.queue:
+                if pending is not None and pending(s.peer) >= cap and cf.edge_rank(s.edge) >= 0:
+                    break
+                msg = s.queue[0]
+                if pacing:
+                    wait = cf.pace(s.edge, s.peer, msg.nbytes)
+                    if wait > 0:
+                        wake = min(wake, now + wait)
+                        break
+                if not self.channel.send(s.peer, s.edge, msg.parts, msg):
+                    break
+                s.queue.popleft()
+                s.queued_bytes -= msg.nbytes
+                cf.report_sent(s.edge, s.peer, msg.nbytes)
+                did = True
+            if not s.queue:
+                self._out_ready.discard(key)
+        self._pace_until = wake
         return did
 
     def _deliver(self) -> bool:

@@ -34,6 +34,7 @@ REPLY_EDGE = CONTROL_EDGE_BASE + 2
 
 _FACTORIES: dict[str, str | Callable[[], Any]] = {
     "barrier": "collectives.barrier.service:BarrierService",
+    "coflow": "twisternet.coflow.coordinator:CoflowCoordinator",
 }
 
 

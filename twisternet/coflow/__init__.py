@@ -1,6 +1,7 @@
 """Coflow scheduling for twisternet: pluggable policies (FIFO, fair, Varys SEBF+MADD, deadline admission
 control, JIT-style DAG/LAT), a trace-driven event simulator, the coflow-benchmark trace format, and a
-small thread-safe table the runtime uses to rank its coflows (design.md section 6)."""
+small thread-safe table the runtime uses to rank its coflows, the per-process runtime hook that orders
+and paces pending sends (``live``), and the job-wide coordinator service (design.md section 6)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from .simulator import CoflowResult, SimulationResult, simulate
 from .trace import Trace, TraceCoflow, format_trace, parse_trace, read_trace, write_trace
 from .trace_generator import generate_trace
 from .live_table import LiveCoflowTable
+from .live import CoflowGroup, CoflowRuntime
+from .coordinator import CoflowCoordinator
 
 __all__ = [
     "CoflowError", "SimulationError", "TraceFormatError", "UnknownPolicyError",
@@ -25,5 +28,5 @@ __all__ = [
     "solve_lat_lp", "JobDag", "DagTiming",
     "simulate", "SimulationResult", "CoflowResult",
     "Trace", "TraceCoflow", "parse_trace", "read_trace", "format_trace", "write_trace",
-    "generate_trace", "LiveCoflowTable",
+    "generate_trace", "LiveCoflowTable", "CoflowRuntime", "CoflowGroup", "CoflowCoordinator",
 ]
