@@ -272,11 +272,14 @@ class Context:
         if (self._thread is not None and self.channel.can_wait_unlocked
                 and not getattr(self._in_progress, "active", False) and not self._stop
                 and self._chan_lock.acquire(blocking=False)):
-            self._progress_once(0.0, lock_held=True)
-            self._driven_at = time.monotonic()
+            # Bytes only: handlers are not run here, because the sender may be inside an operation
+            # (holding its lock) and a handler run re-entrantly could overtake its record.
+            self._progress_once(0.0, lock_held=True, deliver=False)
             with self._lock:
-                # a partly filled buffer is due later: make sure the engine wakes for it in time
-                late = bool(self._out_partial) and self._sleep_until > min(self._out_partial.values())
+                # what arrived is delivered by the engine; a partly filled buffer due later needs
+                # the engine awake in time
+                late = bool(self._in_dirty) or (
+                    bool(self._out_partial) and self._sleep_until > min(self._out_partial.values()))
             if not late:
                 return
         self.channel.wakeup()
@@ -583,7 +586,7 @@ class Context:
                     self._failure = e
             self.notify()
 
-    def _progress_once(self, timeout: float, *, lock_held: bool = False) -> bool:
+    def _progress_once(self, timeout: float, *, lock_held: bool = False, deliver: bool = True) -> bool:
         if not lock_held:
             self._chan_lock.acquire()
         try:
@@ -600,7 +603,8 @@ class Context:
                 did = self.channel.progress(timeout) or did
                 self._sleep_until = float("inf") if timeout > 0 else self._sleep_until
                 did = self._pump() or did
-                did = self._deliver() or did
+                if deliver:
+                    did = self._deliver() or did
             finally:
                 self._in_progress.active = False
         finally:
