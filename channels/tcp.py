@@ -106,6 +106,11 @@ class _Peer:
         self.lost = False
         self.want_write = False
 
+    @property
+    def closed(self) -> bool:
+        """Whether our socket to this peer is closed (after its goodbye and hang-up, or a failure)."""
+        return self.sock.fileno() < 0
+
 
 class TCPChannel(Channel):
     """The TCP/Unix-socket transport. Build it with :func:`create_channel`."""
@@ -125,6 +130,7 @@ class TCPChannel(Channel):
         self._returns: deque[tuple[int, int, int]] = deque()   # (peer, edge, nbytes) from release()
         self._events: deque[dict] = deque()                     # from the master session
         self._sel = selectors.DefaultSelector()
+        self._closed_sel = False
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
@@ -199,6 +205,17 @@ class TCPChannel(Channel):
         self._heartbeats()
         return did or bool(events)
 
+    can_wait_unlocked = True
+
+    def wait(self, timeout: float) -> None:
+        # epoll may be waited on by one thread while another registers, reads and writes: this only
+        # rings the bell (level-triggered), and progress() then finds out what happened.
+        if timeout > 0 and not self._closed_sel:
+            try:
+                self._sel.select(timeout)
+            except (OSError, ValueError):   # closed under us: the engine is stopping
+                pass
+
     def wakeup(self) -> None:
         if self._woken:
             return
@@ -223,7 +240,7 @@ class TCPChannel(Channel):
     def close(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         for p in self._peers.values():
-            if not p.lost:
+            if not p.lost and not p.closed:
                 self._enqueue(p, _HDR.pack(BYE, 0, 0), [], None)
         # Flush everything (our BYE last), then wait for the peers' BYE (or their loss).
         while time.monotonic() < deadline:
@@ -266,7 +283,7 @@ class TCPChannel(Channel):
     def _flush_writes(self) -> bool:
         did = False
         for p in self._peers.values():
-            if p.wq and not p.lost and not p.want_write:
+            if p.wq and not p.lost and not p.want_write and not p.closed:
                 did = self._write(p) or did
         return did
 
@@ -449,29 +466,38 @@ class TCPChannel(Channel):
 
     def _eof(self, p: _Peer) -> None:
         if p.left:
+            # It said goodbye and hung up: nothing queued for it can be delivered any more (only
+            # credit returns can be, and they no longer matter); don't let them hold up close().
             self._unregister(p)
+            self._drop_queue(p)
             return
         self._broken(p, "connection closed without goodbye (process died?)")
 
     def _broken(self, p: _Peer, reason: str) -> None:
         if p.lost:
             return
-        if p.left:
+        if p.left:   # hung up after its goodbye: as in _eof
             self._unregister(p)
+            self._drop_queue(p)
             return
         p.lost = True
         self._unregister(p)
         self._report_lost(p, reason)
 
     def _report_lost(self, p: _Peer, reason: str) -> None:
+        self._drop_queue(p)
+        if self._handler is not None:
+            self._handler.on_peer_lost(p.rank, reason)
+
+    def _drop_queue(self, p: _Peer) -> None:
+        """Forget what is queued for ``p`` (it can no longer be sent), releasing its tokens."""
         p.wq.clear()
         p.wq_bytes = 0
         h = self._handler
         if h is not None:
             for _, token in p.tokens:
                 h.on_sent(token)
-            p.tokens.clear()
-            h.on_peer_lost(p.rank, reason)
+        p.tokens.clear()
 
     def _unregister(self, p: _Peer) -> None:
         try:
@@ -561,6 +587,7 @@ class TCPChannel(Channel):
                 s.close()
             except OSError:
                 pass
+        self._closed_sel = True
         self._sel.close()
 
 

@@ -85,6 +85,15 @@ class Channel(ABC):
     def wakeup(self) -> None:
         """Interrupt a ``progress`` call that is waiting. Thread-safe, cheap, may be called often."""
 
+    #: True if :meth:`wait` may run in one thread while another calls ``progress(0)`` (then the
+    #: core's progress thread waits without holding the engine, and any thread can move bytes at once).
+    can_wait_unlocked: bool = False
+
+    def wait(self, timeout: float) -> None:
+        """Block until there may be work for ``progress`` (data, room to write, a ``wakeup``) or for
+        ``timeout`` seconds; moves no bytes. Only called if :attr:`can_wait_unlocked`."""
+        raise NotImplementedError(f"{type(self).__name__} cannot wait outside progress()")
+
     @abstractmethod
     def has_pending(self, peer: int | None = None) -> bool:
         """Whether messages for ``peer`` (or any peer) are queued but not yet fully sent."""

@@ -39,6 +39,8 @@ Handler = Callable[[int, Any], bool]
 _BATCH = b"\x00"
 _DIRECT = b"\x01"
 _RETRY_INTERVAL = 0.005
+#: The progress thread leaves the engine to a caller that drove it within this many seconds.
+_DRIVER_GRACE = 0.001
 #: Control edge on which a closing rank tells every peer it is done (see Context.close).
 _LEAVE_EDGE = CONTROL_EDGE_BASE + 3
 
@@ -157,6 +159,7 @@ class Context:
         self._out_partial: dict[tuple[int, int], float] = {}  # stream -> when to send its partial buffer
         self._flush_delay = config.flush_delay
         self._sleep_until = float("inf")   # when a sleeping engine will wake by itself
+        self._driven_at = 0.0              # when a caller last drove the engine itself (see _run)
         self._in: dict[tuple[int, int], _InStream] = {}
         self._in_dirty: set[tuple[int, int]] = set()      # streams with deliverable records
         self._local_bytes: dict[int, int] = {}
@@ -286,6 +289,24 @@ class Context:
         with self._lock:
             for key in list(self._out_partial):
                 self._emit_partial(self._out[key])
+        self._kick()
+
+    def _kick(self) -> None:
+        """Get queued messages moving: hand them to the channel in this thread if the engine is free
+        (no thread hand-off), else wake the engine."""
+        if (self._thread is not None and self.channel.can_wait_unlocked
+                and not getattr(self._in_progress, "active", False) and not self._stop
+                and self._chan_lock.acquire(blocking=False)):
+            # Bytes only: handlers are not run here, because the sender may be inside an operation
+            # (holding its lock) and a handler run re-entrantly could overtake its record.
+            self._progress_once(0.0, lock_held=True, deliver=False)
+            with self._lock:
+                # what arrived is delivered by the engine; a partly filled buffer due later needs
+                # the engine awake in time
+                late = bool(self._in_dirty) or (
+                    bool(self._out_partial) and self._sleep_until > min(self._out_partial.values()))
+            if not late:
+                return
         self.channel.wakeup()
 
     def progress(self, timeout: float = 0.0) -> bool:
@@ -494,7 +515,7 @@ class Context:
                     return False
             self._blocked(gen, deadline, limit, edge, "send blocked by back pressure")
         if wake:
-            self.channel.wakeup()
+            self._kick()
         if not wait_sent:
             return SendHandle(self, done, dst, edge, deadline, limit)
         if done is not None:
@@ -557,9 +578,32 @@ class Context:
     # ------------------------------------------------------------------------------ engine
     def _run(self) -> None:
         self._progress_thread_id = threading.get_ident()
+        unlocked = self.channel.can_wait_unlocked
         try:
             while not self._stop:
-                self._progress_once(0.05)
+                if not unlocked:
+                    self._progress_once(0.05)
+                    continue
+                # Work under the engine lock without waiting, then wait *without* it, so a thread
+                # that sends or waits for an answer can move the bytes itself at once (no hand-off).
+                if time.monotonic() - self._driven_at < _DRIVER_GRACE:
+                    # A caller waiting for an answer drives the engine itself right now: keep out of
+                    # its way (it handles what arrives without a hand-off); take over if it stops.
+                    time.sleep(_DRIVER_GRACE)
+                    continue
+                if self._progress_once(0.0) or self._stop:
+                    continue
+                with self._lock:
+                    if self._in_dirty:
+                        continue
+                    timeout = 0.05
+                    if self._out_partial:
+                        timeout = max(0.0, min(timeout, min(self._out_partial.values()) - time.monotonic()))
+                    self._sleep_until = time.monotonic() + timeout
+                try:
+                    self.channel.wait(timeout)
+                finally:
+                    self._sleep_until = float("inf")
         except BaseException as e:  # noqa: BLE001 - the engine must report, not vanish
             log.exception("rank %d: progress engine failed", self.rank)
             with self._lock:
@@ -567,7 +611,7 @@ class Context:
                     self._failure = e
             self.notify()
 
-    def _progress_once(self, timeout: float, *, lock_held: bool = False) -> bool:
+    def _progress_once(self, timeout: float, *, lock_held: bool = False, deliver: bool = True) -> bool:
         if not lock_held:
             self._chan_lock.acquire()
         try:
@@ -589,7 +633,8 @@ class Context:
                 did = self.channel.progress(timeout) or did
                 self._sleep_until = float("inf") if timeout > 0 else self._sleep_until
                 did = self._pump() or did
-                did = self._deliver() or did
+                if deliver:
+                    did = self._deliver() or did
             finally:
                 self._in_progress.active = False
         finally:
@@ -711,6 +756,7 @@ class Context:
             self._chan_lock.release()
             return False
         self._progress_once(0.0, lock_held=True)
+        self._driven_at = time.monotonic()
         return True
 
     def _wait_change(self, gen: int, timeout: float) -> None:
@@ -729,7 +775,9 @@ class Context:
             if changed or self._stop:
                 self._chan_lock.release()
                 return
+            self._driven_at = time.monotonic() + min(timeout, 0.005)   # driving until then at most
             self._progress_once(min(timeout, 0.005), lock_held=True)
+            self._driven_at = time.monotonic()
             return
         with self._cond:
             if self._gen == gen:
