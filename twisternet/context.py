@@ -599,6 +599,9 @@ class Context:
                     timeout = 0.05
                     if self._out_partial:
                         timeout = max(0.0, min(timeout, min(self._out_partial.values()) - time.monotonic()))
+                    if self._out_ready and self.coflows is not None:
+                        # scheduled sends wait for pacing tokens or channel room: poll at least this often
+                        timeout = max(0.0, min(timeout, self._pace_until - time.monotonic(), 0.01))
                     self._sleep_until = time.monotonic() + timeout
                 try:
                     self.channel.wait(timeout)
