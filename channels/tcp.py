@@ -17,7 +17,6 @@ is reported lost; so is one the bootstrap master reports lost. Connections that 
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import secrets
@@ -33,7 +32,7 @@ from typing import Any, Callable, Sequence
 from twisternet.auth import handshake
 from twisternet.channel import Buffer, Channel, ChannelHandler
 from twisternet.config import Config
-from twisternet.errors import (AuthError, ConfigError, OperationTimeout, ProtocolError, TwisternetError)
+from twisternet.errors import AuthError, ConfigError, OperationTimeout, ProtocolError
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import struct
 import threading
-from collections import deque
 from typing import Iterator, Sequence
 
 from .errors import ProtocolError
@@ -142,7 +141,6 @@ class Packer:
         full: list[bytearray] = []
 
         def write(src: memoryview) -> None:
-            nonlocal full
             pos = 0
             while pos < len(src):
                 if self._buf is None:
