@@ -61,8 +61,9 @@ destination and route each record by its key: the default selector is a stable h
 ``selector(key, destinations) -> destination`` may replace it. Broadcast and the down half of
 AllReduce/AllGather flow down a k-ary tree; Partition is direct. ``AllReduce.allreduce(array)`` is a
 rank-level one-shot allreduce, chunked and pipelined over the tree, or a reduce-scatter + allgather
-ring for large arrays (``via="auto" | "tree" | "ring"``; ``"innet"`` is reserved for in-network
-aggregation and raises NotImplementedError for now).
+ring for large arrays (``via="auto" | "tree" | "ring"``), or, with ``via="innet"``, float sums aggregated
+in the network by an ATP software switch and parameter server that the operation starts for itself
+(``collectives.innet_allreduce``; exact within the quantization bound of ``innet.quantize``).
 
 Reductions: ``"sum"``, ``"max"``, ``"min"``, ``"prod"`` (numpy arrays combined in place) or any
 associative and commutative callable. A callable never travels: every process builds the operation

@@ -8,7 +8,8 @@
   ``2 (n - 1)`` steps each moving ``1/n`` of the array per rank, chunked: every link carries about
   ``2 (n-1)/n`` of the array, so the time approaches the array size over the link bandwidth instead of
   funnelling everything through a root.
-* **innet** (future): in-network aggregation on ATP switches; raises NotImplementedError for now.
+* **innet**: float sums aggregated by an ATP software switch and parameter server that the first
+  rank starts for the operation (``collectives.innet_allreduce``).
 
 Records (edges ``AR_UP``, ``AR_DOWN``, ``RING``) are ``(kind, call, step, chunk, payload)``; ``call``
 counts the ``allreduce`` calls of this operation, so consecutive calls never mix.
@@ -49,6 +50,7 @@ class RankAllReduce:
         self.stash: dict[tuple, Any] = {}
         self.calls = 0
         self.ring: _RingCall | None = None   # the ring call in progress (its records skip the stash)
+        self.innet: Any = None               # the in-network path, set up on the first via="innet" call
         for offset in (AR_UP, AR_DOWN, RING):
             op._register(offset, self._on_record, activates=False)
 
@@ -117,8 +119,6 @@ class RankAllReduce:
 
     def _run(self, value: Any, t: float, out: np.ndarray | None) -> Any:
         op = self.op
-        if op.via == "innet":
-            return self._innet(value, t)
         if not self.same_ranks:
             raise ConfigError("destinations", "allreduce() needs sources and destinations on the same ranks "
                                               f"(sources on {op.source_ranks}, destinations on {op.destination_ranks})")
@@ -126,6 +126,8 @@ class RankAllReduce:
             raise ValueError(f"rank {op.rank} runs no task of {op.describe()} (edge {op.edge}); "
                              f"allreduce() is called by ranks {self.ranks}")
         op._raise_if_failed()
+        if op.via == "innet":
+            return self._innet(value, t)
         call = self.calls
         self.calls += 1
         n = len(self.ranks)
@@ -142,13 +144,23 @@ class RankAllReduce:
 
     # ------------------------------------------------------------------ in-network (hook)
     def _innet(self, value: Any, timeout: float) -> Any:
-        """Hook for ``via="innet"``: aggregate float32 arrays on ATP switches (the ``innet`` package).
+        """``via="innet"``: float sums through an ATP software switch (see collectives.innet_allreduce)."""
+        if self.innet is None:
+            from .innet_allreduce import InnetAllReduce
+            self.innet = InnetAllReduce(self)
+        return self.innet.run(value, timeout)
 
-        To be wired: quantize, send fragments through the switch service registered in
-        ``self.op.ctx.services`` and return the aggregated array.
-        """
-        raise NotImplementedError("AllReduce(via='innet') needs the in-network aggregation service of the "
-                                  "innet package, which is not wired to collectives yet; use via='auto'")
+    def next_call(self) -> int:
+        """A fresh call number (every rank draws them in the same order)."""
+        call = self.calls
+        self.calls += 1
+        return call
+
+    def close(self) -> None:
+        """Release what a call set up (the in-network job's sockets, switch and PS)."""
+        if self.innet is not None:
+            self.innet.close()
+            self.innet = None
 
     # ------------------------------------------------------------------ tree
     def _tree(self, value: Any, call: int, t: float) -> Any:

@@ -214,6 +214,12 @@ class AllReduce(DownTreeMixin, Reduce):
     def _root_task(self) -> int:
         return self.destinations[0]
 
+    def _release_storage(self) -> None:
+        rar = getattr(self, "_rank_allreduce", None)
+        if rar is not None:
+            rar.close()
+        super()._release_storage()
+
     def _setup(self) -> None:
         super()._setup()
         root = self.plan.rank_of(self._root_task())

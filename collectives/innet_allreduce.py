@@ -1,0 +1,146 @@
+"""``AllReduce(..., via="innet")``: float sums aggregated by an ATP-style switch (the ``innet`` package).
+
+On the first call the operation's ranks set up one in-network job over the operation's own channel
+edges (small tree allreduces of int64 arrays, so nothing else is needed):
+
+1. the first rank picks a UDP port for the switch and one for the parameter server;
+2. every rank opens its ATP worker socket (``innet.InnetJob``) and the ranks share their addresses;
+3. the first rank starts the software switch and the PS as subprocesses
+   (``innet.InnetService.launch``) configured for exactly these workers, and everyone waits for it;
+4. every call then quantizes, sends fragments through the switch and returns the aggregate.
+
+The switch and PS live as long as the operation (closed with it, or at exit). If the switch dies the
+workers finish through the PS (ATP's fate sharing) and ``last_stats.fallback`` says so, with a log
+warning. Results equal the float64 sum within ``innet.quantize.error_bound`` (values are scaled by
+``2**20`` and rounded; values that would overflow int32 go to the PS as raw floats).
+
+Host: everything binds to ``TWISTERNET_INNET_HOST`` (default 127.0.0.1, a one-machine job).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import socket
+import weakref
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from twisternet.errors import ConfigError
+
+if TYPE_CHECKING:
+    from .allreduce_algorithms import RankAllReduce
+
+log = logging.getLogger(__name__)
+
+__all__ = ["InnetAllReduce"]
+
+
+def _ip_to_int(host: str) -> int:
+    return int.from_bytes(socket.inet_aton(socket.gethostbyname(host)), "big")
+
+
+def _int_to_ip(value: int) -> str:
+    return socket.inet_ntoa(int(value).to_bytes(4, "big"))
+
+
+class InnetAllReduce:
+    """The in-network path of one AllReduce operation (set up lazily, on the first call)."""
+
+    def __init__(self, rank_allreduce: "RankAllReduce") -> None:
+        self.rar = rank_allreduce
+        self.job: Any = None
+        self.service: Any = None
+        self._finalizer: weakref.finalize | None = None
+
+    # ------------------------------------------------------------------ one call
+    def run(self, value: Any, timeout: float) -> np.ndarray:
+        op = self.rar.op
+        if op.reduction.name not in ("sum",):
+            raise ConfigError("op", "AllReduce(via='innet') aggregates sums only (the switch adds "
+                                    f"integers); got reduction {op.reduction.name!r}")
+        if not isinstance(value, np.ndarray) or not np.issubdtype(value.dtype, np.floating):
+            raise TypeError("AllReduce(via='innet') takes numpy float arrays (float16/32/64), got "
+                            f"{type(value).__name__}{'' if not isinstance(value, np.ndarray) else ' of ' + str(value.dtype)}")
+        if self.job is None:
+            self._setup(timeout)
+        flat = np.ascontiguousarray(value, dtype=np.float32).reshape(-1)
+        out = self.job.allreduce(flat)
+        stats = self.job.last_stats
+        if stats is not None and stats.fallback:
+            log.warning("%s: in-network allreduce fell back to the parameter server (%s)",
+                        op.describe(), stats.fallback_reason)
+        return out.reshape(value.shape).astype(value.dtype, copy=False)
+
+    @property
+    def last_stats(self) -> Any:
+        """The worker statistics of the last call (window, retransmits, fallback...), or None."""
+        return None if self.job is None else self.job.last_stats
+
+    # ------------------------------------------------------------------ set-up
+    def _exchange(self, local: np.ndarray, timeout: float) -> np.ndarray:
+        """Sum of an int64 array over the ranks, over the operation's own tree (a rendezvous too)."""
+        return self.rar._tree(local, self.rar.next_call(), timeout)
+
+    def _setup(self, timeout: float) -> None:
+        from innet import InnetJob, InnetService
+        from innet.service import free_udp_port
+
+        rar = self.rar
+        op = rar.op
+        ranks = rar.ranks
+        world = len(ranks)
+        me = ranks.index(op.rank)
+        first = me == 0
+        host = os.environ.get("TWISTERNET_INNET_HOST", "127.0.0.1")
+        job_id = op.edge % 255 + 1     # one switch per operation: any id in 1..255 will do
+
+        ports = np.zeros(2, np.int64)
+        if first:
+            ports[:] = (free_udp_port(host), free_udp_port(host))
+        ports = self._exchange(ports, timeout)
+        sw_addr, ps_addr = (host, int(ports[0])), (host, int(ports[1]))
+
+        self.job = InnetJob(job_id, me, world, sw_addr, ps_addr)
+        mine = np.zeros(2 * world, np.int64)
+        addr = self.job.address
+        mine[2 * me:2 * me + 2] = (_ip_to_int(addr[0]), addr[1])
+        table = self._exchange(mine, timeout)
+        workers = [(_int_to_ip(table[2 * r]), int(table[2 * r + 1])) for r in range(world)]
+
+        ok = np.zeros(1, np.int64)
+        if first:
+            try:
+                self.service = InnetService.launch(job_id, workers, switch_port=sw_addr[1],
+                                                   ps_port=ps_addr[1], host=host)
+                ok[0] = 1
+            except Exception:  # noqa: BLE001 - reported to every rank below, then raised here
+                log.exception("%s: could not start the in-network switch and PS", op.describe())
+        # the rendezvous: nobody sends a gradient before the switch knows every worker's port
+        started = self._exchange(ok, timeout)
+        if int(started[0]) != 1:
+            self.close()
+            raise RuntimeError(f"{op.describe()}: the in-network switch and PS did not start on rank "
+                               f"{ranks[0]} (see its log)")
+        if self.service is not None:
+            self._finalizer = weakref.finalize(self, self.service.close)
+            atexit.register(self._finalizer)
+        log.info("%s: in-network job %d, switch %s, PS %s, %d workers", op.describe(), job_id, sw_addr,
+                 ps_addr, world)
+
+    def kill_switch(self) -> None:
+        """Kill the switch process (fate-sharing tests); only on the rank that started it."""
+        if self.service is not None:
+            self.service.kill_switch()
+
+    def close(self) -> None:
+        """Close the worker socket and (on the first rank) stop the switch and the PS."""
+        if self.job is not None:
+            self.job.close()
+        if self._finalizer is not None:
+            self._finalizer()
+        elif self.service is not None:
+            self.service.close()
+        self.service = None

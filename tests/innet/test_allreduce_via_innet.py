@@ -1,0 +1,123 @@
+"""``AllReduce(..., via="innet")``: the collectives' allreduce through the ATP software switch and PS."""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import collectives as C
+from innet import DEFAULT_SCALE, error_bound
+from tests.jobs import lines, mpiexec, run_mpi, run_tcp
+from twisternet.errors import ConfigError
+from twisternet.testing import run_local
+
+S = Path(__file__).parent / "scripts" / "innet_allreduce_job.py"
+
+
+def _value(rank: int, size: int) -> np.ndarray:
+    return (np.random.default_rng([rank, size]).standard_normal(size) * 50).astype(np.float32)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("world", [2, 5, 8])
+def test_results_within_the_quantization_bound(world: int) -> None:
+    sizes = [1, 61, 62, 63, 5000]
+
+    def body(ctx):
+        op = C.AllReduce(ctx, edge=4, op="sum", via="innet")
+        with op:
+            out = [op.allreduce(_value(ctx.rank, n)) for n in sizes]
+            x64 = op.allreduce(np.full((3, 4), 0.25, np.float64) * (ctx.rank + 1))   # other dtypes, shapes
+        return out, x64
+
+    res = run_local(world, body, timeout=200)
+    for k, n in enumerate(sizes):
+        ref = sum(_value(r, n).astype(np.float64) for r in range(world))
+        bound = error_bound(ref, DEFAULT_SCALE, world)
+        for out, _ in res:
+            assert out[k].dtype == np.float32 and out[k].shape == (n,)
+            assert (np.abs(out[k] - ref) <= bound).all()
+    want = 0.25 * world * (world + 1) / 2
+    for _, x64 in res:
+        assert x64.dtype == np.float64 and x64.shape == (3, 4)
+        assert np.allclose(x64, want, atol=float(error_bound(np.array([want]), DEFAULT_SCALE, world)[0]))
+
+
+def test_bad_input_is_refused_before_anything_starts() -> None:
+    def body(ctx):
+        errors = []
+        with C.AllReduce(ctx, edge=5, op="max", via="innet") as op:
+            try:
+                op.allreduce(np.ones(3, np.float32))
+            except ConfigError as e:
+                errors.append("op" in str(e) and "sum" in str(e))
+        with C.AllReduce(ctx, edge=6, op="sum", via="innet") as op:
+            for bad in (np.ones(3, np.int32), [1.0, 2.0]):
+                try:
+                    op.allreduce(bad)
+                except TypeError as e:
+                    errors.append("float" in str(e))
+            assert op._rank_allreduce.innet.job is None        # nothing was set up
+        return errors
+
+    assert run_local(2, body, timeout=60) == [[True, True, True]] * 2
+
+
+def _gone(pids: list[int]) -> bool:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        alive = []
+        for pid in pids:
+            try:
+                os.kill(pid, 0)
+                alive.append(pid)
+            except ProcessLookupError:
+                pass
+        if not alive:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("n", [2, 4])
+def test_in_a_tcp_job_and_nothing_is_left_running(n: int) -> None:
+    p = run_tcp(n, S, "1,1000,100000", timeout=180)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    res = lines(p, "RESULT")
+    assert len(res) == 3 * n and all("ok=True" in r and "fallback=False" in r for r in res), res
+    pids = [int(x) for x in lines(p, "PIDS")[0].split()[1:]]
+    assert _gone(pids), f"switch/PS processes {pids} outlived the job"
+
+
+@pytest.mark.timeout(200)
+def test_under_mpiexec() -> None:
+    assert mpiexec(), "mpiexec comes with the dev extra (mpich wheel)"
+    p = run_mpi(3, S, "10,20000", timeout=180)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    oks = re.findall(r"RESULT rank=\d+ size=\d+ ok=(\w+)", p.stdout)   # mpiexec may glue lines together
+    assert oks == ["True"] * 6, p.stdout[-2000:]
+
+
+@pytest.mark.timeout(200)
+def test_switch_killed_mid_job_finishes_through_the_ps() -> None:
+    p = run_tcp(3, S, "20000,20000,20000", "kill", timeout=180)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    res = lines(p, "RESULT")
+    assert len(res) == 9 and all("ok=True" in r for r in res), res
+    after = [r for r in res if re.search(r"size=20000", r)][3:]     # the calls after the kill
+    assert all("fallback=True" in r for r in after), res
+    assert "falling back" in p.stdout + p.stderr or "fell back" in p.stdout + p.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_64mb_through_the_switch() -> None:
+    p = run_tcp(2, S, str(16 << 20), timeout=850)      # 16 Mi float32 values = 64 MB
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert all("ok=True" in r for r in lines(p, "RESULT"))
