@@ -1,10 +1,11 @@
 """Data-parallel training: every worker computes a gradient on its shard, AllReduce averages them.
 
-    twisternet run -n 4 examples/gradient_average.py [--steps N] [--features F] [--via auto|tree|ring]
+    twisternet run -n 4 examples/gradient_average.py [--steps N] [--features F] [--via auto|tree|ring|innet]
 
 Least-squares linear regression on synthetic data (a deterministic weight vector plus noise). Each
 step every worker computes the gradient of the loss on its own shard and calls
-``AllReduce.allreduce(grad)`` (sum; large arrays use the ring algorithm), divides by the number of
+``AllReduce.allreduce(grad)`` (sum; large arrays use the ring algorithm; ``--via innet`` aggregates in
+an ATP software switch that the job starts for itself, as ATP does for training), divides by the number of
 workers and takes the same gradient step, so all replicas keep identical weights. Prints the loss and
 the time per step; checks at the end that every worker holds the same weights.
 """
@@ -39,7 +40,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     ap.add_argument("--rows", type=int, default=256, help="rows per worker")
     ap.add_argument("--features", type=int, default=50_000, help="model size (float32 parameters)")
     ap.add_argument("--lr", type=float, default=None, help="step size (default: 1/L for this data)")
-    ap.add_argument("--via", default="auto", choices=["auto", "tree", "ring"])
+    ap.add_argument("--via", default="auto", choices=["auto", "tree", "ring", "innet"])
     args = ap.parse_args(argv)
 
     with tn.init() as ctx:

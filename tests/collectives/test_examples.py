@@ -61,9 +61,10 @@ def test_external_sort(tmp_path) -> None:
 
 
 @pytest.mark.timeout(200)
-def test_gradient_average() -> None:
+@pytest.mark.parametrize("via", ["auto", "innet"])
+def test_gradient_average(via: str) -> None:
     out = run_script("tcp", 3, os.path.join(EX, "gradient_average.py"),
-                     ["--steps", "15", "--features", "20000", "--rows", "64"])
+                     ["--steps", "15", "--features", "20000", "--rows", "64", "--via", via])
     assert "replicas identical: True" in out
     losses = [float(x) for x in re.findall(r"loss ([0-9.]+)", out)]
     assert losses[-1] < losses[0] * 1e-3
