@@ -231,11 +231,21 @@ def _supervise(procs: list[subprocess.Popen], master: Master, grace: float,
     kill_at: float | None = None    # when to SIGKILL them
     stopping = False                # we terminate the rest: their deaths are not news
     handled_signals = 0
+    # When each worker died, from one waiting thread per worker: a survivor that learns of a failure
+    # may exit (non-zero) within the same poll round as the failed rank, and the exit status must be
+    # the failed rank's, the first to die, not the lowest rank's.
+    died_at: dict[int, float] = {}
+
+    def watch(rank: int, p: subprocess.Popen) -> None:
+        p.wait()
+        died_at[rank] = time.monotonic()
+    for rank, p in enumerate(procs):
+        threading.Thread(target=watch, args=(rank, p), name=f"twisternet-watch-{rank}", daemon=True).start()
     while len(done) < len(procs):
         now = time.monotonic()
-        for rank, p in enumerate(procs):
-            if rank in done or p.poll() is None:
-                continue
+        ended = [rank for rank, p in enumerate(procs) if rank not in done and p.poll() is not None]
+        for rank in sorted(ended, key=lambda r: died_at.get(r, now)):
+            p = procs[rank]
             done.add(rank)
             rc = p.returncode
             if rc == 0:
