@@ -1,72 +1,198 @@
 """Word count of N words (default 20 million): twisternet batch KeyedReduce on W local workers vs a
-single-process ``collections.Counter``, on the same generated Zipf text, measured in the same run.
+single-process ``collections.Counter`` and PySpark local mode (``reduceByKey``), on the same generated
+Zipf text, measured in the same run.
 
     python benchmarks/wordcount.py [--words 20000000] [--workers 2] [--repeat 3] [--quick]
+    python -m benchmarks --suite wordcount [--set wordcount.words=N]
 
-Timed: counting and the distributed reduce (every key reduced at its destination); not timed in either
-case: generating the text. twisternet's time is the slowest worker's.
+Timed: counting and the distributed reduce (every key reduced at its destination); not timed anywhere:
+generating the text (each side then runs one full garbage collection so that no side pays for the
+input's first one). twisternet's time is the slowest worker's. PySpark (``pip install pyspark``, Java
+17) runs ``local[W]`` on an RDD of the same words generated and cached in its W partitions. Every run is
+checked: each implementation must count every word, and the twisternet and Spark counts must equal the
+Counter's.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
+import subprocess
 import sys
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 
 from benchmarks.common import job_env, median, table, twisternet_run  # noqa: E402
+from benchmarks.harness import SuiteOptions, SuiteResult, Table, Target  # noqa: E402
 from wordcount import generated_words  # noqa: E402
 
+NAME = "wordcount"
+DESCRIPTION = ("batch KeyedReduce word count of 20M Zipf words: twisternet on W workers vs "
+               "collections.Counter (1 process) and PySpark local[W] reduceByKey")
 
-def run_twisternet(workers: int, words: int) -> tuple[float, int]:
-    import json
-    import subprocess
+
+def digest(counts: dict[str, int]) -> str:
+    """An order-independent fingerprint of a word -> count table (to compare implementations)."""
+    h = hashlib.sha256()
+    for w in sorted(counts):
+        h.update(f"{w}\t{counts[w]}\n".encode())
+    return h.hexdigest()[:16]
+
+
+def run_twisternet(workers: int, words: int) -> tuple[float, int, str]:
     p = subprocess.run(twisternet_run(workers, "benchmarks/_wordcount_worker.py", str(words)), env=job_env(),
                        capture_output=True, text=True, timeout=1800)
-    rows = [json.loads(l.split("WC ", 1)[1]) for l in p.stdout.splitlines() if "WC " in l]
+    rows = [json.loads(line.split("WC ", 1)[1]) for line in p.stdout.splitlines() if "WC " in line]
     if len(rows) != workers:
         raise RuntimeError(f"twisternet run failed (exit {p.returncode}):\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
     counted = sum(r["words"] for r in rows)
     if counted != words:
         raise RuntimeError(f"twisternet counted {counted} words, expected {words}")
-    return max(r["seconds"] for r in rows), counted
+    merged: dict[str, int] = {}
+    for r in rows:
+        merged.update(r["counts"])
+    return max(r["seconds"] for r in rows), counted, digest(merged)
 
 
-def run_counter(words: int) -> float:
-    text = generated_words(0, 1, words)
+def run_counter(words: int, shares: int) -> tuple[float, str]:
+    """Counter over the very text the ``shares`` workers count (their shares, concatenated)."""
+    import gc
+    text: list[str] = []
+    for r in range(shares):
+        text += generated_words(r, shares, words)
+    gc.collect()
     t = time.perf_counter()
     c = Counter(text)
     dt = time.perf_counter() - t
-    assert sum(c.values()) == words
-    return dt
+    if sum(c.values()) != words:
+        raise RuntimeError("Counter lost words")
+    return dt, digest(dict(c))
+
+
+_SPARK = r"""
+import json, sys, time, operator
+sys.path.insert(0, sys.argv[3])
+from pyspark import SparkConf, SparkContext
+from wordcount import generated_words
+words, workers = int(sys.argv[1]), int(sys.argv[2])
+conf = (SparkConf().setMaster(f"local[{workers}]").setAppName("wc")
+        .set("spark.ui.enabled", "false").set("spark.driver.memory", "4g"))
+sc = SparkContext(conf=conf)
+sc.setLogLevel("ERROR")
+sc.addPyFile(sys.argv[3] + "/wordcount.py")      # the text generator, for the Python workers
+rdd = sc.parallelize(range(workers), workers).flatMap(lambda r: generated_words(r, workers, words)).cache()
+n = rdd.count()                                   # generate and cache outside the timed part
+t = time.perf_counter()
+counts = dict(rdd.map(lambda w: (w, 1)).reduceByKey(operator.add).collect())
+dt = time.perf_counter() - t
+sc.stop()
+print("SPARK " + json.dumps({"seconds": dt, "words": n, "counts": counts}), flush=True)
+"""
+
+
+def run_spark(workers: int, words: int) -> tuple[float, int, str]:
+    p = subprocess.run([sys.executable, "-c", _SPARK, str(words), str(workers),
+                        str(Path(__file__).resolve().parent.parent / "examples")],
+                       env=job_env(PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable),
+                       capture_output=True, text=True, timeout=1800)
+    for line in p.stdout.splitlines():
+        if line.startswith("SPARK "):
+            d = json.loads(line[6:])
+            if sum(d["counts"].values()) != words or d["words"] != words:
+                raise RuntimeError("PySpark lost words")
+            return d["seconds"], d["words"], digest(d["counts"])
+    raise RuntimeError(f"PySpark run failed (exit {p.returncode}):\n{p.stdout[-1500:]}\n{p.stderr[-1500:]}")
+
+
+def spark_missing() -> str | None:
+    import importlib.util
+    if importlib.util.find_spec("pyspark") is None:
+        return "pyspark is not installed (pip install pyspark; needs Java 17)"
+    if subprocess.run(["java", "-version"], capture_output=True).returncode != 0:
+        return "no java on PATH (PySpark needs Java 17)"
+    return None
+
+
+def run(opts: SuiteOptions) -> SuiteResult:
+    res = SuiteResult(NAME)
+    words = opts.get("words", 200_000 if opts.quick else 20_000_000)
+    repeat = opts.repeats()
+    spark = opts.get("spark", 0 if opts.quick else 1)
+    why = spark_missing() if spark else "left out of quick runs (Spark takes ~10 s to start); --set wordcount.spark=1"
+    if why:
+        res.skipped.append(f"PySpark: {why}")
+    workers = list(opts.workers)
+    bar = opts.bar(NAME)
+    bar.set_total(repeat * len(workers) * (2 if why else 3))
+    raw: dict[str, Any] = {"words": words, "counter": {}, "twisternet": {}, "spark": {}}
+    for rep in range(repeat):
+        for w in workers:
+            bar.step(f"run {rep + 1}/{repeat}: Counter over the text of {w} shares")
+            dt, ref = run_counter(words, w)
+            raw["counter"].setdefault(w, []).append(dt)
+            bar.step(f"run {rep + 1}/{repeat}: twisternet x{w}")
+            t, _, d = run_twisternet(w, words)
+            if d != ref:
+                raise RuntimeError(f"twisternet x{w} counts differ from Counter's")
+            raw["twisternet"].setdefault(w, []).append(t)
+            if not why:
+                bar.step(f"run {rep + 1}/{repeat}: PySpark local[{w}]")
+                t, _, d = run_spark(w, words)
+                if d != ref:
+                    raise RuntimeError(f"PySpark local[{w}] counts differ from Counter's")
+                raw["spark"].setdefault(w, []).append(t)
+    rows = []
+    for w in workers:
+        ref_t = median(raw["counter"][w])
+        rows.append([f"collections.Counter, 1 process (text of {w} shares)", f"{ref_t:.2f}",
+                     f"{words / ref_t:,.0f}", "1.00", "n/a"])
+        t = median(raw["twisternet"][w])
+        sp = median(raw["spark"][w]) if raw["spark"].get(w) else None
+        rows.append([f"twisternet KeyedReduce, {w} workers", f"{t:.2f}", f"{words / t:,.0f}", f"{ref_t / t:.2f}",
+                     f"{sp / t:.1f}" if sp else "n/a"])
+        if sp:
+            rows.append([f"PySpark local[{w}] reduceByKey", f"{sp:.2f}", f"{words / sp:,.0f}", f"{ref_t / sp:.2f}",
+                         "1.0"])
+            res.targets.append(Target(f"word count, {w} workers: twisternet vs PySpark local mode",
+                                      ">= 3x faster", f"{sp / t:.1f}x ({t:.2f} s vs {sp:.2f} s)", sp / t >= 3))
+        if w == 2:
+            res.targets.append(Target("word count, 2 workers vs one process running Counter", ">= 1.5x faster",
+                                      f"{ref_t / t:.2f}x ({t:.2f} s vs {ref_t:.2f} s)", ref_t / t >= 1.5))
+    res.tables.append(Table(f"Word count of {words:,} words (median of {repeat})",
+                            ["implementation", "seconds", "words/s", "speedup vs Counter", "PySpark / this"], rows,
+                            note="every run checked: the same word -> count table as collections.Counter"))
+    res.raw = raw
+    bar.finish()
+    return res
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--words", type=int, default=20_000_000)
-    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--words", type=int, default=None)
+    ap.add_argument("--workers", default="2")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--spark", type=int, default=None, help="1: include PySpark, 0: leave it out")
     a = ap.parse_args(argv)
-    if a.quick:
-        a.words, a.repeat = 200_000, 1
-    tn_times, ref_times = [], []
-    for rep in range(a.repeat):
-        print(f"[wordcount] run {rep + 1}/{a.repeat}: twisternet x{a.workers} ...", file=sys.stderr, flush=True)
-        tn_times.append(run_twisternet(a.workers, a.words)[0])
-        print(f"[wordcount] run {rep + 1}/{a.repeat}: Counter ...", file=sys.stderr, flush=True)
-        ref_times.append(run_counter(a.words))
-    t, r = median(tn_times), median(ref_times)
-    print(f"\nword count of {a.words:,} words (median of {a.repeat})")
-    print(table(["implementation", "seconds", "words/s", "speedup vs Counter"],
-                [[f"twisternet KeyedReduce, {a.workers} workers", f"{t:.2f}", f"{a.words / t:,.0f}", f"{r / t:.2f}"],
-                 ["collections.Counter, 1 process", f"{r:.2f}", f"{a.words / r:,.0f}", "1.00"]]))
-    print(f"\nTarget: {a.workers} workers >= 1.5x the single process; measured {r / t:.2f}x "
-          f"({'met' if r / t >= 1.5 else 'MISSED'})")
+    extra: dict[str, Any] = {}
+    if a.words:
+        extra["words"] = str(a.words)
+    if a.spark is not None:
+        extra["spark"] = str(a.spark)
+    r = run(SuiteOptions(quick=a.quick, repeat=a.repeat, workers=[int(x) for x in a.workers.split(",")],
+                         extra=extra))
+    for t in r.tables:
+        print(f"\n{t.title}\n{table(t.headers, t.rows)}")
+    for t in r.targets:
+        print(f"{'MET' if t.met else 'MISSED'}: {t.name}: wanted {t.wanted}; measured {t.measured}")
+    for s in r.skipped:
+        print(f"skipped: {s}")
     return 0
 
 
