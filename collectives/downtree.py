@@ -1,6 +1,7 @@
 """Engine of records flowing *down* a k-ary broadcast tree from one root rank to the destination ranks.
 
-Records on the down edge (``DOWN``) are ``("v", [values])``, ``("f", [tasks])`` (finish information for
+Records on the down edge (``DOWN``) are ``("v", [values])`` (or ``("c", [tasks, values])``: AllGather's
+``(task, value)`` records as columns), ``("f", [tasks])`` (finish information for
 diagnostics) and ``("e", None)`` (end of the data). A node forwards to its children and delivers to its
 local destination tasks; it refuses input while a child lacks credit or a local result queue is full,
 so back pressure runs from the slowest destination up to the root.
@@ -11,8 +12,9 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 from .base import Operation
+from .columns import from_columns, to_columns
 from .edges import DOWN
-from .reduction import own
+from .reduction import own, own_values
 from .routing import KaryTree
 from .spill import SpillStore
 
@@ -42,9 +44,13 @@ class DownTreeMixin(Operation):
     def _down_room(self) -> bool:
         return all(self._can_send(c, DOWN) for c in self._down_children) and self._sinks_room()
 
-    def _down_emit(self, values: list) -> None:
-        for c in self._down_children:
-            self._emit(c, DOWN, ("v", values))
+    def _down_emit(self, values: list, *, columns: bool = False) -> None:
+        """Send ``values`` on down the tree and deliver them here; ``columns``: they are (task, value)
+        pairs, which travel as two columns."""
+        if self._down_children:
+            msg = ("c", to_columns(values, 2)) if columns else ("v", values)
+            for c in self._down_children:
+                self._emit(c, DOWN, msg)
         self._down_local(values)
 
     def _down_info(self, tasks: list[int]) -> None:
@@ -95,10 +101,18 @@ class DownTreeMixin(Operation):
             raise self._protocol(src, msg) from None
         if src != self._down_parent:
             raise self._protocol(src, msg)
-        if kind == "v":
+        if kind == "v" or kind == "c":
             if not self._down_room():
                 return False
-            self._down_emit(own(payload))
+            if kind == "c":          # (task, value) records as two columns (see collectives.columns)
+                try:
+                    payload[1] = own_values(payload[1])
+                    values = from_columns(payload, 2)
+                except (ValueError, TypeError, IndexError):
+                    raise self._protocol(src, msg) from None
+                self._down_emit(values, columns=True)
+            else:
+                self._down_emit(own(payload))
             return True
         if kind == "f":
             self._down_info(payload)

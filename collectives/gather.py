@@ -309,16 +309,18 @@ class AllGather(DownTreeMixin, Gather):
         log.debug("rank %d: %s broadcasting %d gathered records", self.rank, self.describe(), len(store))
         try:
             batch, size = [], 0
-            for rec in store:
-                batch.append(tuple(rec))
-                size += estimate_size(rec[1])
-                if size >= self.ctx.config.buffer_size // 2 or len(batch) >= 1024:
+            for i, rec in enumerate(store):
+                batch.append(rec)
+                if not i & 15:   # a sample is enough to size the batches
+                    size += 16 * estimate_size(rec[1])
+                if size >= self.ctx.config.buffer_size // 2 or len(batch) >= 4096:
+                    msg = ("c", to_columns(batch, 2))
                     for c in self._down_children:
-                        self.ctx.send(c, e, ("v", batch), timeout=self.timeout)
+                        self.ctx.send(c, e, msg, timeout=self.timeout)
                     batch, size = [], 0
             for c in self._down_children:
                 if batch:
-                    self.ctx.send(c, e, ("v", batch), timeout=self.timeout)
+                    self.ctx.send(c, e, ("c", to_columns(batch, 2)), timeout=self.timeout)
                 self.ctx.send(c, e, ("e", None), timeout=self.timeout)
         except Exception as ex:  # noqa: BLE001 - surfaces to this rank's waiters
             with self._lock:

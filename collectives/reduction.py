@@ -46,6 +46,8 @@ def snapshot(value: Any) -> Any:
     elif t is list:
         if _flat(value):
             return value[:]
+        if all(type(x) is dict and _flat(x.values()) and _flat(x) for x in value):
+            return [x.copy() for x in value]       # a table of flat records
     elif isinstance(value, np.ndarray):
         return value.copy()
     return copy.deepcopy(value)

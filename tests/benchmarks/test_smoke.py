@@ -127,3 +127,13 @@ def test_streaming_quick(tmp_path):
     assert p.returncode == 0 and suite["status"] == "ok", p.stdout[-2000:] + p.stderr[-2000:]
     runs = suite["raw"]["runs"]["2"]
     assert runs["batched"][0] > 0 and runs["per_record"][0] > 0 and runs["mpi4py"][0] > 0
+
+
+def test_records_quick(tmp_path):
+    p = bench("--suite", "records", "--quick", "--workers", "2", "--json", str(tmp_path / "r.json"))
+    doc = json.loads((tmp_path / "r.json").read_text())
+    suite = doc["suites"][0]
+    assert p.returncode == 0 and suite["status"] == "ok", p.stdout[-2000:] + p.stderr[-2000:]
+    (row_ops,) = [[row[0] for row in t["rows"]] for t in suite["tables"]]
+    assert row_ops == ["gather", "allgather", "broadcast", "partition"]
+    assert all(set(r) == {"gather", "allgather", "broadcast", "partition"} for r in suite["raw"]["runs"]["2"]["twisternet"])
