@@ -105,7 +105,8 @@ class CoflowCoordinator:
         self._dirty = False
         self.seq += 1
         prio = {str(k): int(v) for k, v in self.table.priorities().items()}
-        msg = {"op": "schedule", "prio": prio, "seq": self.seq}
+        rates = {str(k): [float(x) for x in v] for k, v in self.table.rates().items()}
+        msg = {"op": "schedule", "prio": prio, "rates": rates, "seq": self.seq}
         return [(r, msg) for r in sorted(self.ranks)]
 
     def next_deadline(self) -> float | None:

@@ -83,6 +83,7 @@ class CoflowRuntime:
         self._edge_coflow: dict[int, Hashable] = {}        # user edge -> coflow id
         self._edge_rank: dict[int, int] = {}                # user edge -> rank order (cache)
         self._rates: dict[Hashable, list[float]] = {}
+        self._remote_rates: dict[str, list[float]] = {}   # per-flow rates pushed by the coordinator
         self._progress: dict[tuple[Hashable, int], float] = {}   # (coflow, dst) -> bytes not yet reported
         self._buckets: dict[tuple[Hashable, int], list[float]] = {}  # (coflow, dst) -> [tokens, t]
         self._dirty = True
@@ -231,7 +232,14 @@ class CoflowRuntime:
                     # the coordinator's job-wide order; coflows it does not know yet rank after its own
                     known = len(self._remote)
                     prio = {cid: self._remote.get(str(cid), known + r) for cid, r in prio.items()}
-                self._rates = self.table.rates()
+                rates = self.table.rates()
+                if self._remote is not None and now - self._remote_at <= self.stale_after:
+                    # the coordinator's job-wide rates where it has them (same flow order everywhere)
+                    for cid in rates:
+                        theirs = self._remote_rates.get(str(cid))
+                        if theirs is not None and len(theirs) == len(rates[cid]):
+                            rates[cid] = theirs
+                self._rates = rates
             except Exception:  # noqa: BLE001 - a failing policy must not stop the data; keep old order
                 log.exception("rank %d: coflow policy %s failed; keeping the previous order",
                               self.rank, self.policy_name)
@@ -307,12 +315,16 @@ class CoflowRuntime:
         if msg.get("op") != "schedule" or not isinstance(msg.get("prio"), dict):
             log.warning("rank %d: unexpected coflow coordinator message %r", self.rank, msg)
             return
-        self.set_remote_priorities(msg["prio"])
+        self.set_remote_priorities(msg["prio"], msg.get("rates") if isinstance(msg.get("rates"), dict) else None)
 
-    def set_remote_priorities(self, prio: dict[str, int] | None) -> None:
-        """Use priorities computed by a coordinator (None: back to local ordering)."""
+    def set_remote_priorities(self, prio: dict[str, int] | None,
+                              rates: dict[str, list[float]] | None = None) -> None:
+        """Use priorities (and per-flow pacing rates, in each coflow's flow order) computed by a
+        coordinator (None: back to local ordering and rates)."""
         with self._lock:
             self._remote = None if prio is None else {str(k): int(v) for k, v in prio.items()}
+            self._remote_rates = ({} if prio is None or rates is None else
+                                  {str(k): [float(x) for x in v] for k, v in rates.items()})
             self._remote_at = self._clock()
             self._dirty = True
 

@@ -28,6 +28,8 @@ def test_coordinator_ranks_job_wide_and_ends_coflows_with_last_rank():
     assert sorted(r for r, _ in out) == [0, 1, 2]
     prio = out[0][1]["prio"]
     assert prio["small"] < prio["big"]
+    rates = out[0][1]["rates"]                       # MADD rates pushed too, per flow in registration order
+    assert len(rates["big"]) == 2 and len(rates["small"]) == 1 and rates["small"][0] > 0
     # progress shrinks "big" below "small": SEBF reorders
     co.handle(1, {"op": "progress", "id": "big", "sent": [[1, 0, 9e6 - 10], [2, 0, 9e6 - 10]]}, 0.0)
     assert co.tick(time.monotonic())[0][1]["prio"]["big"] == 0
@@ -109,3 +111,22 @@ def test_coordinator_over_control_edges_local_channel():
     got, n = res[0]
     assert got == [(r, list(range(1000))) for r in range(3)]
     assert n == 0
+
+
+def test_pushed_rates_drive_pacing_and_local_rates_return_when_stale() -> None:
+    from twisternet.coflow.live import EDGES_PER_USER_EDGE, CoflowRuntime
+
+    clock = [100.0]
+    rt = CoflowRuntime(2, 0, "sebf", clock=lambda: clock[0])
+    cid = rt.attach(7, "Gather", [0, 1], [0, 1])
+    rt.refresh(force=True)
+    ch = 7 * EDGES_PER_USER_EDGE
+    # a coordinator's schedule: this coflow at 1000 B/s on every flow
+    rt.on_schedule({"op": "schedule", "prio": {str(cid): 0}, "rates": {str(cid): [1000.0, 1000.0]}})
+    rt.refresh(force=True)
+    assert rt.pace(ch, 1, 1000) == 0.0          # the first burst goes at once
+    assert rt.pace(ch, 1, 1000) == pytest.approx(1.0, rel=0.01)   # then 1000 B at 1000 B/s
+    clock[0] += 10 * rt.stale_after             # the coordinator went silent: local rates again
+    rt.refresh(force=True)
+    assert rt.pace(ch, 1, 1000) == 0.0
+    assert rt.pace(ch, 1, 1000) < 0.01          # the local policy's share of a 1 Gbit/s port
