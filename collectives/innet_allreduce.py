@@ -14,15 +14,20 @@ workers finish through the PS (ATP's fate sharing) and ``last_stats.fallback`` s
 warning. Results equal the float64 sum within ``innet.quantize.error_bound`` (values are scaled by
 ``2**20`` and rounded; values that would overflow int32 go to the PS as raw floats).
 
-Host: everything binds to ``TWISTERNET_INNET_HOST`` (default 127.0.0.1, a one-machine job).
+Host: everything binds to the ``innet_host`` config key (default 127.0.0.1, a one-machine job).
+
+A shared switch: when the config keys ``innet_switch`` (its UDP ``host:port``) and ``innet_p4runtime``
+(its P4Runtime ``host:port``) are set -- ``twisternet run --innet`` sets them for a switch it starts beside the job -- no switch is started; the first rank starts only the
+PS and places the job on that switch through P4Runtime (``innet.controller``: a free job id, free port
+numbers, the multicast group and the job entry), and removes it again when the operation closes.
 """
 
 from __future__ import annotations
 
 import atexit
 import logging
-import os
 import socket
+import threading
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +51,34 @@ def _int_to_ip(value: int) -> str:
     return socket.inet_ntoa(int(value).to_bytes(4, "big"))
 
 
+_reserved_ids: set[int] = set()      # job ids this process holds on a shared switch
+_reserved_lock = threading.Lock()
+
+
+def _split_addr(value: str) -> tuple[str, int]:
+    host, _, port = value.rpartition(":")   # validated by the config
+    return host, int(port)
+
+
+def _release_shared(controller: Any, placement: Any, ps_proc: Any, job_id: int) -> None:
+    """Take a job off the shared switch, stop its PS and free its id (idempotent enough for atexit)."""
+    try:
+        if controller is not None and placement is not None:
+            controller.remove_job(placement)
+    except Exception as err:  # noqa: BLE001 - the switch may be gone already; nothing else to do
+        log.warning("could not remove in-network job %d from the switch: %s", job_id, err)
+    if ps_proc is not None and ps_proc.poll() is None:
+        ps_proc.terminate()
+        try:
+            ps_proc.wait(5)
+        except Exception:  # noqa: BLE001
+            ps_proc.kill()
+    if ps_proc is not None and ps_proc.stdout:
+        ps_proc.stdout.close()
+    with _reserved_lock:
+        _reserved_ids.discard(job_id)
+
+
 class InnetAllReduce:
     """The in-network path of one AllReduce operation (set up lazily, on the first call)."""
 
@@ -54,6 +87,11 @@ class InnetAllReduce:
         self.job: Any = None
         self.service: Any = None
         self._finalizer: weakref.finalize | None = None
+        # shared-switch mode, on the first rank only
+        self._controller: Any = None
+        self._placement: Any = None
+        self._ps_proc: Any = None
+        self._job_id = 0
 
     # ------------------------------------------------------------------ one call
     def run(self, value: Any, timeout: float) -> np.ndarray:
@@ -94,7 +132,12 @@ class InnetAllReduce:
         world = len(ranks)
         me = ranks.index(op.rank)
         first = me == 0
-        host = os.environ.get("TWISTERNET_INNET_HOST", "127.0.0.1")
+        config = op.ctx.config
+        host = config.innet_host
+        if config.innet_switch:
+            self._setup_shared(host, _split_addr(config.innet_switch), _split_addr(config.innet_p4runtime),
+                               timeout)
+            return
         job_id = op.edge % 255 + 1     # one switch per operation: any id in 1..255 will do
 
         ports = np.zeros(2, np.int64)
@@ -130,6 +173,67 @@ class InnetAllReduce:
         log.info("%s: in-network job %d, switch %s, PS %s, %d workers", op.describe(), job_id, sw_addr,
                  ps_addr, world)
 
+    def _setup_shared(self, host: str, sw_addr: tuple[str, int], control: tuple[str, int],
+                      timeout: float) -> None:
+        """Set up on a running switch (``innet_switch``), placing the job through P4Runtime."""
+        from innet import InnetJob
+        from innet.service import free_udp_port, start_ps
+
+        rar = self.rar
+        op = rar.op
+        world = len(rar.ranks)
+        me = rar.ranks.index(op.rank)
+        first = me == 0
+
+        head = np.zeros(2, np.int64)          # (job id, PS port); a job id of 0 reports a failure
+        if first:
+            try:
+                from innet.controller import P4RuntimeController
+                self._controller = P4RuntimeController(f"{control[0]}:{control[1]}")
+                with _reserved_lock:
+                    job_id = self._controller.free_job_id(exclude=_reserved_ids)
+                    _reserved_ids.add(job_id)
+                self._job_id = job_id
+                head[:] = (job_id, free_udp_port(host))
+            except Exception:  # noqa: BLE001 - reported to every rank below, then raised here
+                log.exception("%s: could not reach the in-network switch's P4Runtime server at %s:%d",
+                              op.describe(), *control)
+        head = self._exchange(head, timeout)
+        job_id, ps_port = int(head[0]), int(head[1])
+        if job_id == 0:
+            self.close()
+            raise RuntimeError(f"{op.describe()}: rank {rar.ranks[0]} could not get a job id from the "
+                               f"in-network switch's P4Runtime server at {control[0]}:{control[1]} (see its log)")
+        ps_addr = (host, ps_port)
+
+        self.job = InnetJob(job_id, me, world, sw_addr, ps_addr)
+        mine = np.zeros(2 * world, np.int64)
+        addr = self.job.address
+        mine[2 * me:2 * me + 2] = (_ip_to_int(addr[0]), addr[1])
+        table = self._exchange(mine, timeout)
+        workers = [(_int_to_ip(table[2 * r]), int(table[2 * r + 1])) for r in range(world)]
+
+        ok = np.zeros(1, np.int64)
+        if first:
+            try:
+                self._ps_proc, _ = start_ps(job_id, world, sw_addr, host=host, port=ps_port)
+                self._placement = self._controller.place_job(job_id, workers, ps_addr)
+                ok[0] = 1
+            except Exception:  # noqa: BLE001 - reported to every rank below, then raised here
+                log.exception("%s: could not place in-network job %d on the switch at %s:%d",
+                              op.describe(), job_id, *sw_addr)
+        started = self._exchange(ok, timeout)
+        if int(started[0]) != 1:
+            self.close()
+            raise RuntimeError(f"{op.describe()}: rank {rar.ranks[0]} could not start the PS or place job "
+                               f"{job_id} on the in-network switch at {sw_addr[0]}:{sw_addr[1]} (see its log)")
+        if first:
+            self._finalizer = weakref.finalize(self, _release_shared, self._controller, self._placement,
+                                               self._ps_proc, job_id)
+            atexit.register(self._finalizer)
+        log.info("%s: in-network job %d on the shared switch %s, PS %s, %d workers", op.describe(), job_id,
+                 sw_addr, ps_addr, world)
+
     def kill_switch(self) -> None:
         """Kill the switch process (fate-sharing tests); only on the rank that started it."""
         if self.service is not None:
@@ -143,4 +247,7 @@ class InnetAllReduce:
             self._finalizer()
         elif self.service is not None:
             self.service.close()
+        elif self._controller is not None:   # a shared-switch set-up that failed half-way
+            _release_shared(self._controller, self._placement, self._ps_proc, self._job_id)
         self.service = None
+        self._controller = self._placement = self._ps_proc = None

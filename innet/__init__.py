@@ -10,7 +10,7 @@ from .control import (AggregatorState, AlreadyExists, ControlError, InvalidArgum
 from .ps import ParameterServer, PSJobConfig, PSJobStats, PSThread
 from .quantize import Quantizer, error_bound
 from .service import (DEFAULT_SCALE, InnetCluster, InnetJob, InnetService, JobSpec, free_udp_port,
-                      innet_allreduce, switch_config)
+                      innet_allreduce, start_switch, switch_config, SwitchProcess)
 from .switch import COUNTER_NAMES, SoftwareSwitch
 from .switch_server import SwitchServer, SwitchThread, apply_config
 from .transport import LossConfig, UdpTransport
@@ -22,7 +22,7 @@ __all__ = [
     "NotFound", "ResourceExhausted", "SwitchControl",
     "ParameterServer", "PSJobConfig", "PSJobStats", "PSThread", "Quantizer", "error_bound",
     "DEFAULT_SCALE", "InnetCluster", "InnetJob", "InnetService", "JobSpec", "free_udp_port",
-    "innet_allreduce", "switch_config", "COUNTER_NAMES", "SoftwareSwitch", "SwitchServer", "SwitchThread",
+    "innet_allreduce", "start_switch", "switch_config", "SwitchProcess", "COUNTER_NAMES", "SoftwareSwitch", "SwitchServer", "SwitchThread",
     "apply_config", "LossConfig", "UdpTransport", "DEFAULT_VALUE_COUNT", "Packet", "WireError", "decode",
     "decode_batch", "encode", "AtpWorker", "WorkerStats",
 ]

@@ -156,6 +156,55 @@ def _start_cli(module: str, args: Sequence[str], timeout: float = 20.0) -> tuple
     return proc, (host, int(port))
 
 
+def start_ps(job_id: int, world: int, switch_addr: tuple[str, int], *, host: str = "127.0.0.1", port: int = 0,
+             value_count: int = DEFAULT_VALUE_COUNT, scale: float = DEFAULT_SCALE,
+             keep: int = 4096) -> tuple[subprocess.Popen, tuple[str, int]]:
+    """Start a parameter server for one job as a subprocess; returns it and its UDP address."""
+    cfg = {"jobs": [{"job_id": job_id, "world": world, "scale": scale,
+                     "switch": [switch_addr[0], int(switch_addr[1])], "keep": keep}]}
+    return _start_cli("innet.ps", ["--host", host, "--port", str(port), "--values", str(value_count),
+                                   "--config", json.dumps(cfg)])
+
+
+@dataclass
+class SwitchProcess:
+    """A shared software switch running as a subprocess, with its P4Runtime server (``start_switch``)."""
+
+    proc: subprocess.Popen
+    udp_addr: tuple[str, int]
+    p4runtime_addr: tuple[str, int]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        if self.proc.stdout:
+            self.proc.stdout.close()
+
+
+def start_switch(host: str = "127.0.0.1", *, port: int = 0, p4runtime_port: int = 0,
+                 num_aggregators: int = 4096, value_count: int = DEFAULT_VALUE_COUNT,
+                 timeout: float = 20.0) -> SwitchProcess:
+    """Start an empty switch (no jobs) whose P4Runtime server lets controllers add them
+    (``innet.controller.P4RuntimeController``); what ``twisternet run --innet`` runs beside a job."""
+    proc, udp = _start_cli("innet.switch_server", ["--host", host, "--port", str(port), "--aggregators",
+                                                   str(num_aggregators), "--values", str(value_count),
+                                                   "--p4runtime-port", str(p4runtime_port)], timeout)
+    holder: list[str] = []
+    t = threading.Thread(target=lambda: holder.append(proc.stdout.readline()), daemon=True)
+    t.start()
+    t.join(timeout)
+    if not holder or not holder[0].startswith("p4runtime on "):
+        proc.kill()
+        raise RuntimeError(f"the switch's P4Runtime server did not start: {holder[:1]!r}")
+    g_host, g_port = holder[0].split(" ", 2)[2].strip().rsplit(":", 1)
+    return SwitchProcess(proc, udp, (g_host, int(g_port)))
+
+
 @dataclass
 class InnetService:
     """A switch and a PS running as subprocesses (``innet.switch_server.main`` / ``innet.ps.main``)."""
@@ -171,10 +220,8 @@ class InnetService:
                num_aggregators: int = 4096, scale: float = DEFAULT_SCALE, keep: int = 4096,
                p4runtime_port: int | None = None) -> "InnetService":
         """Start PS and switch subprocesses for one single-rack job on fixed ports (see ``free_udp_port``)."""
-        ps_cfg = {"jobs": [{"job_id": job_id, "world": len(worker_addrs), "scale": scale,
-                            "switch": [host, switch_port], "keep": keep}]}
-        ps_proc, ps_addr = _start_cli("innet.ps", ["--host", host, "--port", str(ps_port), "--values",
-                                                   str(value_count), "--config", json.dumps(ps_cfg)])
+        ps_proc, ps_addr = start_ps(job_id, len(worker_addrs), (host, switch_port), host=host, port=ps_port,
+                                    value_count=value_count, scale=scale, keep=keep)
         sw_args = ["--host", host, "--port", str(switch_port), "--aggregators", str(num_aggregators),
                    "--values", str(value_count),
                    "--config", json.dumps(switch_config(job_id, worker_addrs, ps_addr))]

@@ -222,6 +222,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: server.stop())
     host, port = server.address
     sys.stdout.write(f"atp switch listening on udp {host}:{port}\n")
+    if grpc_server is not None:
+        sys.stdout.write(f"p4runtime on {grpc_server.host}:{grpc_server.port}\n")
     sys.stdout.flush()
     log.info("switch on %s:%d with %d aggregators x %d values", host, port, args.aggregators, args.values)
     try:

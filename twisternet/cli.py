@@ -119,6 +119,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--port", type=int, default=0, help="port the master binds (default: any free)")
     run.add_argument("--env", type=_key_value, action="append", default=[], metavar="K=V",
                      help="extra environment variable for the workers (repeatable)")
+    run.add_argument("--innet", action="store_true",
+                     help="start an in-network aggregation (ATP) switch beside the job for "
+                          "AllReduce(via='innet') (needs the innet extra)")
     run.add_argument("script", help="Python script each worker runs")
     run.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
 
@@ -173,7 +176,12 @@ def _cmd_run(ns: argparse.Namespace) -> int:
     env = dict(ns.env)
     if ns.log_level and "TWISTERNET_LOG_LEVEL" not in env:
         env["TWISTERNET_LOG_LEVEL"] = ns.log_level  # the workers log like the launcher
-    return run(ns.n, ns.script, ns.args, grace=ns.grace, host=ns.host, port=ns.port, env=env)
+    from .errors import LaunchError
+    try:
+        return run(ns.n, ns.script, ns.args, grace=ns.grace, host=ns.host, port=ns.port, env=env,
+                   innet=ns.innet)
+    except LaunchError as e:
+        return _fail(str(e), 1)
 
 
 def _cmd_master(ns: argparse.Namespace) -> int:

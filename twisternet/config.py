@@ -143,6 +143,15 @@ class Config:
     #: job-wide order it pushes; without it (or when it goes silent) each rank orders locally.
     coflow_coordinator: bool = True
 
+    # --- in-network aggregation (design.md section 8; AllReduce(via="innet")) ---------------------
+    #: Address the ATP worker sockets (and a switch/PS this job starts) bind and advertise.
+    innet_host: str = "127.0.0.1"
+    #: UDP HOST:PORT of a running ATP switch to use instead of starting one per operation ("" = start
+    #: one); set by ``twisternet run --innet``. Needs ``innet_p4runtime`` too.
+    innet_switch: str = ""
+    #: P4Runtime HOST:PORT of that switch: the operation places its job there as a controller would.
+    innet_p4runtime: str = ""
+
     def __post_init__(self) -> None:
         _validate(self)
 
@@ -196,6 +205,18 @@ def _validate(c: Config) -> None:
         host, sep, port = c.master.rpartition(":")
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise ConfigError("master", f"must be HOST:PORT, got {c.master!r}")
+    for k in ("innet_switch", "innet_p4runtime"):
+        value = getattr(c, k)
+        if value:
+            host, sep, port = value.rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ConfigError(k, f"must be HOST:PORT or empty, got {value!r}")
+    if bool(c.innet_switch) != bool(c.innet_p4runtime):
+        raise ConfigError("innet_switch" if not c.innet_switch else "innet_p4runtime",
+                          "innet_switch and innet_p4runtime go together (a shared switch is placed on "
+                          "through its P4Runtime server)")
+    if not c.innet_host:
+        raise ConfigError("innet_host", "must not be empty")
     if c.token is not None and len(c.token) < 8:
         raise ConfigError("token", "must be at least 8 characters")
     if c.coflow_policy not in _BUILTIN_COFLOW_POLICIES:

@@ -68,3 +68,7 @@ class BackPressureTimeout(OperationTimeout):
 
 class ClosedError(TwisternetError):
     """The context, channel or operation was already closed."""
+
+
+class LaunchError(TwisternetError, RuntimeError):
+    """The launcher could not start the job (a missing extra, a helper process that did not start)."""

@@ -18,10 +18,11 @@ import subprocess
 import sys
 import threading
 import time
-from typing import IO, Callable, Mapping, Sequence
+from typing import IO, Any, Callable, Mapping, Sequence
 
 from .bootstrap import Master, install_job_services
 from .config import load_config
+from .errors import LaunchError
 
 __all__ = ["run", "exit_status", "describe_exit", "spawn_preexec"]
 
@@ -128,16 +129,38 @@ def _connect_host(host: str) -> str:
     return {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)
 
 
+def _start_innet_switch(host: str, env: dict[str, str]) -> Any:
+    """Start the job's in-network switch and put its addresses into ``env`` (the workers' environment)."""
+    try:
+        import grpc  # noqa: F401 - the switch's P4Runtime server and the controllers need it
+        from innet.service import start_switch
+    except ModuleNotFoundError as e:
+        raise LaunchError(f"--innet needs the innet extra ({e.name} is not installed): "
+                          "pip install 'twisternet[innet]'") from None
+    try:
+        switch = start_switch(host)
+    except (RuntimeError, OSError) as e:
+        raise LaunchError(f"the in-network switch did not start: {e}") from None
+    env["TWISTERNET_INNET_SWITCH"] = f"{switch.udp_addr[0]}:{switch.udp_addr[1]}"
+    env["TWISTERNET_INNET_P4RUNTIME"] = f"{switch.p4runtime_addr[0]}:{switch.p4runtime_addr[1]}"
+    env.setdefault("TWISTERNET_INNET_HOST", host)
+    return switch
+
+
 def run(n: int, script: str, args: Sequence[str] = (), *, grace: float = 10.0, host: str = "127.0.0.1",
         port: int = 0, env: Mapping[str, str] | None = None, python: str | None = None,
         stdout: IO | None = None, stderr: IO | None = None,
-        setup: Callable[[Master], None] | None = None) -> int:
+        setup: Callable[[Master], None] | None = None, innet: bool = False) -> int:
     """Run ``n`` workers of ``script`` under a fresh bootstrap master; return the first non-zero exit
     status (128 + k for a death by signal k), or 0.
 
     ``env`` adds variables to the workers' environment. The master gets the job services
     (:func:`~twisternet.bootstrap.install_job_services`), then ``setup(master)`` may add more. Call it
     from the main thread (signal handling and PDEATHSIG rely on it).
+
+    ``innet`` starts an ATP software switch with its P4Runtime server beside the job (needs the ``innet``
+    extra) and tells the workers where it is (config keys ``innet_switch`` and ``innet_p4runtime``),
+    so every ``AllReduce(via="innet")`` of the job places itself on that switch; it stops with the job.
     """
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"number of workers must be >= 1, got {n!r}")
@@ -161,6 +184,13 @@ def run(n: int, script: str, args: Sequence[str] = (), *, grace: float = 10.0, h
         raise
     master_addr = f"{_connect_host(host)}:{master.address[1]}"
     lock = threading.Lock()
+    switch = None
+    if innet:
+        try:
+            switch = _start_innet_switch(_connect_host(host), base_env)
+        except BaseException:
+            master.stop()
+            raise
 
     def say(text: str) -> None:
         log.info("%s", text)
@@ -198,6 +228,9 @@ def run(n: int, script: str, args: Sequence[str] = (), *, grace: float = 10.0, h
             output.pump(p.stderr, err, prefix)  # type: ignore[arg-type]
         master.start()
         log.info("launched %d workers of %s (master %s)", n, script, master_addr)
+        if switch is not None:
+            say(f"in-network switch on udp {switch.udp_addr[0]}:{switch.udp_addr[1]} "
+                f"(P4Runtime {switch.p4runtime_addr[0]}:{switch.p4runtime_addr[1]})")
         return _supervise(procs, master, grace, say, interrupted)
     finally:
         for p in procs:
@@ -211,6 +244,8 @@ def run(n: int, script: str, args: Sequence[str] = (), *, grace: float = 10.0, h
             _signal_group(p, signal.SIGKILL)  # leftover children of the worker, if any
         output.join(timeout=2.0)
         master.stop()
+        if switch is not None:
+            switch.close()
         for sig, handler in old_handlers.items():
             signal.signal(sig, handler)  # type: ignore[arg-type]
 
