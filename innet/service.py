@@ -272,7 +272,8 @@ class InnetCluster:
 
     def __init__(self, jobs: Sequence[JobSpec], *, num_aggregators: int = 4096,
                  value_count: int = DEFAULT_VALUE_COUNT, loss: LossConfig | None = None,
-                 ecn_threshold: int = 64, stale_timeout: float = 2.0) -> None:
+                 ecn_threshold: int = 64, stale_timeout: float = 2.0, line_rate: float | None = None,
+                 queue_limit: int = 4096) -> None:
         self.value_count = value_count
         self.num_aggregators = num_aggregators
         ps_loss = sw_loss = None
@@ -281,7 +282,8 @@ class InnetCluster:
             sw_loss = LossConfig(0, loss.aggregate, loss.parameter, loss.seed + 2)
         self.ps = PSThread(value_count=value_count, loss=ps_loss).start()
         self.switch = SwitchThread(num_aggregators, value_count, loss=sw_loss, ecn_threshold=ecn_threshold,
-                                   stale_timeout=stale_timeout).start()
+                                   stale_timeout=stale_timeout, line_rate=line_rate,
+                                   queue_limit=queue_limit).start()
         self.jobs: dict[int, list[InnetJob]] = {}
         self.specs = {s.job_id: s for s in jobs}
         configs = []

@@ -81,7 +81,16 @@ class SwitchServer:
     """Runs a ``SoftwareSwitch`` on a UDP socket until ``stop()``; ``run()`` is the loop."""
 
     def __init__(self, switch: SoftwareSwitch, bind: tuple[str, int] = ("127.0.0.1", 0), *,
-                 loss: LossConfig | None = None) -> None:
+                 loss: LossConfig | None = None, line_rate: float | None = None,
+                 queue_limit: int = 4096) -> None:
+        """``line_rate`` (packets/s, None = as fast as the loop runs) models the switch's port rate: the
+        switch forwards at most that many packets per second, its queue builds behind them, ECN marks
+        when the queue exceeds the threshold, and arrivals beyond ``queue_limit`` packets are
+        tail-dropped (``tail_drops``), as on a hardware switch whose egress link is the bottleneck."""
+        if line_rate is not None and not line_rate > 0:
+            raise ValueError(f"line_rate must be > 0 packets/s, got {line_rate!r}")
+        if queue_limit < 1:
+            raise ValueError(f"queue_limit must be >= 1 packet, got {queue_limit!r}")
         self.switch = switch
         self.transport = UdpTransport(bind, role=ROLE_SWITCH, loss=loss)
         self._stop = threading.Event()
@@ -91,7 +100,9 @@ class SwitchServer:
         self._version = -1
         self.packets_in = 0
         #: packets held in the internal queue at most (a switch's buffer)
-        self.max_queue = 4096
+        self.max_queue = int(queue_limit)
+        self.line_rate = line_rate
+        self.tail_drops = 0
 
     @property
     def address(self) -> tuple[str, int]:
@@ -112,6 +123,9 @@ class SwitchServer:
         tr = self.transport
         q = self._queue
         next_sweep = time.monotonic() + sw.stale_timeout / 2
+        rate = self.line_rate
+        burst = 1.0 if rate is None else max(1.0, rate / 1000.0)   # at most a millisecond's worth at once
+        tokens, last = burst, time.monotonic()
         try:
             while not self._stop.is_set():
                 if not q:
@@ -122,12 +136,29 @@ class SwitchServer:
                             sw.reclaim_stale(now)
                             next_sweep = now + sw.stale_timeout / 2
                         continue
-                room = self.max_queue - len(q)       # drain the kernel queue so our depth is the real one,
-                if room > 0:                         # up to a bound (beyond it the kernel drops)
-                    q.extend(tr.recv_batch(min(1024, room)))
+                if rate is None:
+                    room = self.max_queue - len(q)   # drain the kernel queue so our depth is the real one,
+                    if room > 0:                     # up to a bound (beyond it the kernel drops)
+                        q.extend(tr.recv_batch(min(1024, room)))
+                    budget = 256
+                else:
+                    batch = tr.recv_batch(1024)      # everything that arrived; beyond the buffer: tail drop
+                    room = self.max_queue - len(q)
+                    if len(batch) > room:
+                        self.tail_drops += len(batch) - max(room, 0)
+                        batch = batch[:max(room, 0)]
+                    q.extend(batch)
+                    now = time.monotonic()
+                    tokens = min(burst, tokens + (now - last) * rate)
+                    last = now
+                    budget = min(256, int(tokens))
+                    if budget == 0:
+                        select.select([tr.sock], [], [], (1.0 - tokens) / rate)
+                        continue
+                    tokens -= min(budget, len(q))
                 self._refresh_ports()
                 now = time.monotonic()
-                for _ in range(min(len(q), 256)):
+                for _ in range(min(len(q), budget)):
                     data, src = q.popleft()
                     self.packets_in += 1
                     in_port = self._addr_to_port.get(src, UNKNOWN_PORT)
@@ -151,12 +182,13 @@ class SwitchThread:
     def __init__(self, num_aggregators: int = 4096, value_count: int = DEFAULT_VALUE_COUNT, *,
                  config: Mapping[str, Any] | None = None, bind: tuple[str, int] = ("127.0.0.1", 0),
                  loss: LossConfig | None = None, ecn_threshold: int = DEFAULT_ECN_THRESHOLD,
-                 stale_timeout: float = DEFAULT_STALE_TIMEOUT) -> None:
+                 stale_timeout: float = DEFAULT_STALE_TIMEOUT, line_rate: float | None = None,
+                 queue_limit: int = 4096) -> None:
         self.switch = SoftwareSwitch(num_aggregators, value_count, ecn_threshold=ecn_threshold,
                                      stale_timeout=stale_timeout)
         if config:
             apply_config(self.switch, config)
-        self.server = SwitchServer(self.switch, bind, loss=loss)
+        self.server = SwitchServer(self.switch, bind, loss=loss, line_rate=line_rate, queue_limit=queue_limit)
         self._thread = threading.Thread(target=self.server.run, name="atp-switch", daemon=True)
 
     @property
@@ -199,6 +231,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--config", default=None, help="JSON config (a file path or an inline JSON object)")
     ap.add_argument("--ecn-threshold", type=int, default=DEFAULT_ECN_THRESHOLD)
     ap.add_argument("--stale-timeout", type=float, default=DEFAULT_STALE_TIMEOUT)
+    ap.add_argument("--line-rate", type=float, default=None,
+                    help="packets/s the switch forwards at most (models a rate-limited port; default: no limit)")
+    ap.add_argument("--queue-limit", type=int, default=4096, help="switch buffer in packets (default 4096)")
     ap.add_argument("--log-level", default="WARNING")
     args = ap.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -209,7 +244,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             apply_config(switch, _load_config(args.config))
     except (InvalidArgument, ValueError, OSError) as e:
         ap.error(str(e))
-    server = SwitchServer(switch, (args.host, args.port))
+    try:
+        server = SwitchServer(switch, (args.host, args.port), line_rate=args.line_rate,
+                              queue_limit=args.queue_limit)
+    except ValueError as e:
+        ap.error(str(e))
     grpc_server = None
     if args.p4runtime_port is not None:
         from .p4runtime import serve  # lazy: grpc is an optional dependency

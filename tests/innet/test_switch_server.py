@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -159,3 +160,31 @@ def test_cli_serves_p4runtime_when_asked() -> None:
         proc.terminate()
         assert proc.wait(10) == 0
         proc.stdout.close()
+
+
+def test_rate_limited_port_tail_drops_and_marks_ecn() -> None:
+    """A 20 packets/s port with a 4-packet buffer: a burst of 60 gradients mostly tail-drops; every packet
+    is either processed or counted as dropped. (ECN marking on that queue: tests/innet/test_bench_innet.py.)"""
+    workers, ps = [_udp(), _udp()], _udp()
+    cfg = _config(workers, ps)
+    try:
+        with SwitchThread(256, V, config=cfg, line_rate=20, queue_limit=4) as st:
+            vals = np.ones(V, np.int32)
+            for seq in range(60):   # fan-in 2 but only worker 0 sends: nothing completes; the switch
+                workers[0].sendto(encode(Packet(3, seq, vals, bitmap0=1, bitmap1=1, fan_in0=2,  # holds them
+                                                agg_index=seq)), st.address)
+            deadline = time.monotonic() + 10
+            while st.server.packets_in + st.server.tail_drops < 60 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert st.server.tail_drops >= 60 - 4 - 2          # the buffer plus what the port drained
+            assert st.server.packets_in + st.server.tail_drops == 60
+    finally:
+        for s in (*workers, ps):
+            s.close()
+
+
+def test_rate_limit_arguments_are_checked() -> None:
+    with pytest.raises(ValueError, match="line_rate"):
+        SwitchThread(8, V, line_rate=0)
+    with pytest.raises(ValueError, match="queue_limit"):
+        SwitchThread(8, V, queue_limit=0)
