@@ -225,11 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     extra: dict[str, Any] = {k: v for k, v in (("sizes", a.sizes), ("ray", a.ray)) if v}
     opts = SuiteOptions(quick=a.quick, workers=[int(w) for w in a.workers.split(",")], repeat=a.repeat or 3,
                         repeat_given=bool(a.repeat), extra=extra)
-    res = run(opts)
-    opts.bar(NAME).finish()
-    print(report.render_suite_text(res))
-    if a.json:
-        Path(a.json).write_text(json.dumps(res.to_json(), indent=1))
+    report.run_standalone(NAME, run, opts, a.json)
     return 0
 
 

@@ -9,7 +9,6 @@ size-aware policy (sebf) the small coflow should overtake the big one's backlog.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -102,11 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     extra: dict[str, Any] = {k: v for k, v in (("n", a.workers), ("big_mb", a.big_mb), ("small_mb", a.small_mb),
                                                ("policies", a.policies)) if v is not None}
     opts = SuiteOptions(quick=a.quick, repeat=a.repeat or 1, repeat_given=bool(a.repeat), extra=extra)
-    res = run(opts)
-    opts.bar(NAME).finish()
-    print(report.render_suite_text(res))
-    if a.json:
-        Path(a.json).write_text(json.dumps(res.to_json(), indent=1))
+    report.run_standalone(NAME, run, opts, a.json)
     return 0
 
 

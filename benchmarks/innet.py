@@ -29,6 +29,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks import report  # noqa: E402
 from benchmarks.harness import SuiteOptions, SuiteResult, Table, Target  # noqa: E402
 
 NAME = "innet"
@@ -220,14 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--values", type=int, default=None)
     a = ap.parse_args(argv)
     extra = {"values": a.values} if a.values else {}
-    r = run(SuiteOptions(quick=a.quick, repeat=a.repeat, workers=[int(x) for x in a.workers.split(",")],
-                         extra=extra))
-    for t in r.tables:
-        print(f"\n{t.title}")
-        from benchmarks.common import table
-        print(table(t.headers, t.rows))
-    for t in r.targets:
-        print(f"{'MET' if t.met else 'MISSED'}: {t.name}: wanted {t.wanted}; measured {t.measured}")
+    workers = [int(x) for x in a.workers.split(",")]
+    report.run_standalone(NAME, run, SuiteOptions(quick=a.quick, repeat=a.repeat, workers=workers,
+                                                  extra=extra))
     return 0
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import sys
 import time
 from pathlib import Path
@@ -141,11 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     extra: dict[str, Any] = {k: v for k, v in (("sizes", a.sizes), ("budget", a.budget)) if v}
     opts = SuiteOptions(quick=a.quick, repeat=a.repeat or 3, repeat_given=bool(a.repeat), extra=extra)
-    res = run(opts)
-    opts.bar(NAME).finish()
-    print(report.render_suite_text(res))
-    if a.json:
-        Path(a.json).write_text(json.dumps(res.to_json(), indent=1))
+    res = report.run_standalone(NAME, run, opts, a.json)
     if a.plot:
         if not report.have_matplotlib():
             print("--plot needs matplotlib (pip install matplotlib)", file=sys.stderr)

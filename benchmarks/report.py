@@ -106,6 +106,18 @@ def render_suite_text(r: SuiteResult) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
+def run_standalone(name: str, run: Any, opts: Any, json_path: str | None = None) -> SuiteResult:
+    """A suite's own command line: run it, close its progress bar, print its text report, and write its
+    JSON when asked (what ``python benchmarks/<suite>.py`` does; the entry point does more)."""
+    import json
+    res = run(opts)
+    opts.bar(name).finish()
+    print(render_suite_text(res))
+    if json_path:
+        Path(json_path).write_text(json.dumps(res.to_json(), indent=1))
+    return res
+
+
 def _indent(text: str) -> str:
     return "\n".join("    " + line for line in text.rstrip().splitlines())
 

@@ -14,7 +14,6 @@ synchronisation, not CPU: 8 workers on this 2-core machine do not compete for th
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -85,11 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     extra: dict[str, Any] = {k: v for k, v in (("n", a.workers), ("rounds", a.rounds), ("median", a.median))
                              if v is not None}
     opts = SuiteOptions(quick=a.quick, repeat=a.repeat or 3, repeat_given=bool(a.repeat), extra=extra)
-    res = run(opts)
-    opts.bar(NAME).finish()
-    print(report.render_suite_text(res))
-    if a.json:
-        Path(a.json).write_text(json.dumps(res.to_json(), indent=1))
+    report.run_standalone(NAME, run, opts, a.json)
     return 0
 
 

@@ -19,7 +19,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import median, mpiexec_run, run_tagged, table, twisternet_run  # noqa: E402
+from benchmarks.common import median, mpiexec_run, run_tagged, twisternet_run  # noqa: E402
+from benchmarks import report  # noqa: E402
 from benchmarks.harness import SuiteOptions, SuiteResult, Table, Target  # noqa: E402
 
 NAME = "streaming"
@@ -108,11 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--quick", action="store_true")
     a = ap.parse_args(argv)
-    r = run(SuiteOptions(quick=a.quick, repeat=a.repeat, workers=[int(x) for x in a.workers.split(",")]))
-    for t in r.tables:
-        print(f"\n{t.title}\n{table(t.headers, t.rows)}")
-    for t in r.targets:
-        print(f"{'MET' if t.met else 'MISSED'}: {t.name}: wanted {t.wanted}; measured {t.measured}")
+    workers = [int(x) for x in a.workers.split(",")]
+    report.run_standalone(NAME, run, SuiteOptions(quick=a.quick, repeat=a.repeat, workers=workers))
     return 0
 
 

@@ -28,7 +28,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 
-from benchmarks.common import job_env, median, table, twisternet_run  # noqa: E402
+from benchmarks.common import job_env, median, twisternet_run  # noqa: E402
+from benchmarks import report  # noqa: E402
 from benchmarks.harness import SuiteOptions, SuiteResult, Table, Target  # noqa: E402
 from wordcount import generated_words  # noqa: E402
 
@@ -185,14 +186,9 @@ def main(argv: list[str] | None = None) -> int:
         extra["words"] = str(a.words)
     if a.spark is not None:
         extra["spark"] = str(a.spark)
-    r = run(SuiteOptions(quick=a.quick, repeat=a.repeat, workers=[int(x) for x in a.workers.split(",")],
-                         extra=extra))
-    for t in r.tables:
-        print(f"\n{t.title}\n{table(t.headers, t.rows)}")
-    for t in r.targets:
-        print(f"{'MET' if t.met else 'MISSED'}: {t.name}: wanted {t.wanted}; measured {t.measured}")
-    for s in r.skipped:
-        print(f"skipped: {s}")
+    workers = [int(x) for x in a.workers.split(",")]
+    report.run_standalone(NAME, run, SuiteOptions(quick=a.quick, repeat=a.repeat, workers=workers,
+                                                  extra=extra))
     return 0
 
 

@@ -122,6 +122,14 @@ class InnetAllReduce:
         """Sum of an int64 array over the ranks, over the operation's own tree (a rendezvous too)."""
         return self.rar._tree(local, self.rar.next_call(), timeout)
 
+    def _share_addresses(self, me: int, world: int, timeout: float) -> list[tuple[str, int]]:
+        """Every rank's ATP worker address, by rank (each rank fills its slot, the sum is the table)."""
+        mine = np.zeros(2 * world, np.int64)
+        addr = self.job.address
+        mine[2 * me:2 * me + 2] = (_ip_to_int(addr[0]), addr[1])
+        table = self._exchange(mine, timeout)
+        return [(_int_to_ip(table[2 * r]), int(table[2 * r + 1])) for r in range(world)]
+
     def _setup(self, timeout: float) -> None:
         from innet import InnetJob, InnetService
         from innet.service import free_udp_port
@@ -147,11 +155,7 @@ class InnetAllReduce:
         sw_addr, ps_addr = (host, int(ports[0])), (host, int(ports[1]))
 
         self.job = InnetJob(job_id, me, world, sw_addr, ps_addr)
-        mine = np.zeros(2 * world, np.int64)
-        addr = self.job.address
-        mine[2 * me:2 * me + 2] = (_ip_to_int(addr[0]), addr[1])
-        table = self._exchange(mine, timeout)
-        workers = [(_int_to_ip(table[2 * r]), int(table[2 * r + 1])) for r in range(world)]
+        workers = self._share_addresses(me, world, timeout)
 
         ok = np.zeros(1, np.int64)
         if first:
@@ -207,11 +211,7 @@ class InnetAllReduce:
         ps_addr = (host, ps_port)
 
         self.job = InnetJob(job_id, me, world, sw_addr, ps_addr)
-        mine = np.zeros(2 * world, np.int64)
-        addr = self.job.address
-        mine[2 * me:2 * me + 2] = (_ip_to_int(addr[0]), addr[1])
-        table = self._exchange(mine, timeout)
-        workers = [(_int_to_ip(table[2 * r]), int(table[2 * r + 1])) for r in range(world)]
+        workers = self._share_addresses(me, world, timeout)
 
         ok = np.zeros(1, np.int64)
         if first:
