@@ -9,6 +9,9 @@ aggregators the PS receives at most 1/N of the no-switch bytes (plus 5%). Every 
 against the float64 sum within the quantization bound. The switch rate is gradient packets aggregated
 per second of the allreduce (Python software switch; a P4 switch does this at line rate).
 
+Multi-tenancy: three jobs at once on a switch with 100%, 50% and 10% of the aggregators they want;
+each job's throughput relative to 100% (collided fragments go to the PS).
+
 ECN congestion control on vs off: two jobs of two workers share one switch whose port is rate-limited
 (``line_rate`` packets/s, a ``queue_limit``-packet buffer with tail drop: the switch marks ECN on the
 queue behind that port, as a hardware switch marks on its egress queue). With ECN on the switch marks
@@ -174,6 +177,69 @@ def _ecn_section(opts: SuiteOptions, res: SuiteResult, raw: dict[str, Any], bar:
                               drops_on <= 0.1 * drops_off))
 
 
+def tenancy(fraction: float, values: int, jobs: int = 3, world: int = 2, window: int = 32) -> dict[str, Any]:
+    """``jobs`` jobs of ``world`` workers allreducing at once on a switch with ``fraction`` of the
+    aggregators they want (``jobs x window``); collisions go to the PS. Results are checked."""
+    import threading
+
+    from innet import DEFAULT_SCALE, InnetCluster, JobSpec
+    specs = [JobSpec(j, world, max_window=window) for j in range(1, jobs + 1)]
+    wanted = jobs * window
+    inputs = {s.job_id: [(np.random.default_rng([s.job_id, r, values]).standard_normal(values) * 10)
+                         .astype(np.float32) for r in range(world)] for s in specs}
+    with InnetCluster(specs, num_aggregators=max(1, round(fraction * wanted))) as cluster:
+        outs: dict[int, Any] = {}
+        seconds: dict[int, float] = {}
+
+        def job(j: int) -> None:
+            t = time.perf_counter()
+            try:
+                outs[j] = cluster.allreduce(j, inputs[j])
+            except BaseException as e:  # noqa: BLE001 - raised below
+                outs[j] = e
+            seconds[j] = time.perf_counter() - t
+        threads = [threading.Thread(target=job, args=(s.job_id,)) for s in specs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for s in specs:
+            if isinstance(outs[s.job_id], BaseException):
+                raise outs[s.job_id]
+            _check(outs[s.job_id], inputs[s.job_id], DEFAULT_SCALE)
+        collisions = cluster.control.counters()["collisions"]
+    mb = values * 4 / 1e6
+    return {"aggregators": max(1, round(fraction * wanted)), "wanted": wanted, "collisions": collisions,
+            "job_mb_s": [mb / seconds[s.job_id] for s in specs]}
+
+
+def _tenancy_section(opts: SuiteOptions, res: SuiteResult, raw: dict[str, Any], bar: Any) -> None:
+    values = opts.get("tenancy_values", 20_000 if opts.quick else 200_000)
+    repeat = opts.repeats()
+    runs: dict[float, list[dict[str, Any]]] = {}
+    for frac in (1.0, 0.5, 0.1):
+        runs[frac] = []
+        for rep in range(repeat):
+            bar.step(f"3 jobs sharing {frac:.0%} of the wanted aggregators, run {rep + 1}/{repeat}")
+            runs[frac].append(tenancy(frac, values))
+    raw["tenancy"] = {"values": values, "runs": {str(k): v for k, v in runs.items()}}
+
+    def job_rate(frac: float) -> float:        # median over runs of the mean per-job throughput
+        return float(np.median([np.mean(r["job_mb_s"]) for r in runs[frac]]))
+    base = job_rate(1.0)
+    rows = [[f"{frac:.0%}", runs[frac][0]["aggregators"], round(job_rate(frac), 3),
+             round(job_rate(frac) / base, 3), int(np.median([r["collisions"] for r in runs[frac]]))]
+            for frac in (1.0, 0.5, 0.1)]
+    res.tables.append(Table(
+        f"Multi-tenancy: 3 jobs x 2 workers at once, {values:,} float32 per worker, window 32 "
+        f"(96 aggregators wanted), median of {repeat}",
+        ["aggregators (of wanted)", "aggregators", "job MB/s (mean of jobs)", "vs 100%", "collisions"], rows,
+        note="collided fragments are aggregated at the PS; every result checked against the float64 sum"))
+    half = job_rate(0.5) / base
+    res.targets.append(Target("multi-tenancy, 50% of the wanted aggregators vs 100%",
+                              ">= 0.90x the job throughput (ATP: 5-10% loss)", f"{half:.2f}x", half >= 0.90))
+
+
 def run(opts: SuiteOptions) -> SuiteResult:
     from innet.wire import DEFAULT_VALUE_COUNT, HEADER_SIZE
     res = SuiteResult(NAME)
@@ -181,7 +247,7 @@ def run(opts: SuiteOptions) -> SuiteResult:
     repeat = opts.repeats()
     packet = HEADER_SIZE + 4 * DEFAULT_VALUE_COUNT
     bar = opts.bar(NAME)
-    bar.set_total(len(opts.workers) * repeat * 2 + 2 * repeat)
+    bar.set_total(len(opts.workers) * repeat * 2 + 2 * repeat + 3 * repeat)
     rows = []
     raw: dict[str, Any] = {"values": values, "packet_bytes": packet, "runs": {}}
     for n in opts.workers:
@@ -207,6 +273,7 @@ def run(opts: SuiteOptions) -> SuiteResult:
         ["workers", "PS MB (switch)", "PS MB (no switch)", "ratio", "target ratio", "switch agg. pkts/s",
          "s (switch)", "s (no switch)"], rows,
         note="PS bytes = packets the PS received x packet size; results checked against the float64 sum"))
+    _tenancy_section(opts, res, raw, bar)
     _ecn_section(opts, res, raw, bar)
     res.raw = raw
     bar.finish()

@@ -9,7 +9,7 @@ from benchmarks.harness import SuiteOptions
 @pytest.mark.timeout(120)
 def test_quick_run_reports_ps_bytes_per_worker_count() -> None:
     res = bench.run(SuiteOptions(quick=True, workers=[2, 3]))
-    table, ecn = res.tables
+    table, tenancy, ecn = res.tables
     assert [row[0] for row in table.rows] == [2, 3]
     for row in table.rows:
         n, with_switch, without = row[0], row[1], row[2]
@@ -22,4 +22,8 @@ def test_quick_run_reports_ps_bytes_per_worker_count() -> None:
     assert [row[0] for row in ecn.rows] == ["on", "off"]
     assert on["ecn_signals"] > 0 and off["ecn_signals"] == 0
     assert off["tail_drops"] > 0      # without ECN the 32-packet buffer overflows
-    assert [t.name.startswith("ECN on vs off") for t in res.targets[2:]] == [True, True]
+    assert [t.name.split(",")[0] for t in res.targets[2:]] == ["multi-tenancy", "ECN on vs off", "ECN on vs off"]
+    # multi-tenancy: 96, 48 and 10 aggregators; fewer aggregators, more collisions (sent to the PS)
+    assert [row[1] for row in tenancy.rows] == [96, 48, 10]
+    collisions = [row[4] for row in tenancy.rows]
+    assert collisions[2] > collisions[0]
