@@ -107,38 +107,46 @@ def _no_switch(world: int, values: int) -> dict[str, Any]:
         nowhere.close()
 
 
+def _jobs_at_once(cluster: Any, inputs: dict[int, list[np.ndarray]]) -> tuple[dict[int, float], float]:
+    """Every job of ``cluster`` allreduces its ``inputs`` at the same time, one thread per job; results
+    are checked. Returns each job's seconds and the time until all finished."""
+    import threading
+
+    from innet import DEFAULT_SCALE
+    outs: dict[int, Any] = {}
+    seconds: dict[int, float] = {}
+
+    def job(j: int) -> None:
+        t = time.perf_counter()
+        try:
+            outs[j] = cluster.allreduce(j, inputs[j])
+        except BaseException as e:  # noqa: BLE001 - raised below
+            outs[j] = e
+        seconds[j] = time.perf_counter() - t
+    threads = [threading.Thread(target=job, args=(j,)) for j in inputs]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    total = time.perf_counter() - t0
+    for j in inputs:
+        if isinstance(outs[j], BaseException):
+            raise outs[j]
+        _check(outs[j], inputs[j], DEFAULT_SCALE)
+    return seconds, total
+
+
 def ecn_contention(ecn: bool, values: int, line_rate: float, queue_limit: int,
                    ecn_threshold: int = 16) -> dict[str, Any]:
     """Two 2-worker jobs allreducing ``values`` floats at once through one rate-limited switch port."""
-    import threading
-
-    from innet import DEFAULT_SCALE, InnetCluster, JobSpec
+    from innet import InnetCluster, JobSpec
     inputs = {j: [(np.random.default_rng([j, r, values]).standard_normal(values) * 10).astype(np.float32)
                   for r in range(2)] for j in (1, 2)}
     threshold = ecn_threshold if ecn else queue_limit + 1     # off: the queue never exceeds it
     with InnetCluster([JobSpec(1, 2), JobSpec(2, 2)], line_rate=line_rate, queue_limit=queue_limit,
                       ecn_threshold=threshold) as cluster:
-        outs: dict[int, Any] = {}
-        seconds: dict[int, float] = {}
-
-        def job(j: int) -> None:
-            t = time.perf_counter()
-            try:
-                outs[j] = cluster.allreduce(j, inputs[j])
-            except BaseException as e:  # noqa: BLE001 - raised below
-                outs[j] = e
-            seconds[j] = time.perf_counter() - t
-        threads = [threading.Thread(target=job, args=(j,)) for j in (1, 2)]
-        t0 = time.perf_counter()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        total = time.perf_counter() - t0
-        for j in (1, 2):
-            if isinstance(outs[j], BaseException):
-                raise outs[j]
-            _check(outs[j], inputs[j], DEFAULT_SCALE)
+        seconds, total = _jobs_at_once(cluster, inputs)
         stats = [h.last_stats for j in (1, 2) for h in cluster.jobs[j]]
         return {"seconds": total, "job_seconds": seconds, "tail_drops": cluster.switch.server.tail_drops,
                 "retransmits": sum(s.retransmits for s in stats),
@@ -180,33 +188,13 @@ def _ecn_section(opts: SuiteOptions, res: SuiteResult, raw: dict[str, Any], bar:
 def tenancy(fraction: float, values: int, jobs: int = 3, world: int = 2, window: int = 32) -> dict[str, Any]:
     """``jobs`` jobs of ``world`` workers allreducing at once on a switch with ``fraction`` of the
     aggregators they want (``jobs x window``); collisions go to the PS. Results are checked."""
-    import threading
-
-    from innet import DEFAULT_SCALE, InnetCluster, JobSpec
+    from innet import InnetCluster, JobSpec
     specs = [JobSpec(j, world, max_window=window) for j in range(1, jobs + 1)]
     wanted = jobs * window
     inputs = {s.job_id: [(np.random.default_rng([s.job_id, r, values]).standard_normal(values) * 10)
                          .astype(np.float32) for r in range(world)] for s in specs}
     with InnetCluster(specs, num_aggregators=max(1, round(fraction * wanted))) as cluster:
-        outs: dict[int, Any] = {}
-        seconds: dict[int, float] = {}
-
-        def job(j: int) -> None:
-            t = time.perf_counter()
-            try:
-                outs[j] = cluster.allreduce(j, inputs[j])
-            except BaseException as e:  # noqa: BLE001 - raised below
-                outs[j] = e
-            seconds[j] = time.perf_counter() - t
-        threads = [threading.Thread(target=job, args=(s.job_id,)) for s in specs]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        for s in specs:
-            if isinstance(outs[s.job_id], BaseException):
-                raise outs[s.job_id]
-            _check(outs[s.job_id], inputs[s.job_id], DEFAULT_SCALE)
+        seconds, _ = _jobs_at_once(cluster, inputs)
         collisions = cluster.control.counters()["collisions"]
     mb = values * 4 / 1e6
     return {"aggregators": max(1, round(fraction * wanted)), "wanted": wanted, "collisions": collisions,

@@ -17,8 +17,8 @@ warning. Results equal the float64 sum within ``innet.quantize.error_bound`` (va
 Host: everything binds to the ``innet_host`` config key (default 127.0.0.1, a one-machine job).
 
 A shared switch: when the config keys ``innet_switch`` (its UDP ``host:port``) and ``innet_p4runtime``
-(its P4Runtime ``host:port``) are set -- ``twisternet run --innet`` sets them for a switch it starts beside the job -- no switch is started; the first rank starts only the
-PS and places the job on that switch through P4Runtime (``innet.controller``: a free job id, free port
+(its P4Runtime ``host:port``) are set -- ``twisternet run --innet`` sets them for a switch it starts
+beside the job -- no switch is started; the first rank starts only the PS and places the job on that switch through P4Runtime (``innet.controller``: a free job id, free port
 numbers, the multicast group and the job entry), and removes it again when the operation closes.
 """
 
@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from twisternet.bootstrap import parse_address
 from twisternet.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -55,11 +56,6 @@ _reserved_ids: set[int] = set()      # job ids this process holds on a shared sw
 _reserved_lock = threading.Lock()
 
 
-def _split_addr(value: str) -> tuple[str, int]:
-    host, _, port = value.rpartition(":")   # validated by the config
-    return host, int(port)
-
-
 def _release_shared(controller: Any, placement: Any, ps_proc: Any, job_id: int) -> None:
     """Take a job off the shared switch, stop its PS and free its id (idempotent enough for atexit)."""
     try:
@@ -67,14 +63,9 @@ def _release_shared(controller: Any, placement: Any, ps_proc: Any, job_id: int) 
             controller.remove_job(placement)
     except Exception as err:  # noqa: BLE001 - the switch may be gone already; nothing else to do
         log.warning("could not remove in-network job %d from the switch: %s", job_id, err)
-    if ps_proc is not None and ps_proc.poll() is None:
-        ps_proc.terminate()
-        try:
-            ps_proc.wait(5)
-        except Exception:  # noqa: BLE001
-            ps_proc.kill()
-    if ps_proc is not None and ps_proc.stdout:
-        ps_proc.stdout.close()
+    if ps_proc is not None:
+        from innet.service import stop_process
+        stop_process(ps_proc)
     with _reserved_lock:
         _reserved_ids.discard(job_id)
 
@@ -143,7 +134,7 @@ class InnetAllReduce:
         config = op.ctx.config
         host = config.innet_host
         if config.innet_switch:
-            self._setup_shared(host, _split_addr(config.innet_switch), _split_addr(config.innet_p4runtime),
+            self._setup_shared(host, parse_address(config.innet_switch), parse_address(config.innet_p4runtime),
                                timeout)
             return
         job_id = op.edge % 255 + 1     # one switch per operation: any id in 1..255 will do

@@ -22,7 +22,8 @@ __all__ = [
     "NotFound", "ResourceExhausted", "SwitchControl",
     "ParameterServer", "PSJobConfig", "PSJobStats", "PSThread", "Quantizer", "error_bound",
     "DEFAULT_SCALE", "InnetCluster", "InnetJob", "InnetService", "JobSpec", "free_udp_port",
-    "innet_allreduce", "start_switch", "switch_config", "SwitchProcess", "COUNTER_NAMES", "SoftwareSwitch", "SwitchServer", "SwitchThread",
+    "innet_allreduce", "start_switch", "switch_config", "SwitchProcess", "COUNTER_NAMES", "SoftwareSwitch",
+    "SwitchServer", "SwitchThread",
     "apply_config", "LossConfig", "UdpTransport", "DEFAULT_VALUE_COUNT", "Packet", "WireError", "decode",
     "decode_batch", "encode", "AtpWorker", "WorkerStats",
 ]

@@ -145,15 +145,34 @@ def _start_cli(module: str, args: Sequence[str], timeout: float = 20.0) -> tuple
     code = f"import sys; from {module} import main; sys.exit(main(sys.argv[1:]))"
     proc = subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE,
                             stderr=None, env=env, text=True)
-    line_holder: list[str] = []
-    t = threading.Thread(target=lambda: line_holder.append(proc.stdout.readline()), daemon=True)
+    line = _readline(proc, timeout)
+    if line is None or "listening on udp" not in line:
+        proc.kill()
+        raise RuntimeError(f"{module} did not start: {line!r} (exit code {proc.poll()})")
+    host, port = line.rsplit(" ", 1)[1].strip().rsplit(":", 1)
+    return proc, (host, int(port))
+
+
+def _readline(proc: subprocess.Popen, timeout: float) -> str | None:
+    """The next line of a child's stdout, or None if none came within ``timeout`` seconds."""
+    holder: list[str] = []
+    t = threading.Thread(target=lambda: holder.append(proc.stdout.readline()), daemon=True)
     t.start()
     t.join(timeout)
-    if not line_holder or "listening on udp" not in line_holder[0]:
-        proc.kill()
-        raise RuntimeError(f"{module} did not start: {line_holder[:1]!r} (exit code {proc.poll()})")
-    host, port = line_holder[0].rsplit(" ", 1)[1].strip().rsplit(":", 1)
-    return proc, (host, int(port))
+    return holder[0] if holder else None
+
+
+def stop_process(proc: subprocess.Popen) -> None:
+    """Terminate a helper process (kill it if it lingers 5 s) and close its stdout pipe."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+    if proc.stdout:
+        proc.stdout.close()
 
 
 def start_ps(job_id: int, world: int, switch_addr: tuple[str, int], *, host: str = "127.0.0.1", port: int = 0,
@@ -175,15 +194,7 @@ class SwitchProcess:
     p4runtime_addr: tuple[str, int]
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        if self.proc.stdout:
-            self.proc.stdout.close()
+        stop_process(self.proc)
 
 
 def start_switch(host: str = "127.0.0.1", *, port: int = 0, p4runtime_port: int = 0,
@@ -194,14 +205,11 @@ def start_switch(host: str = "127.0.0.1", *, port: int = 0, p4runtime_port: int 
     proc, udp = _start_cli("innet.switch_server", ["--host", host, "--port", str(port), "--aggregators",
                                                    str(num_aggregators), "--values", str(value_count),
                                                    "--p4runtime-port", str(p4runtime_port)], timeout)
-    holder: list[str] = []
-    t = threading.Thread(target=lambda: holder.append(proc.stdout.readline()), daemon=True)
-    t.start()
-    t.join(timeout)
-    if not holder or not holder[0].startswith("p4runtime on "):
+    line = _readline(proc, timeout)
+    if line is None or not line.startswith("p4runtime on "):
         proc.kill()
-        raise RuntimeError(f"the switch's P4Runtime server did not start: {holder[:1]!r}")
-    g_host, g_port = holder[0].split(" ", 2)[2].strip().rsplit(":", 1)
+        raise RuntimeError(f"the switch's P4Runtime server did not start: {line!r}")
+    g_host, g_port = line.split(" ", 2)[2].strip().rsplit(":", 1)
     return SwitchProcess(proc, udp, (g_host, int(g_port)))
 
 
@@ -241,15 +249,7 @@ class InnetService:
 
     def close(self) -> None:
         for p in (self.switch_proc, self.ps_proc):
-            if p.poll() is None:
-                p.terminate()
-                try:
-                    p.wait(5)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait(5)
-            if p.stdout:
-                p.stdout.close()
+            stop_process(p)
 
 
 @dataclass(frozen=True)

@@ -201,16 +201,17 @@ def _validate(c: Config) -> None:
         raise ConfigError("world", f"must be >= 1, got {c.world}")
     if c.rank is not None and (c.rank < 0 or (c.world is not None and c.rank >= c.world)):
         raise ConfigError("rank", f"must be in [0, world), got {c.rank}")
-    if c.master is not None:
-        host, sep, port = c.master.rpartition(":")
+    def host_port(key: str, what: str) -> None:
+        value = getattr(c, key)
+        host, sep, port = value.rpartition(":")
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ConfigError("master", f"must be HOST:PORT, got {c.master!r}")
+            raise ConfigError(key, f"must be {what}, got {value!r}")
+
+    if c.master is not None:
+        host_port("master", "HOST:PORT")
     for k in ("innet_switch", "innet_p4runtime"):
-        value = getattr(c, k)
-        if value:
-            host, sep, port = value.rpartition(":")
-            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-                raise ConfigError(k, f"must be HOST:PORT or empty, got {value!r}")
+        if getattr(c, k):
+            host_port(k, "HOST:PORT or empty")
     if bool(c.innet_switch) != bool(c.innet_p4runtime):
         raise ConfigError("innet_switch" if not c.innet_switch else "innet_p4runtime",
                           "innet_switch and innet_p4runtime go together (a shared switch is placed on "
