@@ -19,6 +19,7 @@ from twisternet.errors import (BackPressureTimeout, ClosedError, ConfigError, Op
                                ProtocolError, TwisternetError)
 
 from .edges import channel_edge, check_user_edge, claim_edge, release_edge
+from .reduction import own, own_values
 
 log = logging.getLogger(__name__)
 
@@ -32,13 +33,14 @@ _BATCH_MARK = object()
 class _Sink:
     """Results waiting for one local destination task."""
 
-    __slots__ = ("items", "ended", "complete", "batch", "consumed")
+    __slots__ = ("items", "ended", "complete", "batch", "values", "consumed")
 
     def __init__(self) -> None:
         self.items: deque = deque()
         self.ended = False          # streaming: no more items will come
         self.complete = False       # batch: the result is ready
         self.batch: Callable[[], Iterator[Any]] = lambda: iter(())
+        self.values: Callable[[], Iterator[Any]] | None = None   # batch values alone, if cheaper
         self.consumed = False
 
 
@@ -288,6 +290,17 @@ class Operation:
     def _in_handler(self) -> bool:
         return getattr(self._tls, "in_handler", False)
 
+    def _own(self, value: Any) -> Any:
+        """A received ``value`` made safe to keep past the handler call (see ``reduction.own``): only
+        records that may hold views of the receive buffer are walked."""
+        views = getattr(self.ctx, "record_views", None)
+        return own(value) if views is None or views() else value
+
+    def _own_values(self, values: list) -> list:
+        """:meth:`_own` of every item of a freshly decoded list (in place)."""
+        views = getattr(self.ctx, "record_views", None)
+        return own_values(values) if views is None or views() else values
+
     def _emit(self, dst: int, offset: int, obj: Any) -> None:
         """Send ``obj`` to ``dst`` on channel edge ``offset`` without blocking (call under the lock)."""
         e = channel_edge(self.edge, offset)
@@ -415,10 +428,13 @@ class Operation:
         self._sinks[task].ended = True
         self._changed = True
 
-    def _complete(self, task: int, batch: Callable[[], Iterator[Any]]) -> None:
-        """Batch: destination ``task``'s results are ready; ``batch()`` iterates them."""
+    def _complete(self, task: int, batch: Callable[[], Iterator[Any]],
+                  values: Callable[[], Iterator[Any]] | None = None) -> None:
+        """Batch: destination ``task``'s results are ready; ``batch()`` iterates them. Operations whose
+        results are ``(source_task, value)`` pairs may pass ``values()``, iterating the values alone."""
         sink = self._sinks[task]
         sink.batch = batch
+        sink.values = values
         sink.complete = True
         self._changed = True
         if self.callback is not None:
@@ -430,6 +446,25 @@ class Operation:
             every = all(s.consumed for s in self._sinks.values())
         if every:
             self._release_storage()
+
+    def _iter_values(self, task: int | None, timeout: float | None) -> Iterator[Any]:
+        """Batch results that are ``(source_task, value)`` pairs, without the source tasks."""
+        task = self._dest(task)
+        if self.callback is not None:
+            raise TwisternetError(f"{self.describe()} on edge {self.edge} delivers its results to the callback")
+        if self.mode != "batch":
+            raise TwisternetError("values() is for batch operations; use results() in streaming mode")
+        return self._values_gen(task, timeout)
+
+    def _values_gen(self, task: int, timeout: float | None) -> Iterator[Any]:
+        sink = self._sinks[task]
+        self._wait(lambda: sink.complete, "batch results not complete", task, timeout)
+        if sink.values is not None:
+            yield from sink.values()
+        else:
+            for item in sink.batch():
+                yield item[1]
+        self._consumed(task)
 
     def _iter_results(self, task: int, timeout: float | None) -> Iterator[Any]:
         sink = self._sinks[task]

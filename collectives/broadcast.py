@@ -36,13 +36,20 @@ class Broadcast(DownTreeMixin):
             raise ConfigError("sources", f"Broadcast has exactly one source task, got {self.sources}")
         self._build_down(self.plan.rank_of(self.sources[0]))
 
-    def send(self, task: int, value: Any, *, timeout: float | None = None) -> None:
-        """Broadcast ``value`` from the source ``task``; blocks under back pressure."""
-        self._input(task, self._down_room, lambda: self._down_emit([snapshot(value)]), timeout=timeout)
+    def send(self, task: int, value: Any, *, timeout: float | None = None, copy: bool = True) -> None:
+        """Broadcast ``value`` from the source ``task``; blocks under back pressure.
 
-    def offer(self, task: int, value: Any) -> bool:
+        ``copy=False``: a destination in this process gets ``value`` itself, not a copy (as mpi4py's
+        ``bcast`` returns the root its own object); the caller must not change it until the results are
+        consumed.
+        """
+        self._input(task, self._down_room, lambda: self._down_emit([snapshot(value) if copy else value]),
+                    timeout=timeout)
+
+    def offer(self, task: int, value: Any, *, copy: bool = True) -> bool:
         """Like :meth:`send` but returns False instead of blocking when a child or local queue is full."""
-        return self._input(task, self._down_room, lambda: self._down_emit([snapshot(value)]), block=False)
+        return self._input(task, self._down_room, lambda: self._down_emit([snapshot(value) if copy else value]),
+                           block=False)
 
     def _on_local_finish(self, task: int) -> None:
         self._down_end()

@@ -14,7 +14,6 @@ from typing import Any, Iterator
 from .base import Operation
 from .columns import from_columns, to_columns
 from .edges import DOWN
-from .reduction import own, own_values
 from .routing import KaryTree
 from .spill import SpillStore
 
@@ -106,13 +105,13 @@ class DownTreeMixin(Operation):
                 return False
             if kind == "c":          # (task, value) records as two columns (see collectives.columns)
                 try:
-                    payload[1] = own_values(payload[1])
+                    payload[1] = self._own_values(payload[1])
                     values = from_columns(payload, 2)
                 except (ValueError, TypeError, IndexError):
                     raise self._protocol(src, msg) from None
                 self._down_emit(values, columns=True)
             else:
-                self._down_emit(own(payload))
+                self._down_emit(self._own(payload))
             return True
         if kind == "f":
             self._down_info(payload)

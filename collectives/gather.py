@@ -18,11 +18,11 @@ from twisternet.errors import ConfigError
 from .base import Callback, Mode
 from .columns import from_columns, to_columns
 from .downtree import DownTreeMixin
-from .edges import DOWN, channel_edge
+from .edges import DIRECT
 from .reduce import _need_edge
-from .reduction import own_values, snapshot
+from .reduction import snapshot
 from .routing import Selector, check_key_type, hash_selector, normalize_key
-from .spill import SpillStore, estimate_size
+from .spill import SpillStore
 from .uptree import Node, UpTreeOperation
 
 log = logging.getLogger(__name__)
@@ -31,9 +31,10 @@ log = logging.getLogger(__name__)
 class _TreeGatherBase(UpTreeOperation):
     """Forwarding up a tree; subclasses say what a record is and how the root keeps it."""
 
-    def _new_store(self, sort: bool = True) -> SpillStore:
+    def _new_store(self, sort: bool = True, chunked: bool = False) -> SpillStore:
         share = max(1024, self.ctx.config.memory_limit // max(1, len(self.local_destinations)))
-        return SpillStore(share, self.ctx.config.spill_dir, sort=sort, name=f"{self.operation}(edge={self.edge})")
+        return SpillStore(share, self.ctx.config.spill_dir, sort=sort, chunked=chunked,
+                          name=f"{self.operation}(edge={self.edge})")
 
     def _new_state(self, node: Node) -> Any:
         if not hasattr(self, "_outbuf"):
@@ -77,7 +78,7 @@ class _TreeGatherBase(UpTreeOperation):
             return False
         try:
             if node.parent is None:   # kept past this call: no views of receive buffers
-                payload[-1] = own_values(payload[-1])
+                payload[-1] = self._own_values(payload[-1])
             items = from_columns(payload, self._record_width)
         except (ValueError, TypeError, IndexError):
             raise self._protocol(src, payload) from None
@@ -136,53 +137,135 @@ class Gather(_TreeGatherBase):
             self._quorum = _Rules(f"gather-quorum-{self.edge}", max=len(self.sources), late="pass",
                                   **self._quorum_rules)
 
-    def send(self, task: int, value: Any, *, timeout: float | None = None) -> None:
-        """Contribute ``value`` from local source ``task``; blocks under back pressure."""
-        self._send(task, value, True, timeout)
+    # Gather's records travel and rest as *chunks* ``(source_task, [value, ...])``: on the up edges a
+    # "d" payload is ``[[task, ...], [[value, ...], ...]]`` (one source task per chunk), and the batch
+    # destination keeps whole chunks in a chunked SpillStore. A batch of records then costs one list and
+    # one msgpack call, not one tuple per record.
 
-    def offer(self, task: int, value: Any) -> bool:
+    def _new_state(self, node: Node) -> Any:
+        if not hasattr(self, "_outbuf"):
+            self._outbuf: dict[int, list] = {}
+        if node.is_root and self.mode == "batch":
+            return self._new_store(chunked=True)
+        return None
+
+    def send(self, task: int, value: Any, *, timeout: float | None = None, copy: bool = True) -> None:
+        """Contribute ``value`` from local source ``task``; blocks under back pressure.
+
+        ``copy=False``: the operation may keep a reference to ``value`` until its results are consumed
+        (no defensive copy); the caller must not change it in the meantime.
+        """
+        self._send(task, value, True, timeout, copy)
+
+    def offer(self, task: int, value: Any, *, copy: bool = True) -> bool:
         """Like :meth:`send` but returns False instead of blocking when the operation is full."""
-        return self._send(task, value, False, None)
+        return self._send(task, value, False, None, copy)
 
     def send_many(self, task: int, values: Iterable[Any], *, timeout: float | None = None,
-                  chunk: int = 4096) -> None:
+                  chunk: int = 4096, copy: bool = True) -> None:
         """Contribute many values from local source ``task``, in order: the same as calling :meth:`send`
-        for each, with the per-record bookkeeping done once per ``chunk`` values."""
+        for each, done ``chunk`` values at a time (one message and one bookkeeping step per chunk).
+
+        Chunks bound for another rank are encoded before this returns, so they are never copied; values
+        kept in this process (this rank is the destination) are copied unless ``copy=False`` (see
+        :meth:`send`).
+        """
         if not isinstance(chunk, int) or chunk < 1:
             raise ValueError(f"chunk must be a positive int, got {chunk!r}")
         node = next(iter(self._nodes.values()))
         it = iter(values)
         while True:
-            batch = [(task, snapshot(v)) for v in islice(it, chunk)]
-            if not batch:
+            vals = list(islice(it, chunk))
+            if not vals:
                 return
-            self._input(task, lambda: self._input_room(node), lambda: self._push(node, batch, local=True),
-                        block=True, timeout=timeout)
+            direct = node.parent is not None and len(vals) >= self.batch_records
+            if copy and not direct:
+                vals = [snapshot(v) for v in vals]
+            self._input(task, lambda: self._input_room(node),
+                        lambda: self._push_local(node, task, vals, direct), block=True, timeout=timeout)
 
-    def _send(self, task: int, value: Any, block: bool, timeout: float | None) -> bool:
+    def _send(self, task: int, value: Any, block: bool, timeout: float | None, copy: bool = True) -> bool:
         node = next(iter(self._nodes.values()))
+        v = snapshot(value) if copy else value
         return self._input(task, lambda: self._input_room(node),
-                           lambda: self._push(node, [(task, snapshot(value))], local=True), block=block, timeout=timeout)
+                           lambda: self._push_local(node, task, [v], False), block=block, timeout=timeout)
 
-    def _root_items(self, node: Node, items: list) -> None:
+    def _push_local(self, node: Node, task: int, vals: list, direct: bool) -> None:
+        """Records of local source ``task`` (under the lock). ``direct``: sent on now, in their own message
+        (a full batch: encoded by this call or parked until the caller's send returns)."""
+        if node.parent is None:
+            self._root_chunks(node, [(task, vals)])
+        elif self.mode != "batch":
+            self._up_send(node, "d", [[task], [vals]])
+        elif direct:
+            self._flush_node(node)
+            self._up_send(node, "d", [[task], [vals]])
+        else:
+            buf = self._outbuf.setdefault(node.tid, [])
+            if buf and buf[-1][0] == task:
+                buf[-1][1].extend(vals)
+            else:
+                buf.append((task, vals))
+            if sum(len(c) for _, c in buf) >= self.batch_records:
+                self._flush_node(node)
+
+    def _flush_node(self, node: Node) -> None:
+        buf = self._outbuf.pop(node.tid, None)
+        if buf:
+            self._up_send(node, "d", [[t for t, _ in buf], [c for _, c in buf]])
+
+    def _held(self) -> int:
+        return sum(len(c) for b in self._outbuf.values() for _, c in b)
+
+    def _up_data(self, node: Node, src: int, payload: Any) -> bool:
+        if not self._input_room(node):
+            return False
+        try:
+            tasks, chunks = payload
+            if (type(tasks) is not list or type(chunks) is not list or len(tasks) != len(chunks)
+                    or not all(type(c) is list for c in chunks)):
+                raise ValueError
+        except (ValueError, TypeError):
+            raise self._protocol(src, payload) from None
+        if node.parent is not None:
+            self._up_send(node, "d", payload)   # forwarded whole: encoded again by this call
+            return True
+        if not all(t in self._sources_set for t in tasks):
+            raise self._protocol(src, payload)
+        self._root_chunks(node, [(t, self._own_values(c)) for t, c in zip(tasks, chunks)])
+        return True
+
+    @property
+    def _sources_set(self) -> frozenset:
+        s = self.__dict__.get("_sources_frozen")
+        if s is None:
+            s = self.__dict__["_sources_frozen"] = frozenset(self.sources)
+        return s
+
+    def _root_chunks(self, node: Node, chunks: list) -> None:
         if self.mode == "batch":
             if self._quorum is not None and node.complete:
-                self._late_records += len(items)   # from a source the quorum left out
+                self._late_records += sum(len(c) for _, c in chunks)   # from a source left out
                 return
             store: SpillStore = node.state
-            for src, v in items:
-                store.add(src, v)
+            for src, vals in chunks:
+                store.add_chunk(src, vals)
         else:
-            for it in items:
-                self._deliver(node.tid, tuple(it))
+            for src, vals in chunks:
+                for v in vals:
+                    self._deliver(node.tid, (src, v))
 
     def _root_complete(self, node: Node) -> None:
         if self.mode == "batch":
             store = node.state
             self.left_out = []
-            self._complete(node.tid, lambda: (tuple(r) for r in store))
+            self._complete(node.tid, lambda: iter(store), store.values)
         else:
             self._end(node.tid)
+
+    def values(self, task: int | None = None, *, timeout: float | None = None) -> Iterator[Any]:
+        """Batch: the values of :meth:`results` without their source tasks (same order, no tuples)."""
+        return self._iter_values(task, timeout)
 
     # ------------------------------------------------------------------ finish quorum (batch)
     def _quorum_barrier(self, quorum: Any, mode: str, edge: Any) -> Any:
@@ -237,7 +320,8 @@ class Gather(_TreeGatherBase):
                 log.warning("%s on edge %d: finish quorum (%s) reached without sources %s; their records "
                             "are left out", self.describe(), self.edge, releases[0].fire.reason.value,
                             self.left_out)
-            self._complete(node.tid, lambda: (tuple(r) for r in store if r[0] in passed))
+            self._complete(node.tid, lambda: (r for r in store if r[0] in passed),
+                           lambda: (v for t, v in store if t in passed))
             self._changed = True
             return
         deadline = self._quorum.next_deadline()
@@ -250,10 +334,14 @@ class Gather(_TreeGatherBase):
 
 
 class AllGather(DownTreeMixin, Gather):
-    """Gather at a root (the rank of the first destination), then broadcast to every destination task.
+    """Every source's records at every destination task.
 
-    Every destination gets the same records as :class:`Gather` in the same order (batch), or each
-    record as it reaches the root (streaming; all destinations see the same order).
+    Batch: every destination gets the same records as :class:`Gather` would, in the same order (by
+    source task, then send order), spilling past ``config.memory_limit``. They travel straight from each
+    source rank to each destination rank (a direct exchange: every record is encoded once per
+    destination rank and decoded once there, and nobody relays it). Streaming: records flow up a tree to
+    a root (the rank of the first destination), which broadcasts each as it arrives, so all destinations
+    see the same order.
     """
 
     operation = "AllGather"
@@ -271,70 +359,150 @@ class AllGather(DownTreeMixin, Gather):
         return self.destinations[0]
 
     def _setup(self) -> None:
+        if self.mode == "batch":
+            self._setup_direct()
+            return
         super()._setup()
         self._build_down(self.plan.rank_of(self._root_task()))
-        self._sender: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ batch: direct exchange
+    # On the DIRECT edge: ("d", [task, ...], [[value, ...], ...]) chunks of the named source tasks, and
+    # ("f", task) after the last chunk of source ``task`` (the edge is ordered per sending rank).
+
+    def _setup_direct(self) -> None:
+        self._nodes = {}
+        self._outbuf = {}
+        self._dbuf: list = []                 # small sends, held until batch_records of them
+        self._peers = [r for r in self.destination_ranks if r != self.rank]
+        self._done_sources: set[int] = set()
+        self._completed = False
+        self._store: SpillStore | None = (self._new_store(chunked=True) if self.local_destinations else None)
+        self._register(DIRECT, self._on_direct)
+
+    def _peers_room(self) -> bool:
+        return all(self._can_send(r, DIRECT) for r in self._peers)
+
+    def send_many(self, task: int, values: Iterable[Any], *, timeout: float | None = None,
+                  chunk: int = 4096, copy: bool = True) -> None:
+        if self.mode != "batch":
+            super().send_many(task, values, timeout=timeout, chunk=chunk, copy=copy)
+            return
+        if not isinstance(chunk, int) or chunk < 1:
+            raise ValueError(f"chunk must be a positive int, got {chunk!r}")
+        it = iter(values)
+        while True:
+            vals = list(islice(it, chunk))
+            if not vals:
+                return
+            direct = len(vals) >= self.batch_records
+            if copy and (self._store is not None or not direct):
+                vals = [snapshot(v) for v in vals]
+            self._input(task, self._peers_room, lambda: self._direct_push(task, vals, direct),
+                        block=True, timeout=timeout)
+
+    def _send(self, task: int, value: Any, block: bool, timeout: float | None, copy: bool = True) -> bool:
+        if self.mode != "batch":
+            return super()._send(task, value, block, timeout, copy)
+        v = snapshot(value) if copy else value
+        return self._input(task, self._peers_room, lambda: self._direct_push(task, [v], False),
+                           block=block, timeout=timeout)
+
+    def _direct_push(self, task: int, vals: list, direct: bool) -> None:
+        if self._store is not None:
+            self._store.add_chunk(task, list(vals) if self._peers else vals)
+        if not self._peers:
+            return
+        if direct:
+            self._flush_direct()
+            msg = ("d", [task], [vals])
+            for r in self._peers:
+                self._emit(r, DIRECT, msg)
+            return
+        if self._dbuf and self._dbuf[-1][0] == task:
+            self._dbuf[-1][1].extend(vals)
+        else:
+            self._dbuf.append((task, vals))
+        if sum(len(c) for _, c in self._dbuf) >= self.batch_records:
+            self._flush_direct()
+
+    def _flush_direct(self) -> None:
+        if self._dbuf:
+            msg = ("d", [t for t, _ in self._dbuf], [c for _, c in self._dbuf])
+            self._dbuf = []
+            for r in self._peers:
+                self._emit(r, DIRECT, msg)
+
+    def _on_direct(self, src: int, msg: Any) -> bool:
+        kind = msg[0] if isinstance(msg, (tuple, list)) and msg else None
+        if kind == "d" and len(msg) == 3 and self._store is not None:
+            _, tasks, chunks = msg
+            if (type(tasks) is not list or type(chunks) is not list or len(tasks) != len(chunks)
+                    or not all(type(c) is list for c in chunks)
+                    or not all(t in self._sources_set and t not in self._done_sources for t in tasks)):
+                raise self._protocol(src, msg)
+            for t, c in zip(tasks, chunks):
+                self._store.add_chunk(t, self._own_values(c))
+            return True
+        if kind == "f" and len(msg) == 2 and msg[1] in self._sources_set:
+            self._done_sources.add(msg[1])
+            self._changed = True
+            self._check_direct()
+            return True
+        raise self._protocol(src, msg)
+
+    def _check_direct(self) -> None:
+        if self._completed or len(self._done_sources) < len(self.sources):
+            return
+        self._completed = True
+        store = self._store
+        if store is not None:
+            for t in self.local_destinations:
+                self._complete(t, lambda: iter(store), store.values)
+
+    # ------------------------------------------------------------------ hooks, by mode
+    def _on_local_finish(self, task: int) -> None:
+        if self.mode != "batch":
+            super()._on_local_finish(task)
+            return
+        self._flush_direct()
+        for r in self._peers:
+            self._emit(r, DIRECT, ("f", task))
+        self._done_sources.add(task)
+        self._check_direct()
+
+    def _held(self) -> int:
+        if self.mode == "batch":
+            return sum(len(c) for _, c in self._dbuf)
+        return super()._held()
 
     def _root_room(self, node: Node) -> bool:
         return self._down_room()
 
-    def _root_items(self, node: Node, items: list) -> None:
-        if self.mode == "batch":
-            super()._root_items(node, items)
-        else:
-            self._down_emit([tuple(it) for it in items])
+    def _root_chunks(self, node: Node, chunks: list) -> None:
+        # streaming only: batch AllGather has no tree
+        self._down_emit([(src, v) for src, vals in chunks for v in vals], columns=True)
 
     def _root_finished(self, tasks: list[int]) -> None:
         self._down_info(tasks)
 
     def _known_finished(self, task: int | None) -> set[int]:
+        if self.mode == "batch":
+            return self._done_sources | self._finished_local
         return super()._known_finished(self._root_task()) | self._down_finished
 
     def _root_complete(self, node: Node) -> None:
-        if self.mode == "streaming":
-            self._down_end()
-            return
-        store: SpillStore = node.state
-        self._down_ended = True
-        for t in self.local_destinations:
-            self._complete(t, lambda: (tuple(r) for r in store))
-        if self._down_children:
-            # Stream the (possibly spilled) result down from a thread: blocking sends, bounded memory.
-            self._sender = threading.Thread(target=self._broadcast_store, args=(store,), daemon=True,
-                                            name=f"twisternet-allgather-{self.edge}")
-            self._sender.start()
-
-    def _broadcast_store(self, store: SpillStore) -> None:
-        e = channel_edge(self.edge, DOWN)
-        log.debug("rank %d: %s broadcasting %d gathered records", self.rank, self.describe(), len(store))
-        try:
-            batch, size = [], 0
-            for i, rec in enumerate(store):
-                batch.append(rec)
-                if not i & 15:   # a sample is enough to size the batches
-                    size += 16 * estimate_size(rec[1])
-                if size >= self.ctx.config.buffer_size // 2 or len(batch) >= 4096:
-                    msg = ("c", to_columns(batch, 2))
-                    for c in self._down_children:
-                        self.ctx.send(c, e, msg, timeout=self.timeout)
-                    batch, size = [], 0
-            for c in self._down_children:
-                if batch:
-                    self.ctx.send(c, e, ("c", to_columns(batch, 2)), timeout=self.timeout)
-                self.ctx.send(c, e, ("e", None), timeout=self.timeout)
-        except Exception as ex:  # noqa: BLE001 - surfaces to this rank's waiters
-            with self._lock:
-                self._fail(ex, "while broadcasting gathered records")
-            self.ctx.notify()
+        self._down_end()
 
     def _duties_done(self) -> bool:
-        sender = getattr(self, "_sender", None)
-        return (sender is None or not sender.is_alive()) and super()._duties_done()
+        if self.mode == "batch":
+            return not self._dbuf
+        return super()._duties_done()
 
     def _release_storage(self) -> None:
-        sender = getattr(self, "_sender", None)
-        if sender is not None and sender.is_alive() and sender is not threading.current_thread():
-            sender.join(self.timeout)
+        if self.mode == "batch":
+            if getattr(self, "_store", None) is not None:
+                self._store.close()
+            return
         super()._release_storage()
 
 

@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 from .base import Callback, Mode, Operation
 from .edges import DIRECT
 from .reduce import _need_edge
-from .reduction import own, snapshot
+from .reduction import snapshot
 from .routing import Selector, check_key_type, hash_selector, normalize_key
 from .spill import SpillStore
 
@@ -52,13 +52,23 @@ class Partition(Operation):
         self._check_complete()
 
     # ------------------------------------------------------------------ public API
-    def send(self, task: int, value: Any, destination: int | None = None, *, timeout: float | None = None) -> None:
-        """Send ``value`` from local source ``task``; blocks under back pressure."""
-        self._route(task, self._pick(task, value, destination), value, True, timeout)
+    def send(self, task: int, value: Any, destination: int | None = None, *, timeout: float | None = None,
+             copy: bool = True) -> None:
+        """Send ``value`` from local source ``task``; blocks under back pressure.
 
-    def offer(self, task: int, value: Any, destination: int | None = None) -> bool:
+        ``copy=False``: the operation may keep a reference to ``value`` until its results are consumed
+        (no defensive copy); the caller must not change it in the meantime.
+        """
+        self._route(task, self._pick(task, value, destination), value, True, timeout, copy)
+
+    def offer(self, task: int, value: Any, destination: int | None = None, *, copy: bool = True) -> bool:
         """Like :meth:`send` but returns False instead of blocking when the destination is full."""
-        return self._route(task, self._pick(task, value, destination), value, False, None)
+        return self._route(task, self._pick(task, value, destination), value, False, None, copy)
+
+    def values(self, task: int | None = None, *, timeout: float | None = None) -> Iterator[Any]:
+        """Batch: the values of :meth:`results` without their source tasks (KeyedPartition: without
+        their keys), in the same order."""
+        return self._iter_values(task, timeout)
 
     def _pick(self, task: int, value: Any, destination: int | None) -> int:
         self._check_source(task)
@@ -77,15 +87,18 @@ class Partition(Operation):
     def _payload(self, value: Any, src: int) -> Any:
         return value
 
-    def _route(self, task: int, dest: int, payload: Any, block: bool, timeout: float | None) -> bool:
+    def _route(self, task: int, dest: int, payload: Any, block: bool, timeout: float | None,
+               copy: bool = True) -> bool:
         r = self.plan.rank_of(dest)
         if r == self.rank:
             return self._input(task, lambda: self._sink_room(dest),
-                               lambda: self._accept(dest, task, snapshot(payload)), block=block, timeout=timeout)
+                               lambda: self._accept(dest, task, snapshot(payload) if copy else payload),
+                               block=block, timeout=timeout)
         if self.mode == "batch":
             return self._input(task, lambda: self._can_send(r, DIRECT),
-                               lambda: self._buffer(r, (dest, task, snapshot(payload))), block=block, timeout=timeout)
-        if not block:  # offer() may return before the record is handed over: keep our own copy
+                               lambda: self._buffer(r, (dest, task, snapshot(payload) if copy else payload)),
+                               block=block, timeout=timeout)
+        if not block and copy:  # offer() may return before the record is handed over: keep our own copy
             payload = snapshot(payload)
         return self._input(task, lambda: self._can_send(r, DIRECT),
                            lambda: self._emit(r, DIRECT, ("d", dest, task, payload)), block=block, timeout=timeout)
@@ -133,13 +146,13 @@ class Partition(Operation):
                 raise self._protocol(src, msg)
             if not self._sink_room(dest):
                 return False
-            self._accept(dest, source, own(payload))
+            self._accept(dest, source, self._own(payload))
             return True
         if kind == "D" and len(msg) == 2:
             for dest, source, payload in msg[1]:
                 if dest not in self._sinks:
                     raise self._protocol(src, msg)
-                self._accept(dest, source, own(payload))
+                self._accept(dest, source, self._own(payload))
             return True
         if kind == "f" and len(msg) == 2:
             self._finished.add(msg[1])

@@ -151,7 +151,7 @@ class Reduce(UpTreeOperation):
         q = node.state.queues[("r", src)]
         if len(q) >= node.state.qlimit or not self._out_room(node):
             return False
-        q.append(own(payload))
+        q.append(self._own(payload))
         self._rounds(node)
         return True
 

@@ -21,6 +21,7 @@ import sys
 import tempfile
 import weakref
 import zlib
+from itertools import chain
 from operator import itemgetter
 from typing import Any, BinaryIO, Iterable, Iterator
 
@@ -33,6 +34,7 @@ log = logging.getLogger(__name__)
 _MAGIC = b"TNSPILL1"
 _BLOCK_HEAD = struct.Struct("<QI")
 _first = itemgetter(0)
+_second = itemgetter(1)
 
 
 class SpillCorruptionError(TwisternetError):
@@ -135,10 +137,19 @@ class SpillStore:
 
     With ``sort=True`` iteration yields records ordered by ``sort_key`` (stable: equal keys in insertion
     order); with ``sort=False`` in insertion order. Keys must be mutually orderable when sorting.
+
+    With ``chunked=True`` the store keeps *chunks* ``(sort_key, [value, ...])`` (added with
+    :meth:`add_chunk`, or grown one value at a time by :meth:`add`) and sorts, spills and merges whole
+    chunks: the per-record work of a batch of records under one key (Gather's records of one source) is
+    then one list, not one tuple per record. Iteration still yields ``(sort_key, value)`` records;
+    :meth:`values` yields the values alone without building those tuples.
     """
 
+    #: Chunked stores grow a chunk by :meth:`add` up to this many values before starting a new one.
+    chunk_values = 4096
+
     def __init__(self, memory_limit: int, spill_dir: str | None = None, *, sort: bool = True,
-                 name: str = "store") -> None:
+                 name: str = "store", chunked: bool = False) -> None:
         if memory_limit < 1:
             raise ValueError(f"memory_limit must be >= 1, got {memory_limit}")
         self.memory_limit = memory_limit
@@ -160,12 +171,24 @@ class SpillStore:
         self.spilled_bytes = 0
         self._est_n = 0      # records whose size was estimated, and the sum of those estimates
         self._est_sum = 0
+        self.chunked = chunked
+        self._open: list | None = None   # chunked: the chunk add() appends to (None after a sort/spill)
+        self._open_key: Any = None
 
     # ------------------------------------------------------------------ writing
     def add(self, key: Any, value: Any) -> None:
         """Add one record."""
         if self._closed:
             raise TwisternetError(f"{self.name}: store already closed")
+        if self.chunked:
+            chunk = self._open
+            if chunk is not None and len(chunk) < self.chunk_values and self._open_key == key:
+                chunk.append(value)
+                self.count += 1
+                self._charge(key, value)
+                return
+            self.add_chunk(key, [value])
+            return
         self._mem.append((key, value))
         # Walking every small container costs more than storing it: measure the first records, every
         # 8th one and anything that is not a dict/list/tuple (arrays, strings: exact and cheap), and
@@ -179,6 +202,40 @@ class SpillStore:
         self._mem_bytes += size
         self._sorted = False
         self.count += 1
+        if self._mem_bytes > self.memory_limit:
+            self._spill()
+
+    def _charge(self, key: Any, value: Any) -> None:
+        """Account one value appended to an open chunk (sampled as in :meth:`add`)."""
+        if self._est_n < 64 or not self.count & 7 or type(value) not in _SAMPLED:
+            size = estimate_size(value) + 8
+            self._est_n += 1
+            self._est_sum += size
+        else:
+            size = self._est_sum // self._est_n
+        self._mem_bytes += size
+        if self._mem_bytes > self.memory_limit:
+            self._spill()
+
+    def add_chunk(self, key: Any, values: list) -> None:
+        """Add the records ``(key, v)`` for every ``v`` of ``values`` (a chunked store only). The store
+        takes ``values`` over: the caller must not change that list afterwards."""
+        if self._closed:
+            raise TwisternetError(f"{self.name}: store already closed")
+        if not self.chunked:
+            raise TwisternetError(f"{self.name}: add_chunk() needs a store made with chunked=True")
+        if type(values) is not list:
+            values = list(values)
+        if not values:
+            return
+        self._mem.append((key, values))
+        self._open, self._open_key = values, key
+        size = estimate_size(values) + estimate_size(key) + 72
+        self._est_n += 1
+        self._est_sum += size // len(values)
+        self._mem_bytes += size
+        self._sorted = False
+        self.count += len(values)
         if self._mem_bytes > self.memory_limit:
             self._spill()
 
@@ -203,6 +260,7 @@ class SpillStore:
         return os.path.join(self._dir, f"run-{self._next_run:06d}.bin")
 
     def _sort_mem(self) -> None:
+        self._open = None
         if self.sort and not self._sorted:
             try:
                 self._mem.sort(key=_first)
@@ -217,7 +275,7 @@ class SpillStore:
         size = 0
         try:
             for i, rec in enumerate(records):
-                if i < 64 or not i & 7 or type(rec[1]) not in _SAMPLED:   # as in add(): a sample
+                if self.chunked or i < 64 or not i & 7 or type(rec[1]) not in _SAMPLED:   # as in add()
                     size = estimate_size(rec[1]) + 72
                 w.add(rec, size)
         finally:
@@ -254,8 +312,8 @@ class SpillStore:
             self._runs.insert(0, merged)  # earliest records first: keeps equal keys in insertion order
 
     # ------------------------------------------------------------------ reading
-    def __iter__(self) -> Iterator[tuple]:
-        """All records, ordered (see class doc). May be iterated more than once until :meth:`close`."""
+    def _entries(self) -> Iterator[tuple]:
+        """The stored entries in order: records, or ``(key, chunk)`` in a chunked store."""
         if self._closed:
             raise TwisternetError(f"{self.name}: store already closed")
         self._sort_mem()
@@ -266,6 +324,20 @@ class SpillStore:
         self._compact()
         return self._merge([read_run(p) for p in self._runs] + [iter(list(self._mem))])
 
+    def __iter__(self) -> Iterator[tuple]:
+        """All records, ordered (see class doc). May be iterated more than once until :meth:`close`."""
+        entries = self._entries()
+        if not self.chunked:
+            return entries
+        return ((k, v) for k, chunk in entries for v in chunk)
+
+    def values(self) -> Iterator[Any]:
+        """The values of all records, in the order of iteration (no ``(key, value)`` tuples built)."""
+        entries = self._entries()
+        if not self.chunked:
+            return map(_second, entries)
+        return chain.from_iterable(map(_second, entries))
+
     def __len__(self) -> int:
         return self.count
 
@@ -273,6 +345,7 @@ class SpillStore:
         """Drop the records and remove every spill file (idempotent)."""
         self._closed = True
         self._mem = []
+        self._open = None
         if self._finalizer is not None:
             self._finalizer()
         self._runs = []

@@ -134,12 +134,13 @@ class _Encoder:
 
 
 class _Decoder:
-    __slots__ = ("allow_pickle", "oob", "copy")
+    __slots__ = ("allow_pickle", "oob", "copy", "views")
 
     def __init__(self, allow_pickle: bool, oob: Sequence[memoryview], copy: bool) -> None:
         self.allow_pickle = allow_pickle
         self.oob = oob
         self.copy = copy
+        self.views = False      # whether a decoded array is a view of the record's memory
 
     def ext_hook(self, code: int, data: bytes) -> Any:
         if code == _EXT_TUPLE:
@@ -153,7 +154,10 @@ class _Decoder:
             buf = self._oob(idx)
             arr = np.frombuffer(buf, dtype=_dtype(dt)).reshape(shape)
             # views of read-only memory (bytes) are copied so every decoded array is writable
-            return arr.copy() if self.copy or not arr.flags.writeable else arr
+            if self.copy or not arr.flags.writeable:
+                return arr.copy()
+            self.views = True
+            return arr
         if code == _EXT_BYTES_OOB:
             idx, kind = self._unpack(data)
             buf = self._oob(idx)
@@ -217,6 +221,11 @@ class Codec:
 
     def decode(self, record: Buffer, *, copy: bool = False) -> Any:
         """The value of a whole record. With ``copy=False`` large arrays are views of ``record``."""
+        return self.decode_views(record, copy=copy)[0]
+
+    def decode_views(self, record: Buffer, *, copy: bool = False) -> tuple[Any, bool]:
+        """``(value, views)``: :meth:`decode`'s value and whether any array in it is a view of ``record``
+        (False: the value holds no reference to ``record``'s memory, which may then be reused)."""
         mv = memoryview(record)
         if mv.ndim != 1 or mv.format != "B":
             mv = mv.cast("B")
@@ -224,10 +233,10 @@ class Codec:
             raise CodecError("empty record")
         kind = mv[0]
         try:
-            if kind == KIND_PLAIN:
+            if kind == KIND_PLAIN:   # no out-of-band buffers: nothing can be a view of the record
                 dec = _Decoder(self.allow_pickle, (), copy)
                 return msgpack.unpackb(mv[1:], ext_hook=dec.ext_hook, raw=False, strict_map_key=False,
-                                       max_bin_len=1 << 62, max_str_len=1 << 62)
+                                       max_bin_len=1 << 62, max_str_len=1 << 62), False
             if kind == KIND_OOB:
                 if len(mv) < _OOB_HEAD.size:
                     raise CodecError("truncated record header")
@@ -247,8 +256,9 @@ class Codec:
                     oob.append(mv[pos:pos + ln])
                     pos += ln
                 dec = _Decoder(self.allow_pickle, oob, copy)
-                return msgpack.unpackb(body, ext_hook=dec.ext_hook, raw=False, strict_map_key=False,
-                                       max_bin_len=1 << 62, max_str_len=1 << 62)
+                value = msgpack.unpackb(body, ext_hook=dec.ext_hook, raw=False, strict_map_key=False,
+                                        max_bin_len=1 << 62, max_str_len=1 << 62)
+                return value, dec.views
         except CodecError:
             raise
         except Exception as e:  # msgpack's own errors for corrupt bytes

@@ -70,11 +70,12 @@ class _OutStream:
 class _MsgRef:
     """Counts the records of one received message still undelivered; releases credit at zero."""
 
-    __slots__ = ("count", "release")
+    __slots__ = ("count", "release", "views")
 
     def __init__(self, release: Callable[[], None]) -> None:
         self.count = 0
         self.release = release
+        self.views = True    # whether its records may hold views of the (reusable) receive buffer
 
     def done_one(self) -> None:
         self.count -= 1
@@ -101,6 +102,7 @@ class _LocalRef(_MsgRef):
         super().__init__(self._free)
         self.ctx, self.edge, self.nbytes = ctx, edge, nbytes
         self.count = 1
+        self.views = False   # decoded from a private copy that is never reused
 
     def _free(self) -> None:
         with self.ctx._lock:
@@ -351,6 +353,13 @@ class Context:
         with self._cond:
             self._gen += 1
             self._cond.notify_all()
+
+    def record_views(self) -> bool:
+        """Called from a handler: whether the record it is handling may hold numpy arrays that are views
+        of the channel's receive buffer, which is reused once the handler returns (anything kept longer
+        must then be copied, see ``collectives.reduction.own``). False when the record was decoded
+        without out-of-band arrays or came from this rank. True (the safe answer) outside a handler."""
+        return getattr(self._in_progress, "views", True)
 
     @property
     def closed(self) -> bool:
@@ -731,8 +740,10 @@ class Context:
                     batch = list(ins.pending)
                     ins.pending.clear()
                 i = 0
+                progress = self._in_progress
                 try:
                     for obj, ref in batch:
+                        progress.views = ref.views
                         if handler(src, obj) is False:
                             break
                         ref.done_one()
@@ -831,7 +842,13 @@ class Context:
         else:
             raise ProtocolError(f"rank {peer} edge {edge}: unknown message tag {bytes(tag)!r}")
         ref = _MsgRef(release)
-        decoded = [self.codec.decode(r) for r in records]
+        decoded = []
+        views = False
+        for r in records:
+            obj, v = self.codec.decode_views(r)
+            decoded.append(obj)
+            views = views or v
+        ref.views = views
         if not decoded:
             release()  # only a piece of a split record: its bytes were copied out
             return

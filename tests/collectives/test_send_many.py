@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import os
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ from hypothesis import given, strategies as st
 import collectives as C
 from collectives.columns import from_columns, to_columns
 from collectives.reduction import own, snapshot
+from twisternet.errors import TwisternetError
 from twisternet.testing import run_local
 
 pytestmark = pytest.mark.timeout(120)
@@ -51,7 +53,8 @@ def test_keyed_reduce_send_many_mixed_with_send(world: int, key_type: str) -> No
 
 @pytest.mark.parametrize("world", [1, 3])
 @pytest.mark.parametrize("cls", ["Gather", "AllGather"])
-def test_gather_send_many_equals_send(world: int, cls: str) -> None:
+@pytest.mark.parametrize("chunk", [64, 512])     # buffered (copied) / sent at once (encoded, not copied)
+def test_gather_send_many_equals_send(world: int, cls: str, chunk: int) -> None:
     def records(rank: int) -> list:
         return [{"id": i, "rank": rank, "tags": [i % 3]} if i % 5 == 0 else {"id": i, "rank": rank}
                 for i in range(1500)]
@@ -60,7 +63,7 @@ def test_gather_send_many_equals_send(world: int, cls: str) -> None:
         op = getattr(C, cls)(ctx, sources=ctx.tasks, edge=1, mode="batch")
         task = ctx.my_tasks[0]
         recs = records(ctx.rank)
-        op.send_many(task, iter(recs[:1000]), chunk=64)
+        op.send_many(task, iter(recs[:1000]), chunk=chunk)
         for r in recs[:1000]:
             r["id"] = -1                       # changed after send_many: the sent copies must not change
             if "tags" in r:
@@ -74,6 +77,108 @@ def test_gather_send_many_equals_send(world: int, cls: str) -> None:
     want = [(r, rec) for r in range(world) for rec in records(r)]
     got = [x for x in res if x is not None]
     assert got and all(g == want for g in got)
+
+
+@pytest.mark.parametrize("cls", ["Gather", "AllGather"])
+def test_gather_values_and_copy_false(cls: str) -> None:
+    """values() is results() without the sources; copy=False keeps this rank's own records by reference."""
+    def body(ctx):
+        op = getattr(C, cls)(ctx, sources=ctx.tasks, edge=1, mode="batch")
+        task = ctx.my_tasks[0]
+        recs = [{"id": i, "rank": ctx.rank} for i in range(700)]
+        op.send_many(task, recs, chunk=300, copy=False)
+        op.send(task, recs[0], copy=False)
+        op.finish(task)
+        if task not in op.local_destinations:
+            return None
+        vals = list(op.values())
+        mine = [v for v in vals if v["rank"] == ctx.rank]
+        return vals, all(a is b for a, b in zip(mine, recs + [recs[0]]))
+
+    res = run_local(3, body, timeout=100)
+    want = [{"id": i, "rank": r} for r in range(3) for i in list(range(700)) + [0]]
+    got = [x for x in res if x is not None]
+    assert got and all(vals == want and same for vals, same in got)
+
+
+def test_allgather_sources_apart_from_destinations_and_several_tasks_per_rank() -> None:
+    """Batch AllGather's direct exchange: destinations that are no source, ranks with several tasks,
+    every destination with the records of every source by source task then send order."""
+    plan = {0: 0, 1: 0, 2: 1, 3: 2, 4: 2}
+
+    def body(ctx):
+        op = C.AllGather(ctx, sources=[0, 1, 3], destinations=[1, 2, 4], edge=1, mode="batch")
+        for t in op.local_sources:
+            op.send_many(t, [(t, i) for i in range(300)], chunk=128)
+            op.send(t, (t, "last"))
+            op.finish(t)
+        return {t: list(op.results(t)) for t in op.local_destinations}
+
+    res = run_local(3, body, plan=plan, timeout=100)
+    want = [(t, (t, i)) for t in (0, 1, 3) for i in [*range(300), "last"]]
+    got = {t: v for per in res for t, v in per.items()}
+    assert sorted(got) == [1, 2, 4] and all(v == want for v in got.values())
+
+
+def test_allgather_spills_past_the_memory_bound(tmp_path) -> None:
+    def body(ctx):
+        op = C.AllGather(ctx, sources=ctx.tasks, edge=1, mode="batch")
+        task = ctx.my_tasks[0]
+        op.send_many(task, [f"{ctx.rank}-{i}-" + "x" * 50 for i in range(3000)])
+        op.finish(task)
+        store = op._store
+        out = list(op.values())
+        return out, store.spilled_bytes
+
+    res = run_local(2, body, memory_limit=64 << 10, spill_dir=str(tmp_path), timeout=100)
+    want = [f"{r}-{i}-" + "x" * 50 for r in range(2) for i in range(3000)]
+    assert all(out == want for out, _ in res)
+    assert all(spilled > 0 for _, spilled in res)
+    assert not any(f for _, _, f in os.walk(tmp_path))
+
+
+def test_values_is_for_batch_results() -> None:
+    def body(ctx):
+        out = []
+        g = C.Gather(ctx, sources=ctx.tasks, edge=1, mode="streaming")
+        try:
+            g.values()
+        except TwisternetError as e:
+            out.append(str(e))
+        g.abort()
+        p = C.Partition(ctx, sources=ctx.tasks, destinations=ctx.tasks, edge=2)
+        p.send(0, {"a": 1}, destination=0, copy=False)
+        p.finish(0)
+        out.append(list(p.values()))
+        return out
+
+    (res,) = run_local(1, body)
+    assert "batch" in res[0] and res[1] == [{"a": 1}]
+
+
+def test_broadcast_and_partition_copy_flag() -> None:
+    def body(ctx):
+        task = ctx.my_tasks[0]
+        b = C.Broadcast(ctx, sources=[0], destinations=ctx.tasks, edge=1)
+        p = C.Partition(ctx, sources=ctx.tasks, destinations=ctx.tasks, edge=2)
+        kept, copied = {"v": [1]}, {"v": [2]}
+        if ctx.rank == 0:
+            b.send(task, kept, copy=False)
+            b.send(task, copied)
+            b.finish(task)
+        p.send(task, kept, destination=task, copy=False)
+        p.send(task, copied, destination=task)
+        p.send(task, copied, destination=1 - task)
+        p.finish(task)
+        got_b, got_p = list(b.results()), list(p.values())
+        copied["v"].append("changed")
+        return got_b, got_p, got_b[0] is kept, any(x is kept for x in got_p), got_b[1] is copied
+
+    res = run_local(2, body, timeout=60)
+    for rank, (got_b, got_p, b_same, p_same, b_copied_same) in enumerate(res):
+        assert got_b == [{"v": [1]}, {"v": [2]}]
+        assert [x for x in got_p if x == {"v": [1]}] == [{"v": [1]}]
+        assert b_same is (rank == 0) and p_same and not b_copied_same
 
 
 def test_keyed_gather_send_many() -> None:

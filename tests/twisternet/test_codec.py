@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
-from twisternet.codec import Codec, KeyCodec
+from twisternet.codec import Codec, KeyCodec, join
 from twisternet.errors import CodecError
 
 codec = Codec()
@@ -139,3 +139,17 @@ def test_key_type_mismatch_is_an_error():
         KeyCodec("int").encode(2**64)
     with pytest.raises(CodecError):
         KeyCodec("nope")
+
+
+def test_decode_views_says_whether_the_value_refers_to_the_record():
+    c = Codec(oob_threshold=1024)
+    plain = join(c.encode({"a": [1, 2], "s": "x", "small": np.arange(4)}))
+    value, views = c.decode_views(plain)
+    assert not views and value["s"] == "x"
+    big = join(c.encode({"arr": np.arange(4096, dtype=np.int64), "b": b"y" * 4096}))
+    value, views = c.decode_views(big)
+    assert views and value["arr"].base is not None and np.array_equal(value["arr"], np.arange(4096))
+    value, views = c.decode_views(big, copy=True)          # copies: nothing refers to the record
+    assert not views and value["arr"].base is None
+    only_bytes = join(c.encode([b"z" * 4096]))              # out-of-band bytes are always copied out
+    assert c.decode_views(only_bytes) == ([b"z" * 4096], False)
