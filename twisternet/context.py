@@ -41,6 +41,8 @@ _DIRECT = b"\x01"
 _RETRY_INTERVAL = 0.005
 #: The progress thread leaves the engine to a caller that drove it within this many seconds.
 _DRIVER_GRACE = 0.001
+#: How long a thread sending a large (zero-copy) message waits for a busy engine before handing over.
+_SEND_LOCK_WAIT = 0.002
 #: Control edge on which a closing rank tells every peer it is done (see Context.close).
 _LEAVE_EDGE = CONTROL_EDGE_BASE + 3
 
@@ -293,12 +295,14 @@ class Context:
                 self._emit_partial(self._out[key])
         self._kick()
 
-    def _kick(self) -> None:
+    def _kick(self, wait: float = 0.0) -> None:
         """Get queued messages moving: hand them to the channel in this thread if the engine is free
-        (no thread hand-off), else wake the engine."""
+        (no thread hand-off), else wake the engine. ``wait``: how long to wait for a busy engine (a
+        thread that must wait for its own large message to leave anyway had better write it itself
+        than hand it over and be woken again)."""
         if (self._thread is not None and self.channel.can_wait_unlocked
                 and not getattr(self._in_progress, "active", False) and not self._stop
-                and self._chan_lock.acquire(blocking=False)):
+                and (self._chan_lock.acquire(timeout=wait) if wait > 0 else self._chan_lock.acquire(blocking=False))):
             # Bytes only: handlers are not run here, because the sender may be inside an operation
             # (holding its lock) and a handler run re-entrantly could overtake its record.
             self._progress_once(0.0, lock_held=True, deliver=False)
@@ -524,7 +528,7 @@ class Context:
                     return False
             self._blocked(gen, deadline, limit, edge, "send blocked by back pressure")
         if wake:
-            self._kick()
+            self._kick(_SEND_LOCK_WAIT if done is not None and wait_sent else 0.0)
         if not wait_sent:
             return SendHandle(self, done, dst, edge, deadline, limit)
         if done is not None:
@@ -537,7 +541,28 @@ class Context:
                 gen = self._gen
             if done.is_set():
                 break
+            if self._drive_send(deadline):
+                continue
             self._blocked(gen, deadline, limit, edge, "large send did not complete")
+
+    def _drive_send(self, deadline: float) -> bool:
+        """A thread waiting for its own large send to leave writes the rest itself when the engine is
+        free, waiting for socket room in the channel (no hand-off to the engine thread and back, which
+        costs two thread wake-ups per message). Bytes only, as in :meth:`_kick`. False: engine busy."""
+        if (self._thread is None or not self.channel.can_wait_unlocked
+                or getattr(self._in_progress, "active", False) or self._stop
+                or not self._chan_lock.acquire(timeout=_SEND_LOCK_WAIT)):
+            return False
+        self._raise_failures()
+        self._progress_once(max(0.0, min(0.002, deadline - time.monotonic())), lock_held=True, deliver=False)
+        self._driven_at = time.monotonic()
+        with self._lock:
+            late = bool(self._in_dirty)
+        if late:
+            self.channel.wakeup()    # what arrived meanwhile is delivered by the engine thread
+        if time.monotonic() >= deadline:
+            return False             # _blocked raises the timeout
+        return True
         with self._lock:
             if dst in self._lost:  # its buffers were let go because the peer died, not sent
                 raise PeerLostError(dst, self._lost[dst])
