@@ -544,17 +544,27 @@ class Context:
             if self._drive_send(deadline):
                 continue
             self._blocked(gen, deadline, limit, edge, "large send did not complete")
+        with self._lock:
+            if dst in self._lost:  # its buffers were let go because the peer died, not sent
+                raise PeerLostError(dst, self._lost[dst])
 
     def _drive_send(self, deadline: float) -> bool:
-        """A thread waiting for its own large send to leave writes the rest itself when the engine is
-        free, waiting for socket room in the channel (no hand-off to the engine thread and back, which
-        costs two thread wake-ups per message). Bytes only, as in :meth:`_kick`. False: engine busy."""
-        if (self._thread is None or not self.channel.can_wait_unlocked
-                or getattr(self._in_progress, "active", False) or self._stop
-                or not self._chan_lock.acquire(timeout=_SEND_LOCK_WAIT)):
+        """A thread waiting for its own large send to leave moves it itself when the engine is free
+        (no hand-off to the engine thread and back, which costs two thread wake-ups per message):
+        over sockets it writes the rest, waiting for socket room in the channel; over MPI it polls
+        the request (as a blocking ``MPI_Send`` would), the engine thread keeping out of the way
+        meanwhile. Bytes only, as in :meth:`_kick`. False: the engine is busy."""
+        if self._thread is None or getattr(self._in_progress, "active", False) or self._stop:
             return False
         self._raise_failures()
-        self._progress_once(max(0.0, min(0.002, deadline - time.monotonic())), lock_held=True, deliver=False)
+        unlocked = self.channel.can_wait_unlocked
+        if not unlocked:
+            self._driven_at = time.monotonic()   # the engine thread yields the channel (see _run)
+            self.channel.wakeup()                # and stops its current wait early
+        if not self._chan_lock.acquire(timeout=_SEND_LOCK_WAIT):
+            return False
+        wait = max(0.0, min(0.002, deadline - time.monotonic())) if unlocked else 0.0
+        self._progress_once(wait, lock_held=True, deliver=False)
         self._driven_at = time.monotonic()
         with self._lock:
             late = bool(self._in_dirty)
@@ -563,9 +573,6 @@ class Context:
         if time.monotonic() >= deadline:
             return False             # _blocked raises the timeout
         return True
-        with self._lock:
-            if dst in self._lost:  # its buffers were let go because the peer died, not sent
-                raise PeerLostError(dst, self._lost[dst])
 
     def _send_local(self, edge: int, parts: list, n: int, *, block: bool, forced: bool,
                     deadline: float, limit: float) -> bool:
@@ -616,6 +623,9 @@ class Context:
         try:
             while not self._stop:
                 if not unlocked:
+                    if time.monotonic() - self._driven_at < _DRIVER_GRACE:
+                        time.sleep(_DRIVER_GRACE)   # a sender polls its own large message (_drive_send)
+                        continue
                     self._progress_once(0.05)
                     continue
                 # Work under the engine lock without waiting, then wait *without* it, so a thread
