@@ -423,6 +423,14 @@ class Operation:
             self._sinks[task].items.append(item)
         self._changed = True
 
+    def _deliver_many(self, task: int, items: list) -> None:
+        """:meth:`_deliver` of each of ``items``, in order (under the lock)."""
+        if self.callback is not None:
+            self._cbq.extend((task, it) for it in items)
+        else:
+            self._sinks[task].items.extend(items)
+        self._changed = True
+
     def _end(self, task: int) -> None:
         """Streaming: destination ``task`` will get nothing more."""
         self._sinks[task].ended = True

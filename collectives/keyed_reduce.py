@@ -7,9 +7,9 @@ from operator import itemgetter
 from typing import Any, Iterable
 
 from .base import Callback, Mode
-from .columns import from_columns, to_columns
+from .columns import to_columns
 from .reduce import _need_edge, _pick_op
-from .reduction import ReduceFn, Reduction, own, snapshot
+from .reduction import _ATOMS, ReduceFn, Reduction, _flat, own, snapshot
 from .routing import Selector, check_key_type, hash_selector, normalize_key
 from .uptree import Node, UpTreeOperation
 
@@ -33,6 +33,7 @@ class KeyedReduce(UpTreeOperation):
                  callback: Callback | None = None, limit: int | None = None, timeout: float | None = None,
                  fanout: int = 2) -> None:
         self.reduction = Reduction(_pick_op(op, reduce))
+        self._route_cache: dict[str, int] = {}   # str key -> destination, for the default selector
         self.key_type = check_key_type(key_type)
         self.selector: Selector = selector or hash_selector
         super().__init__(ctx, sources, destinations, _need_edge(edge, type(self).__name__), mode=mode,
@@ -82,10 +83,15 @@ class KeyedReduce(UpTreeOperation):
         # The default selector on str/int keys, inlined: the same stable hash as routing.stable_hash
         fast = self.selector is hash_selector and kt in ("str", "int")
         crc32 = zlib.crc32
+        cache = self._route_cache
+        if len(cache) > 1 << 16:
+            cache.clear()
         for key, value in pairs:
             tk = type(key)
             if fast and tk is str and kt == "str":
-                d = dests[crc32(key.encode("utf-8", "surrogatepass")) % nd]
+                d = cache.get(key)
+                if d is None:
+                    d = cache[key] = dests[crc32(key.encode("utf-8", "surrogatepass")) % nd]
             elif fast and tk is int and kt == "int" and -(1 << 63) <= key < (1 << 63):
                 d = dests[crc32(key.to_bytes(8, "little", signed=True)) % nd]
             else:
@@ -119,11 +125,14 @@ class KeyedReduce(UpTreeOperation):
 
     def _combine(self, table: dict, pairs: Iterable, copy: Any) -> None:
         comb = self.reduction.combine
+        scalar = self.reduction.scalar
+        atoms = _ATOMS
         for key, value in pairs:
             if key in table:
-                table[key] = comb(table[key], value)
+                old = table[key]
+                table[key] = scalar(old, value) if type(old) in atoms and type(value) in atoms else comb(old, value)
             else:
-                table[key] = copy(value)
+                table[key] = value if type(value) in atoms else copy(value)
 
     def _take(self, node: Node, pairs: list, copy: Any) -> None:
         if node.parent is None:
@@ -131,18 +140,36 @@ class KeyedReduce(UpTreeOperation):
             if self.mode == "batch":
                 self._combine(table, pairs, copy)
             else:
-                comb = self.reduction.combine
-                for key, value in pairs:
-                    table[key] = comb(table[key], value) if key in table else copy(value)
-                    self._deliver(node.tid, (key, snapshot(table[key])))
+                self._deliver_many(node.tid, self._running(table, pairs, copy))
         elif self.mode == "batch":
             self._combine(node.state, pairs, copy)
             if len(node.state) >= self.limit:
                 self._up_send(node, "d", to_columns(node.state.items(), 2))
                 node.state.clear()
         else:
-            self._up_send(node, "d", to_columns([(k, snapshot(v)) for k, v in pairs] if copy is snapshot
-                                              else pairs, 2))
+            keys = [k for k, _ in pairs]
+            values = [v for _, v in pairs]
+            if copy is snapshot and not _flat(values):
+                values = [snapshot(v) for v in values]
+            self._up_send(node, "d", [keys, values])
+
+    def _running(self, table: dict, pairs: Iterable, copy: Any) -> list:
+        """Streaming destination: fold ``pairs`` into the running values; the ``(key, running value)``
+        update of every pair, in order (plain scalars combined without the generic dispatch)."""
+        comb = self.reduction.combine
+        scalar = self.reduction.scalar
+        atoms = _ATOMS
+        out = []
+        append = out.append
+        for key, value in pairs:
+            if key in table:
+                old = table[key]
+                new = scalar(old, value) if type(old) in atoms and type(value) in atoms else comb(old, value)
+            else:
+                new = value if type(value) in atoms else copy(value)
+            table[key] = new
+            append((key, new if type(new) in atoms else snapshot(new)))
+        return out
 
     def _up_data(self, node: Node, src: int, payload: Any) -> bool:
         if not self._room(node):
@@ -155,11 +182,13 @@ class KeyedReduce(UpTreeOperation):
             self._take_columns(node, src, payload)
 
     def _take_columns(self, node: Node, src: int, payload: Any) -> None:
-        try:
-            pairs = from_columns(payload, 2)
-        except ValueError:
-            raise self._protocol(src, payload) from None
-        self._take(node, pairs, own)
+        if (type(payload) is not list or len(payload) != 2 or type(payload[0]) is not list
+                or type(payload[1]) is not list or len(payload[0]) != len(payload[1])):
+            raise self._protocol(src, payload)
+        if node.parent is not None and self.mode != "batch":
+            self._up_send(node, "d", payload)     # passed on as it came (encoded again by this call)
+            return
+        self._take(node, zip(*payload), own)
 
     def _up_final(self, node: Node) -> Any:
         if self.mode != "batch":

@@ -105,10 +105,13 @@ class Reduction:
             self.name = op
             self.ufunc, self._py = _NAMED[op]
             self._fn: ReduceFn | None = None
+            #: The reduction of two plain scalars (``type(x) in _ATOMS``): what combine() calls for them.
+            self.scalar: ReduceFn = self._py
         elif callable(op):
             self.name = getattr(op, "__name__", repr(op))
             self.ufunc = None
             self._fn = op
+            self.scalar = op
         else:
             raise TypeError(f"reduce must be a name ({', '.join(_NAMED)}) or a callable, got {op!r}")
 

@@ -247,3 +247,47 @@ def test_snapshot_and_own_fast_paths_keep_copy_semantics() -> None:
     assert own(plain) is plain                          # decoded plain records need no copy
     assert own((1, [view]))[1][0].base is None
     assert copy.deepcopy(nested) == nested
+
+
+@pytest.mark.parametrize("op", ["sum", "max", "concat"])
+def test_streaming_keyed_reduce_running_values(op: str) -> None:
+    """Every record yields one running update, equal to a sequential fold; updates never alias the
+    running state (a consumer changing an update must not change later ones), scalars or not."""
+    def concat(a, b):
+        return a + b
+
+    def value(rank: int, i: int):
+        return [rank, i] if op == "concat" else (i * 3 + rank) % 17 + 0.5 * (i % 2)
+
+    def body(ctx):
+        kr = C.KeyedReduce(ctx, sources=ctx.tasks, destinations=ctx.tasks, edge=1,
+                           op=concat if op == "concat" else op, key_type="str", mode="streaming")
+        task = ctx.my_tasks[0]
+        got = []
+        kr.send_many(task, [(f"k{i % 7}", value(ctx.rank, i)) for i in range(400)])
+        kr.finish(task)
+        for k, v in kr.results(task):
+            got.append((k, copy.deepcopy(v)))
+            if isinstance(v, list):
+                v.append("consumer scribble")
+        return got
+
+    res = run_local(2, body, timeout=60)
+    fold = {"sum": lambda a, b: a + b, "max": max, "concat": lambda a, b: a + b}[op]
+    finals = {}
+    for per in res:
+        seen: dict = {}
+        for k, v in per:
+            assert k not in finals
+            seen[k] = v
+        finals.update(seen)
+        assert len(per) == sum(1 for r in range(2) for i in range(400) if f"k{i % 7}" in seen)
+    for k, v in finals.items():
+        vals = [value(r, i) for r in range(2) for i in range(400) if f"k{i % 7}" == k]
+        want = vals[0]
+        for x in vals[1:]:
+            want = fold(want, x)
+        if op == "concat":
+            assert sorted(map(tuple, zip(v[::2], v[1::2]))) == sorted(map(tuple, zip(want[::2], want[1::2])))
+        else:
+            assert v == want
