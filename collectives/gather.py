@@ -16,11 +16,10 @@ from typing import Any, Iterable, Iterator, Mapping
 from twisternet.errors import ConfigError
 
 from .base import Callback, Mode
-from .columns import from_columns, to_columns
 from .downtree import DownTreeMixin
 from .edges import DIRECT
 from .reduce import _need_edge
-from .reduction import snapshot
+from .reduction import _flat, snapshot
 from .routing import Selector, check_key_type, hash_selector, normalize_key
 from .spill import SpillStore
 from .uptree import Node, UpTreeOperation
@@ -48,45 +47,16 @@ class _TreeGatherBase(UpTreeOperation):
             return self.mode == "batch" or self._root_room(node)
         return self._out_room(node)
 
-    #: Items per record: (task, value) here, (key, task, value) for KeyedGather.
-    _record_width = 2
-
     #: Batch mode: local records are sent up in lists of this many (fewer messages, same order).
     batch_records = 256
 
-    def _push(self, node: Node, items: list, *, local: bool = False) -> None:
-        if node.parent is None:
-            self._root_items(node, items)
-        elif local and self.mode == "batch":
-            buf = self._outbuf.setdefault(node.tid, [])
-            buf.extend(items)
-            if len(buf) >= self.batch_records:
-                self._flush_node(node)
-        else:
-            self._up_send(node, "d", to_columns(items, self._record_width))
-
-    def _flush_node(self, node: Node) -> None:
-        buf = self._outbuf.pop(node.tid, None)
-        if buf:
-            self._up_send(node, "d", to_columns(buf, self._record_width))
-
-    def _held(self) -> int:
-        return sum(len(b) for b in self._outbuf.values())
-
-    def _up_data(self, node: Node, src: int, payload: Any) -> bool:
-        if not self._input_room(node):
-            return False
-        try:
-            if node.parent is None:   # kept past this call: no views of receive buffers
-                payload[-1] = self._own_values(payload[-1])
-            items = from_columns(payload, self._record_width)
-        except (ValueError, TypeError, IndexError):
-            raise self._protocol(src, payload) from None
-        self._push(node, items)
-        return True
-
-    def _root_items(self, node: Node, items: list) -> None:
-        raise NotImplementedError
+    @property
+    def _sources_set(self) -> frozenset:
+        """The source tasks, as a set (received records must name one of them)."""
+        s = self.__dict__.get("_sources_frozen")
+        if s is None:
+            s = self.__dict__["_sources_frozen"] = frozenset(self.sources)
+        return s
 
     def _release_storage(self) -> None:
         for node in getattr(self, "_nodes", {}).values():
@@ -234,13 +204,6 @@ class Gather(_TreeGatherBase):
             raise self._protocol(src, payload)
         self._root_chunks(node, [(t, self._own_values(c)) for t, c in zip(tasks, chunks)])
         return True
-
-    @property
-    def _sources_set(self) -> frozenset:
-        s = self.__dict__.get("_sources_frozen")
-        if s is None:
-            s = self.__dict__["_sources_frozen"] = frozenset(self.sources)
-        return s
 
     def _root_chunks(self, node: Node, chunks: list) -> None:
         if self.mode == "batch":
@@ -517,7 +480,6 @@ class KeyedGather(_TreeGatherBase):
     """
 
     operation = "KeyedGather"
-    _record_width = 3
 
     def __init__(self, ctx: Any, sources: int | Iterable[int] | None = None,
                  destinations: int | Iterable[int] | None = None, edge: int | None = None, *,
@@ -540,62 +502,114 @@ class KeyedGather(_TreeGatherBase):
                              f"destinations {self.destinations}")
         return d
 
-    def send(self, task: int, key: Any, value: Any, *, timeout: float | None = None) -> None:
-        """Send ``value`` under ``key`` from local source ``task``; blocks under back pressure."""
-        self._send(task, key, value, True, timeout)
+    # Records travel as three columns ``[[key, ...], [task, ...], [value, ...]]`` ("d" payloads) and
+    # rest at the destination as ``((key, task), value)`` in a SpillStore sorted by (key, task).
 
-    def offer(self, task: int, key: Any, value: Any) -> bool:
+    def send(self, task: int, key: Any, value: Any, *, timeout: float | None = None, copy: bool = True) -> None:
+        """Send ``value`` under ``key`` from local source ``task``; blocks under back pressure.
+        ``copy=False``: the operation may keep a reference to ``value`` (no defensive copy)."""
+        self._send(task, key, value, True, timeout, copy)
+
+    def offer(self, task: int, key: Any, value: Any, *, copy: bool = True) -> bool:
         """Like :meth:`send` but returns False instead of blocking when the operation is full."""
-        return self._send(task, key, value, False, None)
+        return self._send(task, key, value, False, None, copy)
 
     def send_many(self, task: int, items: Iterable[tuple[Any, Any]] | Mapping[Any, Any], *,
-                  timeout: float | None = None, chunk: int = 4096) -> None:
+                  timeout: float | None = None, chunk: int = 4096, copy: bool = True) -> None:
         """Contribute many ``(key, value)`` pairs (or a mapping) from local source ``task``: the same as
-        calling :meth:`send` for each, routed and handed over per destination ``chunk`` at a time."""
+        calling :meth:`send` for each, routed and handed over per destination ``chunk`` at a time.
+        Full chunks bound for another rank are encoded before this returns, so they are not copied."""
         if not isinstance(chunk, int) or chunk < 1:
             raise ValueError(f"chunk must be a positive int, got {chunk!r}")
         self._check_source(task)
         pairs = items.items() if isinstance(items, Mapping) else items
-        by_dest: dict[int, list] = {}
+        by_dest: dict[int, tuple[list, list]] = {}
         kt = self.key_type
 
-        def hand_over(d: int, batch: list) -> None:
+        def hand_over(d: int, keys: list, vals: list) -> None:
             node = self._nodes[d]
-            self._input(task, lambda: self._input_room(node), lambda: self._push(node, batch, local=True),
+            direct = node.parent is not None and len(keys) >= self.batch_records
+            if copy and not direct and not _flat(vals):
+                vals = [snapshot(v) for v in vals]
+            self._input(task, lambda: self._input_room(node),
+                        lambda: self._push_cols(node, keys, [task] * len(keys), vals, local=True, direct=direct),
                         block=True, timeout=timeout)
 
         for key, value in pairs:
             key = normalize_key(key, kt)
             d = self._select(key)
-            batch = by_dest.get(d)
-            if batch is None:
-                batch = by_dest[d] = []
-            batch.append((key, task, snapshot(value)))
-            if len(batch) >= chunk:
-                by_dest[d] = []
-                hand_over(d, batch)
-        for d, batch in by_dest.items():
-            if batch:
-                hand_over(d, batch)
+            cols = by_dest.get(d)
+            if cols is None:
+                cols = by_dest[d] = ([], [])
+            cols[0].append(key)
+            cols[1].append(value)
+            if len(cols[0]) >= chunk:
+                by_dest[d] = ([], [])
+                hand_over(d, *cols)
+        for d, cols in by_dest.items():
+            if cols[0]:
+                hand_over(d, *cols)
 
-    def _send(self, task: int, key: Any, value: Any, block: bool, timeout: float | None) -> bool:
+    def _send(self, task: int, key: Any, value: Any, block: bool, timeout: float | None,
+              copy: bool = True) -> bool:
         key = normalize_key(key, self.key_type)
         self._check_source(task)
         node = self._nodes[self._select(key)]
         return self._input(task, lambda: self._input_room(node),
-                           lambda: self._push(node, [(key, task, snapshot(value))], local=True), block=block, timeout=timeout)
+                           lambda: self._push_cols(node, [key], [task], [snapshot(value) if copy else value],
+                                                   local=True, direct=False),
+                           block=block, timeout=timeout)
 
-    def _root_items(self, node: Node, items: list) -> None:
+    def _push_cols(self, node: Node, keys: list, tasks: list, vals: list, *, local: bool, direct: bool) -> None:
+        """Records as columns (under the lock): kept at the root, else buffered or sent on up."""
+        if node.parent is None:
+            self._root_cols(node, keys, tasks, vals)
+        elif local and self.mode == "batch" and not direct:
+            buf = self._outbuf.get(node.tid)
+            if buf is None:
+                buf = self._outbuf[node.tid] = ([], [], [])
+            buf[0].extend(keys)
+            buf[1].extend(tasks)
+            buf[2].extend(vals)
+            if len(buf[0]) >= self.batch_records:
+                self._flush_node(node)
+        else:
+            if local:
+                self._flush_node(node)
+            self._up_send(node, "d", [keys, tasks, vals])
+
+    def _flush_node(self, node: Node) -> None:
+        buf = self._outbuf.pop(node.tid, None)
+        if buf and buf[0]:
+            self._up_send(node, "d", list(buf))
+
+    def _held(self) -> int:
+        return sum(len(b[0]) for b in self._outbuf.values())
+
+    def _up_data(self, node: Node, src: int, payload: Any) -> bool:
+        if not self._input_room(node):
+            return False
+        if (type(payload) is not list or len(payload) != 3 or not all(type(c) is list for c in payload)
+                or not len(payload[0]) == len(payload[1]) == len(payload[2])):
+            raise self._protocol(src, payload)
+        keys, tasks, vals = payload
+        if node.parent is not None:
+            self._up_send(node, "d", payload)    # passed on as it came (encoded again by this call)
+            return True
+        if not all(t in self._sources_set for t in set(tasks)):
+            raise self._protocol(src, payload)
+        self._root_cols(node, keys, tasks, self._own_values(vals))
+        return True
+
+    def _root_cols(self, node: Node, keys: list, tasks: list, vals: list) -> None:
         if self.mode == "batch":
             store: SpillStore = node.state
             try:
-                for key, src, v in items:
-                    store.add((key, src), v)
+                store.add_many(list(zip(zip(keys, tasks), vals)))
             except TypeError as e:
                 raise TypeError(f"KeyedGather batch results are sorted by key: {e}") from None
         else:
-            for key, _src, v in items:
-                self._deliver(node.tid, (key, v))
+            self._deliver_many(node.tid, list(zip(keys, vals)))
 
     def _batch_items(self, store: SpillStore) -> Iterator[Any]:
         if self.group:

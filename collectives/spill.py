@@ -46,26 +46,36 @@ _SAMPLED = (dict, list, tuple)
 
 def estimate_size(obj: Any, _depth: int = 0) -> int:
     """A cheap estimate of the memory ``obj`` holds, in bytes (used for the spill bound)."""
-    if isinstance(obj, np.ndarray):
-        return obj.nbytes + 112
-    if isinstance(obj, (bytes, bytearray, str)):
+    t = type(obj)
+    if t is bytes or t is str or t is bytearray:
         return len(obj) + 49
-    if isinstance(obj, (int, float, bool)) or obj is None:
+    if t is int or t is float or t is bool or obj is None:
         return 28
-    if isinstance(obj, (tuple, list)):
+    if t is tuple or t is list:
         n = 56 + 8 * len(obj)
         if _depth < 4:
             if len(obj) > 64:  # sample large containers
                 step = len(obj) // 32
-                n += sum(estimate_size(o, _depth + 1) for o in obj[::step]) * step
+                for o in obj[::step]:
+                    n += estimate_size(o, _depth + 1) * step
             else:
-                n += sum(estimate_size(o, _depth + 1) for o in obj)
+                for o in obj:
+                    n += estimate_size(o, _depth + 1)
         return n
-    if isinstance(obj, dict):
+    if t is dict:
         n = sys.getsizeof(obj)
         if _depth < 4 and len(obj) <= 64:
-            n += sum(estimate_size(k, _depth + 1) + estimate_size(v, _depth + 1) for k, v in obj.items())
+            for k, v in obj.items():
+                n += estimate_size(k, _depth + 1) + estimate_size(v, _depth + 1)
         return n
+    if isinstance(obj, np.ndarray):
+        return obj.nbytes + 112
+    if isinstance(obj, (bytes, bytearray, str)):
+        return len(obj) + 49
+    if isinstance(obj, (int, float, bool)):
+        return 28
+    if isinstance(obj, (tuple, list, dict)):   # subclasses: as their base type
+        return estimate_size(dict(obj) if isinstance(obj, dict) else list(obj), _depth)
     return sys.getsizeof(obj)
 
 
@@ -204,6 +214,33 @@ class SpillStore:
         self.count += 1
         if self._mem_bytes > self.memory_limit:
             self._spill()
+
+    def add_many(self, records: list) -> None:
+        """Add ``(key, value)`` records (a plain store only), their size estimated from a sample; the
+        same as :meth:`add` for each, spilling at the same bound."""
+        if self._closed:
+            raise TwisternetError(f"{self.name}: store already closed")
+        if self.chunked:
+            raise TwisternetError(f"{self.name}: add_many() is for stores made with chunked=False")
+        n = len(records)
+        if not n:
+            return
+        step = max(1, n // 16)
+        sample = records[::step]
+        per = max(1, sum(estimate_size(v) + estimate_size(k) + 72 for k, v in sample) // len(sample))
+        self._est_n += 1
+        self._est_sum += per
+        start = 0
+        while start < n:
+            room = max(1, (self.memory_limit - self._mem_bytes) // per + 1)
+            part = records[start:start + room] if start or room < n else records
+            start += len(part)
+            self._mem.extend(part)
+            self._mem_bytes += per * len(part)
+            self._sorted = False
+            self.count += len(part)
+            if self._mem_bytes > self.memory_limit:
+                self._spill()
 
     def _charge(self, key: Any, value: Any) -> None:
         """Account one value appended to an open chunk (sampled as in :meth:`add`)."""

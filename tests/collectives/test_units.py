@@ -197,6 +197,25 @@ def test_chunked_spill_store_matches_stable_sort(tmp_path_factory, adds, sort, l
     assert not any(f for _, _, f in os.walk(d))
 
 
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.lists(st.tuples(st.integers(-5, 5), st.binary(max_size=40)), max_size=80), max_size=12),
+       st.sampled_from([1024, 8192, 1 << 20]))
+def test_spill_store_add_many_matches_add(tmp_path_factory, batches, limit) -> None:
+    d = tmp_path_factory.mktemp("spill")
+    many, one = SpillStore(limit, str(d)), SpillStore(limit, str(d))
+    for batch in batches:
+        many.add_many(list(batch))
+        for k, v in batch:
+            one.add(k, v)
+    flat = [r for b in batches for r in b]
+    assert list(many) == list(one) == sorted(flat, key=lambda r: r[0])
+    assert len(many) == len(flat)
+    if limit == 1024 and sum(len(v) for _, v in flat) > 20_000:
+        assert many.runs > 0                     # the bound holds for batches too
+    many.close()
+    one.close()
+
+
 def test_chunked_store_checks() -> None:
     plain = SpillStore(1 << 20)
     with pytest.raises(TwisternetError, match="chunked=True"):
