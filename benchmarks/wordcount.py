@@ -1,16 +1,17 @@
 """Word count of N words (default 20 million): twisternet batch KeyedReduce on W local workers vs a
-single-process ``collections.Counter`` and PySpark local mode (``reduceByKey``), on the same generated
-Zipf text, measured in the same run.
+single-process ``collections.Counter``, PySpark local mode (``reduceByKey``) and Dask (``Bag.frequencies``
+on a ``LocalCluster`` of W worker processes), on the same generated Zipf text, measured in the same run.
 
-    python benchmarks/wordcount.py [--words 20000000] [--workers 2] [--repeat 3] [--quick]
+    python benchmarks/wordcount.py [--words 20000000] [--workers 2] [--repeat 3] [--spark 1] [--dask 1] [--quick]
     python -m benchmarks --suite wordcount [--set wordcount.words=N]
 
 Timed: counting and the distributed reduce (every key reduced at its destination); not timed anywhere:
 generating the text (each side then runs one full garbage collection so that no side pays for the
 input's first one). twisternet's time is the slowest worker's. PySpark (``pip install pyspark``, Java
-17) runs ``local[W]`` on an RDD of the same words generated and cached in its W partitions. Every run is
-checked: each implementation must count every word, and the twisternet and Spark counts must equal the
-Counter's.
+17) runs ``local[W]`` on an RDD of the same words generated and cached in its W partitions; Dask
+(``benchmarks/_dask_peer.py``) on a Bag of the same words generated and persisted in its W worker
+processes. Every run is checked: each implementation must count every word, and every table of counts
+must equal the Counter's.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from wordcount import generated_words  # noqa: E402
 
 NAME = "wordcount"
 DESCRIPTION = ("batch KeyedReduce word count of 20M Zipf words: twisternet on W workers vs "
-               "collections.Counter (1 process) and PySpark local[W] reduceByKey")
+               "collections.Counter (1 process), PySpark local[W] reduceByKey and Dask Bag.frequencies")
 
 
 def digest(counts: dict[str, int]) -> str:
@@ -111,6 +112,28 @@ def run_spark(workers: int, words: int) -> tuple[float, int, str]:
     raise RuntimeError(f"PySpark run failed (exit {p.returncode}):\n{p.stdout[-1500:]}\n{p.stderr[-1500:]}")
 
 
+def run_dask(workers: int, words: int) -> tuple[float, int, str]:
+    env = job_env()
+    root = Path(__file__).resolve().parent.parent
+    env["PYTHONPATH"] = f"{root / 'benchmarks'}:{root / 'examples'}:{env['PYTHONPATH']}"
+    p = subprocess.run([sys.executable, str(root / "benchmarks" / "_dask_peer.py"), "wordcount", str(words),
+                        str(workers)], env=env, capture_output=True, text=True, timeout=1800)
+    for line in p.stdout.splitlines():
+        if line.startswith("DASK "):
+            d = json.loads(line[5:])
+            if sum(d["counts"].values()) != words or d["words"] != words:
+                raise RuntimeError("Dask lost words")
+            return d["seconds"], d["words"], digest(d["counts"])
+    raise RuntimeError(f"Dask run failed (exit {p.returncode}):\n{p.stdout[-1500:]}\n{p.stderr[-1500:]}")
+
+
+def dask_missing() -> str | None:
+    import importlib.util
+    if importlib.util.find_spec("dask") is None or importlib.util.find_spec("distributed") is None:
+        return "dask is not installed (pip install 'dask[dataframe,distributed]')"
+    return None
+
+
 def spark_missing() -> str | None:
     import importlib.util
     if importlib.util.find_spec("pyspark") is None:
@@ -124,14 +147,20 @@ def run(opts: SuiteOptions) -> SuiteResult:
     res = SuiteResult(NAME)
     words = opts.get("words", 200_000 if opts.quick else 20_000_000)
     repeat = opts.repeats()
-    spark = opts.get("spark", 0 if opts.quick else 1)
-    why = spark_missing() if spark else "left out of quick runs (Spark takes ~10 s to start); --set wordcount.spark=1"
-    if why:
-        res.skipped.append(f"PySpark: {why}")
+    peers: dict[str, str | None] = {}
+    for name, flag, missing in (("PySpark", "spark", spark_missing), ("Dask", "dask", dask_missing)):
+        on = int(opts.get(flag, 0 if opts.quick else 1))
+        why = missing() if on else f"left out of quick runs (startup takes seconds); --set wordcount.{flag}=1"
+        peers[name] = why
+        if why:
+            res.skipped.append(f"{name}: {why}")
+    active = [name for name, why in peers.items() if not why]
+    runners = {"PySpark": run_spark, "Dask": run_dask}
     workers = list(opts.workers)
     bar = opts.bar(NAME)
-    bar.set_total(repeat * len(workers) * (2 if why else 3))
-    raw: dict[str, Any] = {"words": words, "counter": {}, "twisternet": {}, "spark": {}}
+    bar.set_total(repeat * len(workers) * (2 + len(active)))
+    raw: dict[str, Any] = {"words": words, "counter": {}, "twisternet": {}, "spark": {}, "dask": {}}
+    field = {"PySpark": "spark", "Dask": "dask"}
     for rep in range(repeat):
         for w in workers:
             bar.step(f"run {rep + 1}/{repeat}: Counter over the text of {w} shares")
@@ -142,31 +171,35 @@ def run(opts: SuiteOptions) -> SuiteResult:
             if d != ref:
                 raise RuntimeError(f"twisternet x{w} counts differ from Counter's")
             raw["twisternet"].setdefault(w, []).append(t)
-            if not why:
-                bar.step(f"run {rep + 1}/{repeat}: PySpark local[{w}]")
-                t, _, d = run_spark(w, words)
+            for name in active:
+                bar.step(f"run {rep + 1}/{repeat}: {name} x{w}")
+                t, _, d = runners[name](w, words)
                 if d != ref:
-                    raise RuntimeError(f"PySpark local[{w}] counts differ from Counter's")
-                raw["spark"].setdefault(w, []).append(t)
+                    raise RuntimeError(f"{name} x{w} counts differ from Counter's")
+                raw[field[name]].setdefault(w, []).append(t)
     rows = []
     for w in workers:
         ref_t = median(raw["counter"][w])
         rows.append([f"collections.Counter, 1 process (text of {w} shares)", f"{ref_t:.2f}",
-                     f"{words / ref_t:,.0f}", "1.00", "n/a"])
+                     f"{words / ref_t:,.0f}", "1.00", "n/a", "n/a"])
         t = median(raw["twisternet"][w])
-        sp = median(raw["spark"][w]) if raw["spark"].get(w) else None
+        peer_t = {name: median(raw[field[name]][w]) for name in active if raw[field[name]].get(w)}
         rows.append([f"twisternet KeyedReduce, {w} workers", f"{t:.2f}", f"{words / t:,.0f}", f"{ref_t / t:.2f}",
-                     f"{sp / t:.1f}" if sp else "n/a"])
-        if sp:
-            rows.append([f"PySpark local[{w}] reduceByKey", f"{sp:.2f}", f"{words / sp:,.0f}", f"{ref_t / sp:.2f}",
-                         "1.0"])
+                     *(f"{peer_t[n] / t:.1f}" if n in peer_t else "n/a" for n in ("PySpark", "Dask"))])
+        for name, pt in peer_t.items():
+            label = f"PySpark local[{w}] reduceByKey" if name == "PySpark" else f"Dask Bag.frequencies, {w} workers"
+            rows.append([label, f"{pt:.2f}", f"{words / pt:,.0f}", f"{ref_t / pt:.2f}",
+                         *("1.0" if n == name else "" for n in ("PySpark", "Dask"))])
+        if "PySpark" in peer_t:
+            sp = peer_t["PySpark"]
             res.targets.append(Target(f"word count, {w} workers: twisternet vs PySpark local mode",
                                       ">= 3x faster", f"{sp / t:.1f}x ({t:.2f} s vs {sp:.2f} s)", sp / t >= 3))
         if w == 2:
             res.targets.append(Target("word count, 2 workers vs one process running Counter", ">= 1.5x faster",
                                       f"{ref_t / t:.2f}x ({t:.2f} s vs {ref_t:.2f} s)", ref_t / t >= 1.5))
     res.tables.append(Table(f"Word count of {words:,} words (median of {repeat})",
-                            ["implementation", "seconds", "words/s", "speedup vs Counter", "PySpark / this"], rows,
+                            ["implementation", "seconds", "words/s", "speedup vs Counter", "PySpark / this",
+                             "Dask / this"], rows,
                             note="every run checked: the same word -> count table as collections.Counter"))
     res.raw = raw
     bar.finish()
@@ -180,12 +213,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--spark", type=int, default=None, help="1: include PySpark, 0: leave it out")
+    ap.add_argument("--dask", type=int, default=None, help="1: include Dask, 0: leave it out")
     a = ap.parse_args(argv)
     extra: dict[str, Any] = {}
     if a.words:
         extra["words"] = str(a.words)
     if a.spark is not None:
         extra["spark"] = str(a.spark)
+    if a.dask is not None:
+        extra["dask"] = str(a.dask)
     workers = [int(x) for x in a.workers.split(",")]
     report.run_standalone(NAME, run, SuiteOptions(quick=a.quick, repeat=a.repeat, workers=workers,
                                                   extra=extra))

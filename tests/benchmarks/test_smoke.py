@@ -137,3 +137,14 @@ def test_records_quick(tmp_path):
     (row_ops,) = [[row[0] for row in t["rows"]] for t in suite["tables"]]
     assert row_ops == ["gather", "allgather", "broadcast", "partition"]
     assert all(set(r) == {"gather", "allgather", "broadcast", "partition"} for r in suite["raw"]["runs"]["2"]["twisternet"])
+
+
+@pytest.mark.timeout(300)
+def test_sort_quick(tmp_path):
+    p = bench("--suite", "sort", "--quick", "--workers", "2", "--json", str(tmp_path / "r.json"))
+    doc = json.loads((tmp_path / "r.json").read_text())
+    suite = doc["suites"][0]
+    assert p.returncode == 0 and suite["status"] == "ok", p.stdout[-2000:] + p.stderr[-2000:]
+    assert "twisternet KeyedGather, 2 workers" in p.stdout and "records/s" in p.stdout
+    assert suite["raw"]["spilled_bytes"]["2"][0] > 0                 # the memory bound made it spill
+    assert any("PySpark" in s for s in suite["skipped"]) and any("Dask" in s for s in suite["skipped"])

@@ -1,0 +1,47 @@
+"""Worker of benchmarks/sort.py: a terasort with a batch KeyedGather and a range partitioner.
+
+    twisternet run -n W benchmarks/_sort_worker.py TOTAL_RECORDS MEMORY_LIMIT_BYTES
+
+Each worker generates its share (not timed), then, from a common start, sends its records to the
+destination owning each key's range and reads its destination's records back in key order, summarizing
+them (count, checksum, order, first and last key) as it goes; the time is this worker's, from the start
+to its last record read. Prints one ``SORT {json}`` line per worker.
+"""
+
+import gc
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import twisternet as tn  # noqa: E402
+from collectives import Barrier, KeyedGather  # noqa: E402
+
+from _sort_data import generate, range_destination, summarize  # noqa: E402
+
+
+def main() -> None:
+    total, memory = int(sys.argv[1]), int(sys.argv[2])
+    with tn.init(timeout=1800, memory_limit=memory) as ctx:
+        records = generate(ctx.rank, ctx.world, total)
+        # The input lives through the whole sort: move it out of the collector's way (a full
+        # collection would rescan its ~5M tuples each time; the usual move for long-lived data).
+        gc.collect()
+        gc.freeze()
+        sort = KeyedGather(ctx, sources=ctx.tasks, destinations=ctx.tasks, edge=1, key_type="bytes",
+                           selector=range_destination, group=False, mode="batch")
+        task = ctx.my_tasks[0]
+        Barrier(ctx, "start", ctx.world).enter(ctx.rank)
+        t0 = time.perf_counter()
+        sort.send_many(task, records, copy=False)     # the input is not changed afterwards
+        sort.finish(task)
+        summary = summarize(sort.results(task))
+        elapsed = time.perf_counter() - t0
+        summary.update(rank=ctx.rank, seconds=elapsed, spilled_bytes=sort.spilled_bytes)
+        print("SORT " + json.dumps(summary), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,215 @@
+"""Terasort-like sort of 1 GB of 100-byte records (10-byte random keys): twisternet batch KeyedGather
+with a range partitioner and a memory bound that makes it spill, vs PySpark local mode (``sortByKey``)
+and Dask (``DataFrame.sort_values`` on a ``LocalCluster``), on the same generated records, measured in
+the same run.
+
+    python benchmarks/sort.py [--bytes 1G] [--workers 2,4] [--repeat 3] [--spark 1] [--dask 1] [--quick]
+    python -m benchmarks --suite sort [--set sort.bytes=256M] [--set sort.memory=64M]
+
+Input and checks are in ``benchmarks/_sort_data.py``. Not timed anywhere: generating the input (in
+each implementation's own workers, then cached/persisted) and starting Spark or Dask. Timed: from the
+start until every output partition has been read in key order and summarized (count, checksum of its
+records, order, first and last key) where it lies; twisternet's time is the slowest worker's. Every
+run is verified: no record lost, changed or duplicated (count and checksum against the input's), each
+partition sorted, partitions in key order. twisternet runs with ``memory_limit`` = 1/8 of a worker's
+share by default (``--set sort.memory=...``), so every destination spills sorted runs to disk and
+merges them; the table reports how much it spilled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from benchmarks.common import ROOT, job_env, median, twisternet_run  # noqa: E402
+from benchmarks import report  # noqa: E402
+from benchmarks.harness import SuiteOptions, SuiteResult, Table, Target  # noqa: E402
+from _sort_data import RECORD_BYTES, expected, verify  # noqa: E402
+
+NAME = "sort"
+DESCRIPTION = ("terasort-like sort of 1 GB of 100-byte records: twisternet KeyedGather (range partitioner, "
+               "spilling) vs PySpark local[W] sortByKey and Dask sort_values")
+
+BENCH = Path(__file__).resolve().parent
+_UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_bytes(text: Any) -> int:
+    """``"1G"`` -> 1073741824; plain integers are bytes."""
+    s = str(text).strip().upper().rstrip("B")
+    if s and s[-1] in _UNITS:
+        return int(float(s[:-1]) * _UNITS[s[-1]])
+    return int(s)
+
+
+def _peer_env() -> dict[str, str]:
+    env = job_env()
+    env["PYTHONPATH"] = f"{BENCH}:{ROOT / 'examples'}:{env['PYTHONPATH']}"
+    return env
+
+
+def run_twisternet(workers: int, total: int, memory: int) -> dict[str, Any]:
+    p = subprocess.run(twisternet_run(workers, "benchmarks/_sort_worker.py", str(total), str(memory)),
+                       env=job_env(), capture_output=True, text=True, timeout=3600, cwd=ROOT)
+    rows = [json.loads(line.split("SORT ", 1)[1]) for line in p.stdout.splitlines() if "SORT " in line]
+    if len(rows) != workers:
+        raise RuntimeError(f"twisternet sort failed (exit {p.returncode}):\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
+    rows.sort(key=lambda r: r["rank"])
+    return {"seconds": max(r["seconds"] for r in rows), "parts": rows,
+            "spilled_bytes": sum(r["spilled_bytes"] for r in rows)}
+
+
+_SPARK = r"""
+import json, sys, tempfile, time
+from pyspark import SparkConf, SparkContext
+total, workers, bench = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+sys.path.insert(0, bench)
+import _sort_data as sd
+local = tempfile.mkdtemp(prefix="spark-sort-")
+conf = (SparkConf().setMaster(f"local[{workers}]").setAppName("sort").set("spark.ui.enabled", "false")
+        .set("spark.driver.memory", "8g").set("spark.local.dir", local))
+sc = SparkContext(conf=conf)
+sc.setLogLevel("ERROR")
+sc.addPyFile(bench + "/_sort_data.py")          # the generator and the summary, for the Python workers
+rdd = sc.parallelize(range(workers), workers).flatMap(lambda r: sd.generate(r, workers, total)).cache()
+n = rdd.count()                                  # generate and cache outside the timed part
+t = time.perf_counter()
+parts = rdd.sortByKey(numPartitions=workers).mapPartitions(lambda it: [sd.summarize(it)]).collect()
+dt = time.perf_counter() - t
+sc.stop()
+print("SPARK " + json.dumps({"seconds": dt, "n": n, "parts": parts}), flush=True)
+"""
+
+
+def _tagged(p: subprocess.CompletedProcess, tag: str, who: str) -> dict[str, Any]:
+    for line in p.stdout.splitlines():
+        if line.startswith(tag + " "):
+            return json.loads(line[len(tag) + 1:])
+    raise RuntimeError(f"{who} run failed (exit {p.returncode}):\n{p.stdout[-1500:]}\n{p.stderr[-1500:]}")
+
+
+def run_spark(workers: int, total: int) -> dict[str, Any]:
+    env = _peer_env()
+    env.update(PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
+    p = subprocess.run([sys.executable, "-c", _SPARK, str(total), str(workers), str(BENCH)], env=env,
+                       capture_output=True, text=True, timeout=3600)
+    return _tagged(p, "SPARK", "PySpark")
+
+
+def run_dask(workers: int, total: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="dask-sort-") as d:
+        env = _peer_env()
+        env["DASK_LOCAL_DIR"] = d
+        p = subprocess.run([sys.executable, str(BENCH / "_dask_peer.py"), "sort", str(total), str(workers)],
+                           env=env, capture_output=True, text=True, timeout=3600)
+    return _tagged(p, "DASK", "Dask")
+
+
+def spark_missing() -> str | None:
+    if importlib.util.find_spec("pyspark") is None:
+        return "pyspark is not installed (pip install pyspark; needs Java 17)"
+    if subprocess.run(["java", "-version"], capture_output=True).returncode != 0:
+        return "no java on PATH (PySpark needs Java 17)"
+    return None
+
+
+def dask_missing() -> str | None:
+    if importlib.util.find_spec("dask") is None or importlib.util.find_spec("distributed") is None:
+        return "dask is not installed (pip install 'dask[dataframe,distributed]')"
+    return None
+
+
+def run(opts: SuiteOptions) -> SuiteResult:
+    res = SuiteResult(NAME)
+    size = parse_bytes(opts.get("bytes", "16M" if opts.quick else "1G"))
+    total = max(1, size // RECORD_BYTES)
+    repeat = opts.repeats()
+    workers = list(opts.workers)
+    peers: dict[str, str | None] = {}
+    for name, flag, missing in (("PySpark", "spark", spark_missing), ("Dask", "dask", dask_missing)):
+        on = int(opts.get(flag, 0 if opts.quick else 1))
+        why = missing() if on else f"left out of quick runs (startup takes seconds); --set sort.{flag}=1"
+        peers[name] = why
+        if why:
+            res.skipped.append(f"{name}: {why}")
+    runners = {"PySpark": run_spark, "Dask": run_dask}
+    active = [name for name, why in peers.items() if not why]
+    bar = opts.bar(NAME)
+    bar.set_total(repeat * len(workers) * (1 + len(active)) + 1)
+    bar.step("checksum of the input")
+    want = {w: expected(w, total) for w in workers}
+    raw: dict[str, Any] = {"records": total, "bytes": total * RECORD_BYTES, "twisternet": {}, "spilled_bytes": {},
+                           "memory_limit": {}, "PySpark": {}, "Dask": {}}
+    for rep in range(repeat):
+        for w in workers:
+            memory = parse_bytes(opts.get("memory", 0)) or max(1 << 20, total * RECORD_BYTES // w // 8)
+            bar.step(f"run {rep + 1}/{repeat}: twisternet x{w}")
+            r = run_twisternet(w, total, memory)
+            verify(r["parts"], want[w])
+            raw["twisternet"].setdefault(w, []).append(r["seconds"])
+            raw["spilled_bytes"].setdefault(w, []).append(r["spilled_bytes"])
+            raw["memory_limit"][w] = memory
+            for name in active:
+                bar.step(f"run {rep + 1}/{repeat}: {name} x{w}")
+                r = runners[name](w, total)
+                if r["n"] != total:
+                    raise RuntimeError(f"{name} generated {r['n']} records, expected {total}")
+                try:
+                    verify(r["parts"], want[w])
+                except ValueError as e:
+                    raise RuntimeError(f"{name} x{w}: wrong output: {e}") from None
+                raw[name].setdefault(w, []).append(r["seconds"])
+    rows = []
+    mb = total * RECORD_BYTES / 1e6
+    for w in workers:
+        t = median(raw["twisternet"][w])
+        others = {name: median(raw[name][w]) for name in active if raw[name].get(w)}
+        spilled = median(raw["spilled_bytes"][w]) / 1e6
+        rows.append([f"twisternet KeyedGather, {w} workers", f"{t:.2f}", f"{total / t:,.0f}", f"{mb / t:.1f}",
+                     f"{spilled:,.0f} MB (memory_limit {raw['memory_limit'][w] >> 20} MB/worker)",
+                     *(f"{others[n] / t:.2f}" if n in others else "n/a" for n in ("PySpark", "Dask"))])
+        for name, secs in others.items():
+            rows.append([f"{name} {'local[%d] sortByKey' % w if name == 'PySpark' else 'sort_values, %d workers' % w}",
+                         f"{secs:.2f}", f"{total / secs:,.0f}", f"{mb / secs:.1f}", "",
+                         *("1.00" if n == name else "" for n in ("PySpark", "Dask"))])
+        if "PySpark" in others:
+            sp = others["PySpark"]
+            res.targets.append(Target(f"sort, {w} workers: twisternet vs PySpark local mode", ">= 3x faster",
+                                      f"{sp / t:.2f}x ({t:.2f} s vs {sp:.2f} s)", sp / t >= 3))
+    res.tables.append(Table(f"Sort of {total:,} records ({mb:,.0f} MB), median of {repeat}",
+                            ["implementation", "seconds", "records/s", "MB/s", "twisternet spilled",
+                             "PySpark / this", "Dask / this"], rows,
+                            note="every run verified: all records, each partition sorted, partitions in key order"))
+    res.raw = raw
+    bar.finish()
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--bytes", default=None, help="input size, e.g. 1G (default) or 256M")
+    ap.add_argument("--memory", default=None, help="twisternet memory_limit per worker (default: share/8)")
+    ap.add_argument("--workers", default="2")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--spark", type=int, default=None, help="1: include PySpark, 0: leave it out")
+    ap.add_argument("--dask", type=int, default=None, help="1: include Dask, 0: leave it out")
+    a = ap.parse_args(argv)
+    extra = {k: str(v) for k, v in (("bytes", a.bytes), ("memory", a.memory), ("spark", a.spark),
+                                     ("dask", a.dask)) if v is not None}
+    workers = [int(x) for x in a.workers.split(",")]
+    report.run_standalone(NAME, run, SuiteOptions(quick=a.quick, repeat=a.repeat, workers=workers, extra=extra))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
