@@ -26,6 +26,9 @@ from .uptree import Node, UpTreeOperation
 
 log = logging.getLogger(__name__)
 
+#: key_type -> the exact Python type whose keys are already canonical (see routing.normalize_key).
+_EXACT_KEY_TYPES: dict[str, type] = {"int": int, "float": float, "str": str, "bytes": bytes}
+
 
 class _TreeGatherBase(UpTreeOperation):
     """Forwarding up a tree; subclasses say what a record is and how the root keeps it."""
@@ -49,6 +52,14 @@ class _TreeGatherBase(UpTreeOperation):
 
     #: Batch mode: local records are sent up in lists of this many (fewer messages, same order).
     batch_records = 256
+
+    @property
+    def spilled_bytes(self) -> int:
+        """Bytes this process's batch destinations have written to spill files (past
+        ``config.memory_limit``) so far."""
+        stores = [n.state for n in getattr(self, "_nodes", {}).values()]
+        stores.append(getattr(self, "_store", None))       # batch AllGather's
+        return sum(s.spilled_bytes for s in stores if isinstance(s, SpillStore))
 
     @property
     def _sources_set(self) -> frozenset:
@@ -535,11 +546,17 @@ class KeyedGather(_TreeGatherBase):
                         lambda: self._push_cols(node, keys, [task] * len(keys), vals, local=True, direct=direct),
                         block=True, timeout=timeout)
 
+        exact = _EXACT_KEY_TYPES.get(kt)       # keys of exactly this type need no normalizing
+        selector, dests = self.selector, self.destinations
         for key, value in pairs:
-            key = normalize_key(key, kt)
-            d = self._select(key)
+            if type(key) is not exact:
+                key = normalize_key(key, kt)
+            d = selector(key, dests)
             cols = by_dest.get(d)
-            if cols is None:
+            if cols is None:                      # first record for d: check the selector's answer
+                if d not in self._nodes:
+                    raise ValueError(f"selector returned {d!r} for key {key!r}; it must return one of the "
+                                     f"destinations {self.destinations}")
                 cols = by_dest[d] = ([], [])
             cols[0].append(key)
             cols[1].append(value)

@@ -126,9 +126,8 @@ def test_allgather_spills_past_the_memory_bound(tmp_path) -> None:
         task = ctx.my_tasks[0]
         op.send_many(task, [f"{ctx.rank}-{i}-" + "x" * 50 for i in range(3000)])
         op.finish(task)
-        store = op._store
         out = list(op.values())
-        return out, store.spilled_bytes
+        return out, op.spilled_bytes
 
     res = run_local(2, body, memory_limit=64 << 10, spill_dir=str(tmp_path), timeout=100)
     want = [f"{r}-{i}-" + "x" * 50 for r in range(2) for i in range(3000)]

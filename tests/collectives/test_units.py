@@ -216,6 +216,25 @@ def test_spill_store_add_many_matches_add(tmp_path_factory, batches, limit) -> N
     one.close()
 
 
+def test_spill_blocks_keep_cycles_and_shared_values(tmp_path) -> None:
+    """Spill blocks are pickled without the memo for speed; a self-referencing record still goes
+    through (the usual pickler takes over) and comes back with its cycle."""
+    cyclic: list = [1]
+    cyclic.append(cyclic)
+    shared = {"s": 1}
+    store = SpillStore(1024, str(tmp_path))
+    for i in range(200):
+        store.add(i % 5, [shared, i])
+    store.add(2, cyclic)
+    assert store.runs > 0
+    out = list(store)
+    assert len(out) == 201 and [k for k, _ in out] == sorted(k for k, _ in out)
+    back = next(v for _, v in out if v and v[0] == 1)
+    assert back[1] is back
+    assert all(v[0] == {"s": 1} for _, v in out if v[0] != 1)
+    store.close()
+
+
 def test_chunked_store_checks() -> None:
     plain = SpillStore(1 << 20)
     with pytest.raises(TwisternetError, match="chunked=True"):
