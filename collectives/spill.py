@@ -22,7 +22,7 @@ import sys
 import tempfile
 import weakref
 import zlib
-from itertools import chain
+from itertools import chain, islice
 from operator import itemgetter
 from typing import Any, BinaryIO, Iterable, Iterator
 
@@ -103,36 +103,25 @@ def _dump(records: list) -> bytes:
 
 
 class _RunWriter:
-    def __init__(self, path: str, block_bytes: int) -> None:
+    """Writes one run file: the magic, then blocks of records."""
+
+    def __init__(self, path: str) -> None:
         self.path = path
-        self.block_bytes = block_bytes
         self.f: BinaryIO = open(path, "wb")
         self.f.write(_MAGIC)
-        self.block: list = []
-        self.size = 0
-        self.count = 0
 
-    def add(self, rec: tuple, size: int) -> None:
-        self.block.append(rec)
-        self.size += size
-        self.count += 1
-        if self.size >= self.block_bytes:
-            self._flush()
-
-    def _flush(self) -> None:
-        if self.block:
-            data = _dump(self.block)
+    def write_block(self, block: list) -> None:
+        if block:
+            data = _dump(block)
             self.f.write(_BLOCK_HEAD.pack(len(data), zlib.crc32(data)))
             self.f.write(data)
-            self.block, self.size = [], 0
 
     def close(self) -> None:
-        self._flush()
         self.f.close()
 
 
-def read_run(path: str) -> Iterator[tuple]:
-    """Records of one run file, in order; raises SpillCorruptionError on any damage."""
+def _blocks(path: str) -> Iterator[list]:
+    """The decoded blocks of one run file, in order; raises SpillCorruptionError on any damage."""
     with open(path, "rb") as f:
         if f.read(len(_MAGIC)) != _MAGIC:
             raise SpillCorruptionError(f"spill file {path}: bad header (not a twisternet spill run)")
@@ -153,8 +142,14 @@ def read_run(path: str) -> Iterator[tuple]:
                 block = pickle.loads(data)
             except Exception as e:  # noqa: BLE001 - any failure here means a damaged file
                 raise SpillCorruptionError(f"spill file {path}: block {index} does not decode: {e}") from e
-            yield from block
+            yield block
             index += 1
+
+
+def read_run(path: str) -> Iterator[tuple]:
+    """Records of one run file, in order (block by block, each record handed out by C-level iteration);
+    raises SpillCorruptionError on any damage."""
+    return chain.from_iterable(_blocks(path))
 
 
 class SpillStore:
@@ -322,14 +317,21 @@ class SpillStore:
         self._sorted = True
 
     def _write_run(self, records: Iterable[tuple]) -> str:
+        """Write ``records`` as a new run file, in blocks of about ``block_bytes`` (the records per block
+        set from the sampled size of the first ones)."""
         path = self._new_path()
-        w = _RunWriter(path, self.block_bytes)
-        size = 0
+        w = _RunWriter(path)
+        it = iter(records)
         try:
-            for i, rec in enumerate(records):
-                if self.chunked or i < 64 or not i & 7 or type(rec[1]) not in _SAMPLED:   # as in add()
-                    size = estimate_size(rec[1]) + 72
-                w.add(rec, size)
+            block = list(islice(it, 64))
+            if block:
+                sample = block[::max(1, len(block) // 16)]
+                per = sum(estimate_size(r[1]) + 72 for r in sample) // len(sample)
+                count = max(1, self.block_bytes // max(1, per))
+                block += islice(it, max(0, count - len(block)))
+                while block:
+                    w.write_block(block)
+                    block = list(islice(it, count))
         finally:
             w.close()
         self.spilled_bytes += os.path.getsize(path)
