@@ -6,10 +6,14 @@ Each worker generates its share (not timed), then, from a common start, sends it
 destination owning each key's range and reads its destination's records back in key order, summarizing
 them (count, checksum, order, first and last key) as it goes; the time is this worker's, from the start
 to its last record read. Prints one ``SORT {json}`` line per worker.
+
+``SORT_PROFILE=PATH`` in the environment: rank 0 runs the timed part under cProfile and writes the
+stats to PATH (``python -m pstats PATH``); its time then includes the profiler's overhead.
 """
 
 import gc
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -33,12 +37,23 @@ def main() -> None:
         sort = KeyedGather(ctx, sources=ctx.tasks, destinations=ctx.tasks, edge=1, key_type="bytes",
                            selector=range_destination, group=False, mode="batch")
         task = ctx.my_tasks[0]
+        profile_to = os.environ.get("SORT_PROFILE") if ctx.rank == 0 else None
+        prof = None
+        if profile_to:
+            import cProfile
+            prof = cProfile.Profile()
         Barrier(ctx, "start", ctx.world).enter(ctx.rank)
         t0 = time.perf_counter()
+        if prof is not None:
+            prof.enable()
         sort.send_many(task, records, copy=False)     # the input is not changed afterwards
         sort.finish(task)
         summary = summarize(sort.results(task))
+        if prof is not None:
+            prof.disable()
         elapsed = time.perf_counter() - t0
+        if prof is not None:
+            prof.dump_stats(profile_to)
         summary.update(rank=ctx.rank, seconds=elapsed, spilled_bytes=sort.spilled_bytes)
         print("SORT " + json.dumps(summary), flush=True)
 

@@ -4,7 +4,7 @@ and Dask (``DataFrame.sort_values`` on a ``LocalCluster``), on the same generate
 the same run.
 
     python benchmarks/sort.py [--bytes 1G] [--workers 2,4] [--repeat 3] [--spark 1] [--dask 1] [--quick]
-    python -m benchmarks --suite sort [--set sort.bytes=256M] [--set sort.memory=64M]
+    python -m benchmarks --suite sort [--set sort.bytes=256M | sort.records=N] [--set sort.memory=64M]
 
 Input and checks are in ``benchmarks/_sort_data.py``. Not timed anywhere: generating the input (in
 each implementation's own workers, then cached/persisted) and starting Spark or Dask. Timed: from the
@@ -24,16 +24,18 @@ import json
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
+# Only the repository goes on the path: benchmarks/ in front of it would make ``import innet`` (the
+# package) find benchmarks/innet.py (the suite) in whatever imports it later in this process.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from benchmarks.common import ROOT, job_env, median, twisternet_run  # noqa: E402
 from benchmarks import report  # noqa: E402
 from benchmarks.harness import SuiteOptions, SuiteResult, Table, Target  # noqa: E402
-from _sort_data import RECORD_BYTES, expected, verify  # noqa: E402
+from benchmarks._sort_data import RECORD_BYTES, expected, verify  # noqa: E402
 
 NAME = "sort"
 DESCRIPTION = ("terasort-like sort of 1 GB of 100-byte records: twisternet KeyedGather (range partitioner, "
@@ -41,6 +43,7 @@ DESCRIPTION = ("terasort-like sort of 1 GB of 100-byte records: twisternet Keyed
 
 BENCH = Path(__file__).resolve().parent
 _UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+PEER_TIMEOUT = 1800.0       # seconds: a peer that takes longer than this is reported as failed, not waited for
 
 
 def parse_bytes(text: Any) -> int:
@@ -69,12 +72,11 @@ def run_twisternet(workers: int, total: int, memory: int) -> dict[str, Any]:
 
 
 _SPARK = r"""
-import json, sys, tempfile, time
+import json, sys, time
 from pyspark import SparkConf, SparkContext
-total, workers, bench = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+total, workers, bench, local = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
 sys.path.insert(0, bench)
 import _sort_data as sd
-local = tempfile.mkdtemp(prefix="spark-sort-")
 conf = (SparkConf().setMaster(f"local[{workers}]").setAppName("sort").set("spark.ui.enabled", "false")
         .set("spark.driver.memory", "8g").set("spark.local.dir", local))
 sc = SparkContext(conf=conf)
@@ -100,8 +102,9 @@ def _tagged(p: subprocess.CompletedProcess, tag: str, who: str) -> dict[str, Any
 def run_spark(workers: int, total: int) -> dict[str, Any]:
     env = _peer_env()
     env.update(PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
-    p = subprocess.run([sys.executable, "-c", _SPARK, str(total), str(workers), str(BENCH)], env=env,
-                       capture_output=True, text=True, timeout=3600)
+    with tempfile.TemporaryDirectory(prefix="spark-sort-") as local:      # spark.local.dir (shuffle files)
+        p = subprocess.run([sys.executable, "-c", _SPARK, str(total), str(workers), str(BENCH), local], env=env,
+                           capture_output=True, text=True, timeout=PEER_TIMEOUT)
     return _tagged(p, "SPARK", "PySpark")
 
 
@@ -110,8 +113,17 @@ def run_dask(workers: int, total: int) -> dict[str, Any]:
         env = _peer_env()
         env["DASK_LOCAL_DIR"] = d
         p = subprocess.run([sys.executable, str(BENCH / "_dask_peer.py"), "sort", str(total), str(workers)],
-                           env=env, capture_output=True, text=True, timeout=3600)
+                           env=env, capture_output=True, text=True, timeout=PEER_TIMEOUT)
     return _tagged(p, "DASK", "Dask")
+
+
+def failure_reason(e: BaseException) -> str:
+    """A one-line account of a peer run that produced no result (for ``SuiteResult.skipped``)."""
+    if isinstance(e, subprocess.TimeoutExpired):
+        return f"no result within {e.timeout:.0f} s"
+    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
+    text = lines[0] if len(lines) < 2 else f"{lines[0]} ... {lines[-1]}"
+    return text[:300]
 
 
 def spark_missing() -> str | None:
@@ -129,15 +141,18 @@ def dask_missing() -> str | None:
 
 
 def run(opts: SuiteOptions) -> SuiteResult:
-    res = SuiteResult(NAME)
+    t_start = time.monotonic()
+    res = SuiteResult(NAME, description=DESCRIPTION)
     size = parse_bytes(opts.get("bytes", "16M" if opts.quick else "1G"))
-    total = max(1, size // RECORD_BYTES)
+    total = max(1, opts.get("records", 0) or size // RECORD_BYTES)     # --set sort.records=N wins over bytes
     repeat = opts.repeats()
     workers = list(opts.workers)
     peers: dict[str, str | None] = {}
     for name, flag, missing in (("PySpark", "spark", spark_missing), ("Dask", "dask", dask_missing)):
         on = int(opts.get(flag, 0 if opts.quick else 1))
-        why = missing() if on else f"left out of quick runs (startup takes seconds); --set sort.{flag}=1"
+        off = ("left out of quick runs (startup takes seconds)" if opts.quick and flag not in opts.extra
+               else "left out on request")
+        why = missing() if on else f"{off}; --set sort.{flag}=1 includes it"
         peers[name] = why
         if why:
             res.skipped.append(f"{name}: {why}")
@@ -149,6 +164,7 @@ def run(opts: SuiteOptions) -> SuiteResult:
     want = {w: expected(w, total) for w in workers}
     raw: dict[str, Any] = {"records": total, "bytes": total * RECORD_BYTES, "twisternet": {}, "spilled_bytes": {},
                            "memory_limit": {}, "PySpark": {}, "Dask": {}}
+    failed: set[str] = set()       # peers that crashed or timed out (a wrong answer raises instead)
     for rep in range(repeat):
         for w in workers:
             memory = parse_bytes(opts.get("memory", 0)) or max(1 << 20, total * RECORD_BYTES // w // 8)
@@ -159,8 +175,17 @@ def run(opts: SuiteOptions) -> SuiteResult:
             raw["spilled_bytes"].setdefault(w, []).append(r["spilled_bytes"])
             raw["memory_limit"][w] = memory
             for name in active:
-                bar.step(f"run {rep + 1}/{repeat}: {name} x{w}")
-                r = runners[name](w, total)
+                left_out = " (left out: it failed)" if name in failed else ""
+                bar.step(f"run {rep + 1}/{repeat}: {name} x{w}{left_out}")
+                if name in failed:
+                    continue
+                try:
+                    r = runners[name](w, total)
+                except (RuntimeError, subprocess.TimeoutExpired) as e:   # it crashed or ran out of time
+                    failed.add(name)
+                    res.skipped.append(f"{name}: failed at {w} workers on {total:,} records, not run again: "
+                                       f"{failure_reason(e)}")
+                    continue
                 if r["n"] != total:
                     raise RuntimeError(f"{name} generated {r['n']} records, expected {total}")
                 try:
@@ -175,7 +200,7 @@ def run(opts: SuiteOptions) -> SuiteResult:
         others = {name: median(raw[name][w]) for name in active if raw[name].get(w)}
         spilled = median(raw["spilled_bytes"][w]) / 1e6
         rows.append([f"twisternet KeyedGather, {w} workers", f"{t:.2f}", f"{total / t:,.0f}", f"{mb / t:.1f}",
-                     f"{spilled:,.0f} MB (memory_limit {raw['memory_limit'][w] >> 20} MB/worker)",
+                     f"{spilled:,.0f} MB in all (memory_limit {raw['memory_limit'][w] >> 20} MB/worker)",
                      *(f"{others[n] / t:.2f}" if n in others else "n/a" for n in ("PySpark", "Dask"))])
         for name, secs in others.items():
             rows.append([f"{name} {'local[%d] sortByKey' % w if name == 'PySpark' else 'sort_values, %d workers' % w}",
@@ -185,11 +210,15 @@ def run(opts: SuiteOptions) -> SuiteResult:
             sp = others["PySpark"]
             res.targets.append(Target(f"sort, {w} workers: twisternet vs PySpark local mode", ">= 3x faster",
                                       f"{sp / t:.2f}x ({t:.2f} s vs {sp:.2f} s)", sp / t >= 3))
+        elif "PySpark" in failed:
+            res.targets.append(Target(f"sort, {w} workers: twisternet vs PySpark local mode", ">= 3x faster",
+                                      "not measured: the PySpark run failed (see skipped peers)", None))
     res.tables.append(Table(f"Sort of {total:,} records ({mb:,.0f} MB), median of {repeat}",
                             ["implementation", "seconds", "records/s", "MB/s", "twisternet spilled",
                              "PySpark / this", "Dask / this"], rows,
                             note="every run verified: all records, each partition sorted, partitions in key order"))
     res.raw = raw
+    res.seconds = time.monotonic() - t_start
     bar.finish()
     return res
 
@@ -197,6 +226,7 @@ def run(opts: SuiteOptions) -> SuiteResult:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bytes", default=None, help="input size, e.g. 1G (default) or 256M")
+    ap.add_argument("--records", default=None, help="input size in 100-byte records (instead of --bytes)")
     ap.add_argument("--memory", default=None, help="twisternet memory_limit per worker (default: share/8)")
     ap.add_argument("--workers", default="2")
     ap.add_argument("--repeat", type=int, default=3)
@@ -204,8 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--spark", type=int, default=None, help="1: include PySpark, 0: leave it out")
     ap.add_argument("--dask", type=int, default=None, help="1: include Dask, 0: leave it out")
     a = ap.parse_args(argv)
-    extra = {k: str(v) for k, v in (("bytes", a.bytes), ("memory", a.memory), ("spark", a.spark),
-                                     ("dask", a.dask)) if v is not None}
+    extra = {k: str(v) for k, v in (("bytes", a.bytes), ("records", a.records), ("memory", a.memory),
+                                     ("spark", a.spark), ("dask", a.dask)) if v is not None}
     workers = [int(x) for x in a.workers.split(",")]
     report.run_standalone(NAME, run, SuiteOptions(quick=a.quick, repeat=a.repeat, workers=workers, extra=extra))
     return 0

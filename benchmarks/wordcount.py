@@ -34,9 +34,15 @@ from benchmarks import report  # noqa: E402
 from benchmarks.harness import SuiteOptions, SuiteResult, Table, Target  # noqa: E402
 from wordcount import generated_words  # noqa: E402
 
+PEER_TIMEOUT = 1800.0       # seconds: a peer that takes longer than this is reported as failed, not waited for
+
 NAME = "wordcount"
 DESCRIPTION = ("batch KeyedReduce word count of 20M Zipf words: twisternet on W workers vs "
                "collections.Counter (1 process), PySpark local[W] reduceByKey and Dask Bag.frequencies")
+
+
+class WrongAnswer(RuntimeError):
+    """A peer finished but counted wrong (an error of the run, unlike a peer that crashed)."""
 
 
 def digest(counts: dict[str, int]) -> str:
@@ -102,27 +108,30 @@ def run_spark(workers: int, words: int) -> tuple[float, int, str]:
     p = subprocess.run([sys.executable, "-c", _SPARK, str(words), str(workers),
                         str(Path(__file__).resolve().parent.parent / "examples")],
                        env=job_env(PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable),
-                       capture_output=True, text=True, timeout=1800)
+                       capture_output=True, text=True, timeout=PEER_TIMEOUT)
     for line in p.stdout.splitlines():
         if line.startswith("SPARK "):
             d = json.loads(line[6:])
             if sum(d["counts"].values()) != words or d["words"] != words:
-                raise RuntimeError("PySpark lost words")
+                raise WrongAnswer("PySpark lost words")
             return d["seconds"], d["words"], digest(d["counts"])
     raise RuntimeError(f"PySpark run failed (exit {p.returncode}):\n{p.stdout[-1500:]}\n{p.stderr[-1500:]}")
 
 
 def run_dask(workers: int, words: int) -> tuple[float, int, str]:
+    import tempfile
     env = job_env()
     root = Path(__file__).resolve().parent.parent
     env["PYTHONPATH"] = f"{root / 'benchmarks'}:{root / 'examples'}:{env['PYTHONPATH']}"
-    p = subprocess.run([sys.executable, str(root / "benchmarks" / "_dask_peer.py"), "wordcount", str(words),
-                        str(workers)], env=env, capture_output=True, text=True, timeout=1800)
+    with tempfile.TemporaryDirectory(prefix="dask-wc-") as d:         # the workers' scratch space
+        env["DASK_LOCAL_DIR"] = d
+        p = subprocess.run([sys.executable, str(root / "benchmarks" / "_dask_peer.py"), "wordcount", str(words),
+                            str(workers)], env=env, capture_output=True, text=True, timeout=PEER_TIMEOUT)
     for line in p.stdout.splitlines():
         if line.startswith("DASK "):
             d = json.loads(line[5:])
             if sum(d["counts"].values()) != words or d["words"] != words:
-                raise RuntimeError("Dask lost words")
+                raise WrongAnswer("Dask lost words")
             return d["seconds"], d["words"], digest(d["counts"])
     raise RuntimeError(f"Dask run failed (exit {p.returncode}):\n{p.stdout[-1500:]}\n{p.stderr[-1500:]}")
 
@@ -144,13 +153,16 @@ def spark_missing() -> str | None:
 
 
 def run(opts: SuiteOptions) -> SuiteResult:
-    res = SuiteResult(NAME)
+    t_start = time.monotonic()
+    res = SuiteResult(NAME, description=DESCRIPTION)
     words = opts.get("words", 200_000 if opts.quick else 20_000_000)
     repeat = opts.repeats()
     peers: dict[str, str | None] = {}
     for name, flag, missing in (("PySpark", "spark", spark_missing), ("Dask", "dask", dask_missing)):
         on = int(opts.get(flag, 0 if opts.quick else 1))
-        why = missing() if on else f"left out of quick runs (startup takes seconds); --set wordcount.{flag}=1"
+        off = ("left out of quick runs (startup takes seconds)" if opts.quick and flag not in opts.extra
+               else "left out on request")
+        why = missing() if on else f"{off}; --set wordcount.{flag}=1 includes it"
         peers[name] = why
         if why:
             res.skipped.append(f"{name}: {why}")
@@ -161,6 +173,7 @@ def run(opts: SuiteOptions) -> SuiteResult:
     bar.set_total(repeat * len(workers) * (2 + len(active)))
     raw: dict[str, Any] = {"words": words, "counter": {}, "twisternet": {}, "spark": {}, "dask": {}}
     field = {"PySpark": "spark", "Dask": "dask"}
+    failed: set[str] = set()       # peers that crashed or timed out (a wrong answer raises instead)
     for rep in range(repeat):
         for w in workers:
             bar.step(f"run {rep + 1}/{repeat}: Counter over the text of {w} shares")
@@ -172,8 +185,25 @@ def run(opts: SuiteOptions) -> SuiteResult:
                 raise RuntimeError(f"twisternet x{w} counts differ from Counter's")
             raw["twisternet"].setdefault(w, []).append(t)
             for name in active:
-                bar.step(f"run {rep + 1}/{repeat}: {name} x{w}")
-                t, _, d = runners[name](w, words)
+                left_out = " (left out: it failed)" if name in failed else ""
+                bar.step(f"run {rep + 1}/{repeat}: {name} x{w}{left_out}")
+                if name in failed:
+                    continue
+                try:
+                    t, _, d = runners[name](w, words)
+                except subprocess.TimeoutExpired as e:
+                    failed.add(name)
+                    res.skipped.append(f"{name}: failed at {w} workers, not run again: no result within "
+                                       f"{e.timeout:.0f} s")
+                    continue
+                except WrongAnswer:
+                    raise                             # a wrong answer is an error, not a skipped peer
+                except RuntimeError as e:             # it crashed
+                    failed.add(name)
+                    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+                    res.skipped.append(f"{name}: failed at {w} workers, not run again: "
+                                       + (lines[0] if len(lines) < 2 else f"{lines[0]} ... {lines[-1]}")[:300])
+                    continue
                 if d != ref:
                     raise RuntimeError(f"{name} x{w} counts differ from Counter's")
                 raw[field[name]].setdefault(w, []).append(t)
@@ -194,6 +224,9 @@ def run(opts: SuiteOptions) -> SuiteResult:
             sp = peer_t["PySpark"]
             res.targets.append(Target(f"word count, {w} workers: twisternet vs PySpark local mode",
                                       ">= 3x faster", f"{sp / t:.1f}x ({t:.2f} s vs {sp:.2f} s)", sp / t >= 3))
+        elif "PySpark" in failed:
+            res.targets.append(Target(f"word count, {w} workers: twisternet vs PySpark local mode", ">= 3x faster",
+                                      "not measured: the PySpark run failed (see skipped peers)", None))
         if w == 2:
             res.targets.append(Target("word count, 2 workers vs one process running Counter", ">= 1.5x faster",
                                       f"{ref_t / t:.2f}x ({t:.2f} s vs {ref_t:.2f} s)", ref_t / t >= 1.5))
@@ -202,6 +235,7 @@ def run(opts: SuiteOptions) -> SuiteResult:
                              "Dask / this"], rows,
                             note="every run checked: the same word -> count table as collections.Counter"))
     res.raw = raw
+    res.seconds = time.monotonic() - t_start
     bar.finish()
     return res
 

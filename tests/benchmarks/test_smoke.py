@@ -24,6 +24,15 @@ def run_script(script: str, *args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=280, cwd=ROOT)
 
 
+def quick_suite(tmp_path, name: str) -> tuple[subprocess.CompletedProcess, dict]:
+    """One ``--quick`` run of suite ``name`` at 2 workers: the process and the suite's JSON, checked ok."""
+    p = bench("--suite", name, "--quick", "--workers", "2", "--json", str(tmp_path / "r.json"))
+    doc = json.loads((tmp_path / "r.json").read_text())
+    suite = doc["suites"][0]
+    assert p.returncode == 0 and suite["status"] == "ok", p.stdout[-2000:] + p.stderr[-2000:]
+    return p, suite
+
+
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
     """One ``--quick`` run of p2p, allreduce and stragglers at 2 workers, with JSON and a results page."""
@@ -112,28 +121,20 @@ def test_stragglers_standalone_script():
 
 @pytest.mark.timeout(300)
 def test_wordcount_quick(tmp_path):
-    p = bench("--suite", "wordcount", "--quick", "--workers", "2", "--json", str(tmp_path / "r.json"))
-    doc = json.loads((tmp_path / "r.json").read_text())
-    suite = doc["suites"][0]
-    assert p.returncode == 0 and suite["status"] == "ok", p.stdout[-2000:] + p.stderr[-2000:]
-    assert "speedup vs Counter" in p.stdout
+    p, suite = quick_suite(tmp_path, "wordcount")
+    assert "speedup vs Counter" in p.stdout and "Dask / this" in p.stdout
     assert any("PySpark" in s for s in suite["skipped"])      # quick runs leave Spark out, saying so
+    assert any("Dask" in s for s in suite["skipped"])         # and Dask
 
 
 def test_streaming_quick(tmp_path):
-    p = bench("--suite", "streaming", "--quick", "--workers", "2", "--json", str(tmp_path / "r.json"))
-    doc = json.loads((tmp_path / "r.json").read_text())
-    suite = doc["suites"][0]
-    assert p.returncode == 0 and suite["status"] == "ok", p.stdout[-2000:] + p.stderr[-2000:]
+    p, suite = quick_suite(tmp_path, "streaming")
     runs = suite["raw"]["runs"]["2"]
     assert runs["batched"][0] > 0 and runs["per_record"][0] > 0 and runs["mpi4py"][0] > 0
 
 
 def test_records_quick(tmp_path):
-    p = bench("--suite", "records", "--quick", "--workers", "2", "--json", str(tmp_path / "r.json"))
-    doc = json.loads((tmp_path / "r.json").read_text())
-    suite = doc["suites"][0]
-    assert p.returncode == 0 and suite["status"] == "ok", p.stdout[-2000:] + p.stderr[-2000:]
+    p, suite = quick_suite(tmp_path, "records")
     (row_ops,) = [[row[0] for row in t["rows"]] for t in suite["tables"]]
     assert row_ops == ["gather", "allgather", "broadcast", "partition"]
     assert all(set(r) == {"gather", "allgather", "broadcast", "partition"} for r in suite["raw"]["runs"]["2"]["twisternet"])
@@ -141,10 +142,10 @@ def test_records_quick(tmp_path):
 
 @pytest.mark.timeout(300)
 def test_sort_quick(tmp_path):
-    p = bench("--suite", "sort", "--quick", "--workers", "2", "--json", str(tmp_path / "r.json"))
-    doc = json.loads((tmp_path / "r.json").read_text())
-    suite = doc["suites"][0]
-    assert p.returncode == 0 and suite["status"] == "ok", p.stdout[-2000:] + p.stderr[-2000:]
+    p, suite = quick_suite(tmp_path, "sort")
     assert "twisternet KeyedGather, 2 workers" in p.stdout and "records/s" in p.stdout
+    (tab,) = suite["tables"]
+    assert tab["headers"] == ["implementation", "seconds", "records/s", "MB/s", "twisternet spilled",
+                              "PySpark / this", "Dask / this"]
     assert suite["raw"]["spilled_bytes"]["2"][0] > 0                 # the memory bound made it spill
     assert any("PySpark" in s for s in suite["skipped"]) and any("Dask" in s for s in suite["skipped"])

@@ -1,13 +1,8 @@
 """The sort suite's input, range partitioner and verification: a wrong sort must be caught."""
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent / "benchmarks"))
-
-import _sort_data as sd  # noqa: E402
+from benchmarks import _sort_data as sd
 
 
 def test_shares_cover_the_input_once():
