@@ -65,3 +65,25 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
     line = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"  # noqa: E731
     return "\n".join([line(headers), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, cells)])
+
+
+def spark_missing() -> str | None:
+    """Why the PySpark peer cannot run here (None: it can)."""
+    import importlib.util
+    if importlib.util.find_spec("pyspark") is None:
+        return "pyspark is not installed (pip install pyspark; needs Java 17)"
+    try:
+        java = subprocess.run(["java", "-version"], capture_output=True).returncode
+    except OSError:
+        java = 1
+    if java != 0:
+        return "no java on PATH (PySpark needs Java 17)"
+    return None
+
+
+def dask_missing() -> str | None:
+    """Why the Dask peer cannot run here (None: it can)."""
+    import importlib.util
+    if importlib.util.find_spec("dask") is None or importlib.util.find_spec("distributed") is None:
+        return "dask is not installed (pip install 'dask[dataframe,distributed]')"
+    return None

@@ -19,7 +19,6 @@ merges them; the table reports how much it spilled.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import subprocess
 import sys
@@ -32,7 +31,7 @@ from typing import Any
 # package) find benchmarks/innet.py (the suite) in whatever imports it later in this process.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import ROOT, job_env, median, twisternet_run  # noqa: E402
+from benchmarks.common import ROOT, dask_missing, job_env, median, spark_missing, twisternet_run  # noqa: E402
 from benchmarks import report  # noqa: E402
 from benchmarks.harness import SuiteOptions, SuiteResult, Table, Target  # noqa: E402
 from benchmarks._sort_data import RECORD_BYTES, expected, verify  # noqa: E402
@@ -124,20 +123,6 @@ def failure_reason(e: BaseException) -> str:
     lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
     text = lines[0] if len(lines) < 2 else f"{lines[0]} ... {lines[-1]}"
     return text[:300]
-
-
-def spark_missing() -> str | None:
-    if importlib.util.find_spec("pyspark") is None:
-        return "pyspark is not installed (pip install pyspark; needs Java 17)"
-    if subprocess.run(["java", "-version"], capture_output=True).returncode != 0:
-        return "no java on PATH (PySpark needs Java 17)"
-    return None
-
-
-def dask_missing() -> str | None:
-    if importlib.util.find_spec("dask") is None or importlib.util.find_spec("distributed") is None:
-        return "dask is not installed (pip install 'dask[dataframe,distributed]')"
-    return None
 
 
 def run(opts: SuiteOptions) -> SuiteResult:

@@ -29,7 +29,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 
-from benchmarks.common import job_env, median, twisternet_run  # noqa: E402
+from benchmarks.common import dask_missing, job_env, median, spark_missing, twisternet_run  # noqa: E402
 from benchmarks import report  # noqa: E402
 from benchmarks.harness import SuiteOptions, SuiteResult, Table, Target  # noqa: E402
 from wordcount import generated_words  # noqa: E402
@@ -134,22 +134,6 @@ def run_dask(workers: int, words: int) -> tuple[float, int, str]:
                 raise WrongAnswer("Dask lost words")
             return d["seconds"], d["words"], digest(d["counts"])
     raise RuntimeError(f"Dask run failed (exit {p.returncode}):\n{p.stdout[-1500:]}\n{p.stderr[-1500:]}")
-
-
-def dask_missing() -> str | None:
-    import importlib.util
-    if importlib.util.find_spec("dask") is None or importlib.util.find_spec("distributed") is None:
-        return "dask is not installed (pip install 'dask[dataframe,distributed]')"
-    return None
-
-
-def spark_missing() -> str | None:
-    import importlib.util
-    if importlib.util.find_spec("pyspark") is None:
-        return "pyspark is not installed (pip install pyspark; needs Java 17)"
-    if subprocess.run(["java", "-version"], capture_output=True).returncode != 0:
-        return "no java on PATH (PySpark needs Java 17)"
-    return None
 
 
 def run(opts: SuiteOptions) -> SuiteResult:
