@@ -87,3 +87,19 @@ def dask_missing() -> str | None:
     if importlib.util.find_spec("dask") is None or importlib.util.find_spec("distributed") is None:
         return "dask is not installed (pip install 'dask[dataframe,distributed]')"
     return None
+
+
+def choose_peers(opts: Any, suite: str, skipped: list[str]) -> list[str]:
+    """The heavy peers (PySpark, Dask) a suite runs: on by default in full runs, off in quick runs,
+    ``--set SUITE.spark=0|1`` / ``SUITE.dask=0|1`` decide; every one left out goes to ``skipped`` with why."""
+    active = []
+    for name, flag, missing in (("PySpark", "spark", spark_missing), ("Dask", "dask", dask_missing)):
+        on = int(opts.get(flag, 0 if opts.quick else 1))
+        off = ("left out of quick runs (startup takes seconds)" if opts.quick and flag not in opts.extra
+               else "left out on request")
+        why = missing() if on else f"{off}; --set {suite}.{flag}=1 includes it"
+        if why:
+            skipped.append(f"{name}: {why}")
+        else:
+            active.append(name)
+    return active

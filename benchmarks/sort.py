@@ -31,7 +31,7 @@ from typing import Any
 # package) find benchmarks/innet.py (the suite) in whatever imports it later in this process.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import ROOT, dask_missing, job_env, median, spark_missing, twisternet_run  # noqa: E402
+from benchmarks.common import ROOT, choose_peers, job_env, median, twisternet_run  # noqa: E402
 from benchmarks import report  # noqa: E402
 from benchmarks.harness import SuiteOptions, SuiteResult, Table, Target  # noqa: E402
 from benchmarks._sort_data import RECORD_BYTES, expected, verify  # noqa: E402
@@ -132,17 +132,8 @@ def run(opts: SuiteOptions) -> SuiteResult:
     total = max(1, opts.get("records", 0) or size // RECORD_BYTES)     # --set sort.records=N wins over bytes
     repeat = opts.repeats()
     workers = list(opts.workers)
-    peers: dict[str, str | None] = {}
-    for name, flag, missing in (("PySpark", "spark", spark_missing), ("Dask", "dask", dask_missing)):
-        on = int(opts.get(flag, 0 if opts.quick else 1))
-        off = ("left out of quick runs (startup takes seconds)" if opts.quick and flag not in opts.extra
-               else "left out on request")
-        why = missing() if on else f"{off}; --set sort.{flag}=1 includes it"
-        peers[name] = why
-        if why:
-            res.skipped.append(f"{name}: {why}")
+    active = choose_peers(opts, NAME, res.skipped)
     runners = {"PySpark": run_spark, "Dask": run_dask}
-    active = [name for name, why in peers.items() if not why]
     bar = opts.bar(NAME)
     bar.set_total(repeat * len(workers) * (1 + len(active)) + 1)
     bar.step("checksum of the input")

@@ -29,7 +29,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 
-from benchmarks.common import dask_missing, job_env, median, spark_missing, twisternet_run  # noqa: E402
+from benchmarks.common import choose_peers, job_env, median, twisternet_run  # noqa: E402
 from benchmarks import report  # noqa: E402
 from benchmarks.harness import SuiteOptions, SuiteResult, Table, Target  # noqa: E402
 from wordcount import generated_words  # noqa: E402
@@ -141,16 +141,7 @@ def run(opts: SuiteOptions) -> SuiteResult:
     res = SuiteResult(NAME, description=DESCRIPTION)
     words = opts.get("words", 200_000 if opts.quick else 20_000_000)
     repeat = opts.repeats()
-    peers: dict[str, str | None] = {}
-    for name, flag, missing in (("PySpark", "spark", spark_missing), ("Dask", "dask", dask_missing)):
-        on = int(opts.get(flag, 0 if opts.quick else 1))
-        off = ("left out of quick runs (startup takes seconds)" if opts.quick and flag not in opts.extra
-               else "left out on request")
-        why = missing() if on else f"{off}; --set wordcount.{flag}=1 includes it"
-        peers[name] = why
-        if why:
-            res.skipped.append(f"{name}: {why}")
-    active = [name for name, why in peers.items() if not why]
+    active = choose_peers(opts, NAME, res.skipped)
     runners = {"PySpark": run_spark, "Dask": run_dask}
     workers = list(opts.workers)
     bar = opts.bar(NAME)

@@ -7,6 +7,7 @@ import subprocess
 import pytest
 
 from benchmarks import _sort_data as sd
+from benchmarks import common
 from benchmarks import sort as sort_suite
 from benchmarks import wordcount as wc_suite
 from benchmarks.harness import SuiteOptions
@@ -36,8 +37,8 @@ def fake_sort(monkeypatch):
     monkeypatch.setattr(sort_suite, "run_twisternet", tn)
     monkeypatch.setattr(sort_suite, "run_spark", peer(4.0))
     monkeypatch.setattr(sort_suite, "run_dask", peer(2.0))
-    monkeypatch.setattr(sort_suite, "spark_missing", lambda: None)
-    monkeypatch.setattr(sort_suite, "dask_missing", lambda: None)
+    monkeypatch.setattr(common, "spark_missing", lambda: None)
+    monkeypatch.setattr(common, "dask_missing", lambda: None)
     return monkeypatch
 
 
@@ -125,8 +126,8 @@ def test_wordcount_dask_crash_is_skipped(monkeypatch):
 
     monkeypatch.setattr(wc_suite, "run_twisternet", tn)
     monkeypatch.setattr(wc_suite, "run_dask", crash)
-    monkeypatch.setattr(wc_suite, "dask_missing", lambda: None)
-    monkeypatch.setattr(wc_suite, "spark_missing", lambda: None)
+    monkeypatch.setattr(common, "dask_missing", lambda: None)
+    monkeypatch.setattr(common, "spark_missing", lambda: None)
     monkeypatch.setattr(wc_suite, "run_spark", lambda w, n: tn(w, n))
     res = wc_suite.run(SuiteOptions(quick=True, workers=[2], extra={"words": str(words), "dask": "1", "spark": "1"}))
     assert res.skipped == ["Dask: failed at 2 workers, not run again: Dask run failed (exit 1): ... MemoryError"]
