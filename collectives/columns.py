@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-__all__ = ["to_columns", "from_columns"]
+__all__ = ["to_columns", "from_columns", "is_columns"]
 
 
 def to_columns(rows: Iterable[tuple], width: int) -> list[list]:
@@ -18,10 +18,14 @@ def to_columns(rows: Iterable[tuple], width: int) -> list[list]:
     return [list(col) for col in zip(*rows)] if rows else [[] for _ in range(width)]
 
 
+def is_columns(payload: Any, width: int) -> bool:
+    """Whether ``payload`` is ``width`` lists of one length (a :func:`to_columns` payload)."""
+    return (isinstance(payload, list) and len(payload) == width and all(isinstance(c, list) for c in payload)
+            and len({len(c) for c in payload}) <= 1)
+
+
 def from_columns(payload: Any, width: int) -> list[tuple]:
     """The rows of a :func:`to_columns` payload of ``width`` columns; ValueError if it is not one."""
-    if (not isinstance(payload, list) or len(payload) != width
-            or not all(isinstance(c, list) for c in payload)
-            or len({len(c) for c in payload}) > 1):
+    if not is_columns(payload, width):
         raise ValueError(f"not {width} columns of the same length")
     return list(zip(*payload))

@@ -6,6 +6,7 @@ destinations keep them in a :class:`~collectives.spill.SpillStore` bounded by ``
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import threading
@@ -16,6 +17,7 @@ from typing import Any, Iterable, Iterator, Mapping
 from twisternet.errors import ConfigError
 
 from .base import Callback, Mode
+from .columns import is_columns
 from .downtree import DownTreeMixin
 from .edges import DIRECT
 from .reduce import _need_edge
@@ -30,6 +32,29 @@ log = logging.getLogger(__name__)
 _EXACT_KEY_TYPES: dict[str, type] = {"int": int, "float": float, "str": str, "bytes": bytes}
 
 
+# Gather and AllGather hold and send records as chunks ``(source_task, [value, ...])``; on the wire a
+# list of chunks is the two columns ``[[task, ...], [[value, ...], ...]]``.
+
+def _append_chunk(buf: list, task: int, vals: list) -> int:
+    """Add the records ``vals`` of ``task`` to the chunks in ``buf`` (growing its last chunk if that is
+    ``task``'s); returns how many records ``buf`` now holds."""
+    if buf and buf[-1][0] == task:
+        buf[-1][1].extend(vals)
+    else:
+        buf.append((task, vals))
+    return sum(len(c) for _, c in buf)
+
+
+def _chunk_columns(chunks: list) -> list:
+    """Chunks as the two wire columns."""
+    return [[t for t, _ in chunks], [c for _, c in chunks]]
+
+
+def _is_chunk_columns(payload: Any) -> bool:
+    """Whether ``payload`` is the two wire columns of a list of chunks."""
+    return is_columns(payload, 2) and all(isinstance(c, list) for c in payload[1])
+
+
 class _TreeGatherBase(UpTreeOperation):
     """Forwarding up a tree; subclasses say what a record is and how the root keeps it."""
 
@@ -38,11 +63,14 @@ class _TreeGatherBase(UpTreeOperation):
         return SpillStore(share, self.ctx.config.spill_dir, sort=sort, chunked=chunked,
                           name=f"{self.operation}(edge={self.edge})")
 
+    #: Whether the batch destination keeps chunks ``(source, [values])`` (Gather) or records.
+    _chunked_store = False
+
     def _new_state(self, node: Node) -> Any:
         if not hasattr(self, "_outbuf"):
             self._outbuf: dict[int, list] = {}
         if node.is_root and self.mode == "batch":
-            return self._new_store()
+            return self._new_store(chunked=self._chunked_store)
         return None
 
     def _input_room(self, node: Node) -> bool:
@@ -61,13 +89,10 @@ class _TreeGatherBase(UpTreeOperation):
         stores.append(getattr(self, "_store", None))       # batch AllGather's
         return sum(s.spilled_bytes for s in stores if isinstance(s, SpillStore))
 
-    @property
+    @functools.cached_property
     def _sources_set(self) -> frozenset:
         """The source tasks, as a set (received records must name one of them)."""
-        s = self.__dict__.get("_sources_frozen")
-        if s is None:
-            s = self.__dict__["_sources_frozen"] = frozenset(self.sources)
-        return s
+        return frozenset(self.sources)
 
     def _release_storage(self) -> None:
         for node in getattr(self, "_nodes", {}).values():
@@ -123,12 +148,7 @@ class Gather(_TreeGatherBase):
     # destination keeps whole chunks in a chunked SpillStore. A batch of records then costs one list and
     # one msgpack call, not one tuple per record.
 
-    def _new_state(self, node: Node) -> Any:
-        if not hasattr(self, "_outbuf"):
-            self._outbuf: dict[int, list] = {}
-        if node.is_root and self.mode == "batch":
-            return self._new_store(chunked=True)
-        return None
+    _chunked_store = True
 
     def send(self, task: int, value: Any, *, timeout: float | None = None, copy: bool = True) -> None:
         """Contribute ``value`` from local source ``task``; blocks under back pressure.
@@ -153,27 +173,39 @@ class Gather(_TreeGatherBase):
         """
         if not isinstance(chunk, int) or chunk < 1:
             raise ValueError(f"chunk must be a positive int, got {chunk!r}")
-        node = next(iter(self._nodes.values()))
+        away, kept = self._sends_away(), self._keeps_local()
         it = iter(values)
         while True:
             vals = list(islice(it, chunk))
             if not vals:
                 return
-            direct = node.parent is not None and len(vals) >= self.batch_records
-            if copy and not direct:
+            direct = away and len(vals) >= self.batch_records
+            if copy and (kept or not direct):
                 vals = [snapshot(v) for v in vals]
-            self._input(task, lambda: self._input_room(node),
-                        lambda: self._push_local(node, task, vals, direct), block=True, timeout=timeout)
+            self._input(task, self._local_room, lambda: self._push_local(task, vals, direct), block=True,
+                        timeout=timeout)
 
     def _send(self, task: int, value: Any, block: bool, timeout: float | None, copy: bool = True) -> bool:
-        node = next(iter(self._nodes.values()))
-        v = snapshot(value) if copy else value
-        return self._input(task, lambda: self._input_room(node),
-                           lambda: self._push_local(node, task, [v], False), block=block, timeout=timeout)
+        return self._input(task, self._local_room,
+                           lambda: self._push_local(task, [snapshot(value) if copy else value], False),
+                           block=block, timeout=timeout)
 
-    def _push_local(self, node: Node, task: int, vals: list, direct: bool) -> None:
+    # Where a local source's records go; batch AllGather answers these differently (direct exchange).
+    def _sends_away(self) -> bool:
+        """Whether local records go to another rank (full chunks then travel encoded, uncopied)."""
+        return next(iter(self._nodes.values())).parent is not None
+
+    def _keeps_local(self) -> bool:
+        """Whether this process keeps local records past the send (they must then be copied)."""
+        return not self._sends_away()
+
+    def _local_room(self) -> bool:
+        return self._input_room(next(iter(self._nodes.values())))
+
+    def _push_local(self, task: int, vals: list, direct: bool) -> None:
         """Records of local source ``task`` (under the lock). ``direct``: sent on now, in their own message
         (a full batch: encoded by this call or parked until the caller's send returns)."""
+        node = next(iter(self._nodes.values()))
         if node.parent is None:
             self._root_chunks(node, [(task, vals)])
         elif self.mode != "batch":
@@ -181,19 +213,13 @@ class Gather(_TreeGatherBase):
         elif direct:
             self._flush_node(node)
             self._up_send(node, "d", [[task], [vals]])
-        else:
-            buf = self._outbuf.setdefault(node.tid, [])
-            if buf and buf[-1][0] == task:
-                buf[-1][1].extend(vals)
-            else:
-                buf.append((task, vals))
-            if sum(len(c) for _, c in buf) >= self.batch_records:
-                self._flush_node(node)
+        elif _append_chunk(self._outbuf.setdefault(node.tid, []), task, vals) >= self.batch_records:
+            self._flush_node(node)
 
     def _flush_node(self, node: Node) -> None:
         buf = self._outbuf.pop(node.tid, None)
         if buf:
-            self._up_send(node, "d", [[t for t, _ in buf], [c for _, c in buf]])
+            self._up_send(node, "d", _chunk_columns(buf))
 
     def _held(self) -> int:
         return sum(len(c) for b in self._outbuf.values() for _, c in b)
@@ -201,16 +227,12 @@ class Gather(_TreeGatherBase):
     def _up_data(self, node: Node, src: int, payload: Any) -> bool:
         if not self._input_room(node):
             return False
-        try:
-            tasks, chunks = payload
-            if (type(tasks) is not list or type(chunks) is not list or len(tasks) != len(chunks)
-                    or not all(type(c) is list for c in chunks)):
-                raise ValueError
-        except (ValueError, TypeError):
-            raise self._protocol(src, payload) from None
+        if not _is_chunk_columns(payload):
+            raise self._protocol(src, payload)
         if node.parent is not None:
             self._up_send(node, "d", payload)   # forwarded whole: encoded again by this call
             return True
+        tasks, chunks = payload
         if not all(t in self._sources_set for t in tasks):
             raise self._protocol(src, payload)
         self._root_chunks(node, [(t, self._own_values(c)) for t, c in zip(tasks, chunks)])
@@ -353,65 +375,46 @@ class AllGather(DownTreeMixin, Gather):
         self._store: SpillStore | None = (self._new_store(chunked=True) if self.local_destinations else None)
         self._register(DIRECT, self._on_direct)
 
-    def _peers_room(self) -> bool:
+    def _sends_away(self) -> bool:
+        return True if self.mode == "batch" else super()._sends_away()
+
+    def _keeps_local(self) -> bool:
+        return self._store is not None if self.mode == "batch" else super()._keeps_local()
+
+    def _local_room(self) -> bool:
+        if self.mode != "batch":
+            return super()._local_room()
         return all(self._can_send(r, DIRECT) for r in self._peers)
 
-    def send_many(self, task: int, values: Iterable[Any], *, timeout: float | None = None,
-                  chunk: int = 4096, copy: bool = True) -> None:
+    def _push_local(self, task: int, vals: list, direct: bool) -> None:
         if self.mode != "batch":
-            super().send_many(task, values, timeout=timeout, chunk=chunk, copy=copy)
+            super()._push_local(task, vals, direct)
             return
-        if not isinstance(chunk, int) or chunk < 1:
-            raise ValueError(f"chunk must be a positive int, got {chunk!r}")
-        it = iter(values)
-        while True:
-            vals = list(islice(it, chunk))
-            if not vals:
-                return
-            direct = len(vals) >= self.batch_records
-            if copy and (self._store is not None or not direct):
-                vals = [snapshot(v) for v in vals]
-            self._input(task, self._peers_room, lambda: self._direct_push(task, vals, direct),
-                        block=True, timeout=timeout)
-
-    def _send(self, task: int, value: Any, block: bool, timeout: float | None, copy: bool = True) -> bool:
-        if self.mode != "batch":
-            return super()._send(task, value, block, timeout, copy)
-        v = snapshot(value) if copy else value
-        return self._input(task, self._peers_room, lambda: self._direct_push(task, [v], False),
-                           block=block, timeout=timeout)
-
-    def _direct_push(self, task: int, vals: list, direct: bool) -> None:
         if self._store is not None:
             self._store.add_chunk(task, list(vals) if self._peers else vals)
         if not self._peers:
             return
         if direct:
             self._flush_direct()
-            msg = ("d", [task], [vals])
-            for r in self._peers:
-                self._emit(r, DIRECT, msg)
-            return
-        if self._dbuf and self._dbuf[-1][0] == task:
-            self._dbuf[-1][1].extend(vals)
-        else:
-            self._dbuf.append((task, vals))
-        if sum(len(c) for _, c in self._dbuf) >= self.batch_records:
+            self._emit_direct(("d", [task], [vals]))
+        elif _append_chunk(self._dbuf, task, vals) >= self.batch_records:
             self._flush_direct()
 
     def _flush_direct(self) -> None:
         if self._dbuf:
-            msg = ("d", [t for t, _ in self._dbuf], [c for _, c in self._dbuf])
+            msg = ("d", *_chunk_columns(self._dbuf))
             self._dbuf = []
-            for r in self._peers:
-                self._emit(r, DIRECT, msg)
+            self._emit_direct(msg)
+
+    def _emit_direct(self, msg: tuple) -> None:
+        for r in self._peers:
+            self._emit(r, DIRECT, msg)
 
     def _on_direct(self, src: int, msg: Any) -> bool:
         kind = msg[0] if isinstance(msg, (tuple, list)) and msg else None
         if kind == "d" and len(msg) == 3 and self._store is not None:
             _, tasks, chunks = msg
-            if (type(tasks) is not list or type(chunks) is not list or len(tasks) != len(chunks)
-                    or not all(type(c) is list for c in chunks)
+            if (not _is_chunk_columns([tasks, chunks])
                     or not all(t in self._sources_set and t not in self._done_sources for t in tasks)):
                 raise self._protocol(src, msg)
             for t, c in zip(tasks, chunks):
@@ -439,8 +442,7 @@ class AllGather(DownTreeMixin, Gather):
             super()._on_local_finish(task)
             return
         self._flush_direct()
-        for r in self._peers:
-            self._emit(r, DIRECT, ("f", task))
+        self._emit_direct(("f", task))
         self._done_sources.add(task)
         self._check_direct()
 
@@ -606,8 +608,7 @@ class KeyedGather(_TreeGatherBase):
     def _up_data(self, node: Node, src: int, payload: Any) -> bool:
         if not self._input_room(node):
             return False
-        if (type(payload) is not list or len(payload) != 3 or not all(type(c) is list for c in payload)
-                or not len(payload[0]) == len(payload[1]) == len(payload[2])):
+        if not is_columns(payload, 3):
             raise self._protocol(src, payload)
         keys, tasks, vals = payload
         if node.parent is not None:

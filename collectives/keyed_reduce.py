@@ -7,7 +7,7 @@ from operator import itemgetter
 from typing import Any, Iterable
 
 from .base import Callback, Mode
-from .columns import to_columns
+from .columns import is_columns, to_columns
 from .reduce import _need_edge, _pick_op
 from .reduction import _ATOMS, ReduceFn, Reduction, _flat, own, snapshot
 from .routing import Selector, check_key_type, hash_selector, normalize_key
@@ -182,8 +182,7 @@ class KeyedReduce(UpTreeOperation):
             self._take_columns(node, src, payload)
 
     def _take_columns(self, node: Node, src: int, payload: Any) -> None:
-        if (type(payload) is not list or len(payload) != 2 or type(payload[0]) is not list
-                or type(payload[1]) is not list or len(payload[0]) != len(payload[1])):
+        if not is_columns(payload, 2):
             raise self._protocol(src, payload)
         if node.parent is not None and self.mode != "batch":
             self._up_send(node, "d", payload)     # passed on as it came (encoded again by this call)
