@@ -36,6 +36,7 @@ _MAGIC = b"TNSPILL1"
 _BLOCK_HEAD = struct.Struct("<QI")
 _first = itemgetter(0)
 _second = itemgetter(1)
+_NO_KEY = object()
 
 
 class SpillCorruptionError(TwisternetError):
@@ -85,18 +86,14 @@ def _dump(records: list) -> bytes:
     # costs a dict entry per object); shared references are then written once per use, and a record
     # that refers to itself, which fast mode cannot write, falls back to the usual pickler.
     try:
-        f = io.BytesIO()
-        p = pickle.Pickler(f, protocol=5)
-        p.fast = True
-        p.dump(records)
-        return f.getvalue()
-    except (RecursionError, ValueError):   # "fast mode: can't pickle cyclic objects"
-        pass
-    except (pickle.PicklingError, AttributeError, TypeError):
-        import cloudpickle
-        return cloudpickle.dumps(records, protocol=5)
-    try:
-        return pickle.dumps(records, protocol=5)
+        try:
+            f = io.BytesIO()
+            p = pickle.Pickler(f, protocol=5)
+            p.fast = True
+            p.dump(records)
+            return f.getvalue()
+        except (RecursionError, ValueError):   # "fast mode: can't pickle cyclic objects"
+            return pickle.dumps(records, protocol=5)
     except (pickle.PicklingError, AttributeError, TypeError):
         import cloudpickle
         return cloudpickle.dumps(records, protocol=5)
@@ -198,38 +195,23 @@ class SpillStore:
     # ------------------------------------------------------------------ writing
     def add(self, key: Any, value: Any) -> None:
         """Add one record."""
-        if self._closed:
-            raise TwisternetError(f"{self.name}: store already closed")
+        self._check_open()
         if self.chunked:
             chunk = self._open
             if chunk is not None and len(chunk) < self.chunk_values and self._open_key == key:
                 chunk.append(value)
                 self.count += 1
-                self._charge(key, value)
+                self._took(0, self._sampled_size(value, self._est_n, extra=8))
                 return
             self.add_chunk(key, [value])
             return
         self._mem.append((key, value))
-        # Walking every small container costs more than storing it: measure the first records, every
-        # 8th one and anything that is not a dict/list/tuple (arrays, strings: exact and cheap), and
-        # charge the other containers the running mean of the measured records.
-        if self.count < 64 or not self.count & 7 or type(value) not in _SAMPLED:
-            size = estimate_size(value) + estimate_size(key) + 72
-            self._est_n += 1
-            self._est_sum += size
-        else:
-            size = self._est_sum // self._est_n
-        self._mem_bytes += size
-        self._sorted = False
-        self.count += 1
-        if self._mem_bytes > self.memory_limit:
-            self._spill()
+        self._took(1, self._sampled_size(value, self.count, key=key, extra=72))
 
     def add_many(self, records: list) -> None:
         """Add ``(key, value)`` records (a plain store only), their size estimated from a sample; the
         same as :meth:`add` for each, spilling at the same bound."""
-        if self._closed:
-            raise TwisternetError(f"{self.name}: store already closed")
+        self._check_open()
         if self.chunked:
             raise TwisternetError(f"{self.name}: add_many() is for stores made with chunked=False")
         n = len(records)
@@ -246,29 +228,12 @@ class SpillStore:
             part = records[start:start + room] if start or room < n else records
             start += len(part)
             self._mem.extend(part)
-            self._mem_bytes += per * len(part)
-            self._sorted = False
-            self.count += len(part)
-            if self._mem_bytes > self.memory_limit:
-                self._spill()
-
-    def _charge(self, key: Any, value: Any) -> None:
-        """Account one value appended to an open chunk (sampled as in :meth:`add`)."""
-        if self._est_n < 64 or not self.count & 7 or type(value) not in _SAMPLED:
-            size = estimate_size(value) + 8
-            self._est_n += 1
-            self._est_sum += size
-        else:
-            size = self._est_sum // self._est_n
-        self._mem_bytes += size
-        if self._mem_bytes > self.memory_limit:
-            self._spill()
+            self._took(len(part), per * len(part))
 
     def add_chunk(self, key: Any, values: list) -> None:
         """Add the records ``(key, v)`` for every ``v`` of ``values`` (a chunked store only). The store
         takes ``values`` over: the caller must not change that list afterwards."""
-        if self._closed:
-            raise TwisternetError(f"{self.name}: store already closed")
+        self._check_open()
         if not self.chunked:
             raise TwisternetError(f"{self.name}: add_chunk() needs a store made with chunked=True")
         if type(values) is not list:
@@ -280,9 +245,31 @@ class SpillStore:
         size = estimate_size(values) + estimate_size(key) + 72
         self._est_n += 1
         self._est_sum += size // len(values)
+        self._took(len(values), size)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise TwisternetError(f"{self.name}: store already closed")
+
+    def _sampled_size(self, value: Any, seen: int, *, key: Any = _NO_KEY, extra: int = 0) -> int:
+        """The estimated size of a record holding ``value`` (and ``key``, plus ``extra`` bytes). Walking
+        every small container costs more than storing it: the first records (``seen`` < 64), every 8th
+        one and anything that is not a dict/list/tuple (arrays, strings: exact and cheap) are measured,
+        the other containers are charged the running mean of the measured records."""
+        if seen < 64 or not self.count & 7 or type(value) not in _SAMPLED:
+            size = estimate_size(value) + extra + (0 if key is _NO_KEY else estimate_size(key))
+            self._est_n += 1
+            self._est_sum += size
+            return size
+        return self._est_sum // self._est_n
+
+    def _took(self, n: int, size: int) -> None:
+        """Account ``n`` new records (or values grown into an open chunk: n=0) of ``size`` bytes, and
+        spill past the bound."""
         self._mem_bytes += size
-        self._sorted = False
-        self.count += len(values)
+        self.count += n
+        if n:
+            self._sorted = False
         if self._mem_bytes > self.memory_limit:
             self._spill()
 
@@ -368,8 +355,7 @@ class SpillStore:
     # ------------------------------------------------------------------ reading
     def _entries(self) -> Iterator[tuple]:
         """The stored entries in order: records, or ``(key, chunk)`` in a chunked store."""
-        if self._closed:
-            raise TwisternetError(f"{self.name}: store already closed")
+        self._check_open()
         self._sort_mem()
         if not self._runs:
             return iter(list(self._mem))
