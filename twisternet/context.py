@@ -302,7 +302,7 @@ class Context:
         than hand it over and be woken again)."""
         if (self._thread is not None and self.channel.can_wait_unlocked
                 and not getattr(self._in_progress, "active", False) and not self._stop
-                and (self._chan_lock.acquire(timeout=wait) if wait > 0 else self._chan_lock.acquire(blocking=False))):
+                and self._chan_lock.acquire(timeout=wait if wait > 0 else -1, blocking=wait > 0)):
             # Bytes only: handlers are not run here, because the sender may be inside an operation
             # (holding its lock) and a handler run re-entrantly could overtake its record.
             self._progress_once(0.0, lock_held=True, deliver=False)
@@ -790,6 +790,8 @@ class Context:
                         if self._failure is None:
                             self._failure = e
                     return True
+                finally:
+                    progress.views = True     # outside a handler, record_views() gives the safe answer
                 did = did or i > 0
                 if i < len(batch):
                     with self._lock:
