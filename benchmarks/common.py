@@ -103,3 +103,33 @@ def choose_peers(opts: Any, suite: str, skipped: list[str]) -> list[str]:
         else:
             active.append(name)
     return active
+
+
+#: Seconds a heavy peer (PySpark, Dask) may take before it is reported as failed instead of waited for.
+PEER_TIMEOUT = 1800.0
+
+
+def peer_env(**extra: str) -> dict[str, str]:
+    """The environment of a peer process whose workers import ``benchmarks/`` and ``examples/`` modules."""
+    env = job_env(**extra)
+    env["PYTHONPATH"] = f"{ROOT / 'benchmarks'}:{ROOT / 'examples'}:{env['PYTHONPATH']}"
+    return env
+
+
+def run_peer(cmd: Sequence[str], tag: str, who: str, env: dict[str, str]) -> dict[str, Any]:
+    """Run a peer's command (at most PEER_TIMEOUT s) and return the JSON it printed after ``tag``; a run
+    that printed none raises RuntimeError with the end of its output."""
+    p = subprocess.run(list(cmd), env=env, capture_output=True, text=True, timeout=PEER_TIMEOUT)
+    for line in p.stdout.splitlines():
+        if line.startswith(tag + " "):
+            return json.loads(line[len(tag) + 1:])
+    raise RuntimeError(f"{who} run failed (exit {p.returncode}):\n{p.stdout[-1500:]}\n{p.stderr[-1500:]}")
+
+
+def failure_reason(e: BaseException) -> str:
+    """A one-line account of a peer run that produced no result (for ``SuiteResult.skipped``)."""
+    if isinstance(e, subprocess.TimeoutExpired):
+        return f"no result within {e.timeout:.0f} s"
+    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
+    text = lines[0] if len(lines) < 2 else f"{lines[0]} ... {lines[-1]}"
+    return text[:300]

@@ -31,7 +31,8 @@ from typing import Any
 # package) find benchmarks/innet.py (the suite) in whatever imports it later in this process.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import ROOT, choose_peers, job_env, median, twisternet_run  # noqa: E402
+from benchmarks.common import (ROOT, choose_peers, failure_reason, job_env, median, peer_env, run_peer,  # noqa: E402
+                               twisternet_run)
 from benchmarks import report  # noqa: E402
 from benchmarks.harness import SuiteOptions, SuiteResult, Table, Target  # noqa: E402
 from benchmarks._sort_data import RECORD_BYTES, expected, verify  # noqa: E402
@@ -42,7 +43,6 @@ DESCRIPTION = ("terasort-like sort of 1 GB of 100-byte records: twisternet Keyed
 
 BENCH = Path(__file__).resolve().parent
 _UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-PEER_TIMEOUT = 1800.0       # seconds: a peer that takes longer than this is reported as failed, not waited for
 
 
 def parse_bytes(text: Any) -> int:
@@ -51,12 +51,6 @@ def parse_bytes(text: Any) -> int:
     if s and s[-1] in _UNITS:
         return int(float(s[:-1]) * _UNITS[s[-1]])
     return int(s)
-
-
-def _peer_env() -> dict[str, str]:
-    env = job_env()
-    env["PYTHONPATH"] = f"{BENCH}:{ROOT / 'examples'}:{env['PYTHONPATH']}"
-    return env
 
 
 def run_twisternet(workers: int, total: int, memory: int) -> dict[str, Any]:
@@ -91,38 +85,16 @@ print("SPARK " + json.dumps({"seconds": dt, "n": n, "parts": parts}), flush=True
 """
 
 
-def _tagged(p: subprocess.CompletedProcess, tag: str, who: str) -> dict[str, Any]:
-    for line in p.stdout.splitlines():
-        if line.startswith(tag + " "):
-            return json.loads(line[len(tag) + 1:])
-    raise RuntimeError(f"{who} run failed (exit {p.returncode}):\n{p.stdout[-1500:]}\n{p.stderr[-1500:]}")
-
-
 def run_spark(workers: int, total: int) -> dict[str, Any]:
-    env = _peer_env()
-    env.update(PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
     with tempfile.TemporaryDirectory(prefix="spark-sort-") as local:      # spark.local.dir (shuffle files)
-        p = subprocess.run([sys.executable, "-c", _SPARK, str(total), str(workers), str(BENCH), local], env=env,
-                           capture_output=True, text=True, timeout=PEER_TIMEOUT)
-    return _tagged(p, "SPARK", "PySpark")
+        return run_peer([sys.executable, "-c", _SPARK, str(total), str(workers), str(BENCH), local], "SPARK",
+                        "PySpark", peer_env(PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable))
 
 
 def run_dask(workers: int, total: int) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory(prefix="dask-sort-") as d:
-        env = _peer_env()
-        env["DASK_LOCAL_DIR"] = d
-        p = subprocess.run([sys.executable, str(BENCH / "_dask_peer.py"), "sort", str(total), str(workers)],
-                           env=env, capture_output=True, text=True, timeout=PEER_TIMEOUT)
-    return _tagged(p, "DASK", "Dask")
-
-
-def failure_reason(e: BaseException) -> str:
-    """A one-line account of a peer run that produced no result (for ``SuiteResult.skipped``)."""
-    if isinstance(e, subprocess.TimeoutExpired):
-        return f"no result within {e.timeout:.0f} s"
-    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
-    text = lines[0] if len(lines) < 2 else f"{lines[0]} ... {lines[-1]}"
-    return text[:300]
+    with tempfile.TemporaryDirectory(prefix="dask-sort-") as d:           # the workers' scratch space
+        return run_peer([sys.executable, str(BENCH / "_dask_peer.py"), "sort", str(total), str(workers)], "DASK",
+                        "Dask", peer_env(DASK_LOCAL_DIR=d))
 
 
 def run(opts: SuiteOptions) -> SuiteResult:

@@ -21,6 +21,7 @@ import hashlib
 import json
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -29,12 +30,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 
-from benchmarks.common import choose_peers, job_env, median, twisternet_run  # noqa: E402
+from benchmarks.common import (ROOT, choose_peers, failure_reason, job_env, median, peer_env, run_peer,  # noqa: E402
+                               twisternet_run)
 from benchmarks import report  # noqa: E402
 from benchmarks.harness import SuiteOptions, SuiteResult, Table, Target  # noqa: E402
 from wordcount import generated_words  # noqa: E402
-
-PEER_TIMEOUT = 1800.0       # seconds: a peer that takes longer than this is reported as failed, not waited for
 
 NAME = "wordcount"
 DESCRIPTION = ("batch KeyedReduce word count of 20M Zipf words: twisternet on W workers vs "
@@ -104,36 +104,23 @@ print("SPARK " + json.dumps({"seconds": dt, "words": n, "counts": counts}), flus
 """
 
 
+def _counted(d: dict[str, Any], who: str, words: int) -> tuple[float, int, str]:
+    if sum(d["counts"].values()) != words or d["words"] != words:
+        raise WrongAnswer(f"{who} lost words")
+    return d["seconds"], d["words"], digest(d["counts"])
+
+
 def run_spark(workers: int, words: int) -> tuple[float, int, str]:
-    p = subprocess.run([sys.executable, "-c", _SPARK, str(words), str(workers),
-                        str(Path(__file__).resolve().parent.parent / "examples")],
-                       env=job_env(PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable),
-                       capture_output=True, text=True, timeout=PEER_TIMEOUT)
-    for line in p.stdout.splitlines():
-        if line.startswith("SPARK "):
-            d = json.loads(line[6:])
-            if sum(d["counts"].values()) != words or d["words"] != words:
-                raise WrongAnswer("PySpark lost words")
-            return d["seconds"], d["words"], digest(d["counts"])
-    raise RuntimeError(f"PySpark run failed (exit {p.returncode}):\n{p.stdout[-1500:]}\n{p.stderr[-1500:]}")
+    d = run_peer([sys.executable, "-c", _SPARK, str(words), str(workers), str(ROOT / "examples")], "SPARK",
+                 "PySpark", job_env(PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable))
+    return _counted(d, "PySpark", words)
 
 
 def run_dask(workers: int, words: int) -> tuple[float, int, str]:
-    import tempfile
-    env = job_env()
-    root = Path(__file__).resolve().parent.parent
-    env["PYTHONPATH"] = f"{root / 'benchmarks'}:{root / 'examples'}:{env['PYTHONPATH']}"
     with tempfile.TemporaryDirectory(prefix="dask-wc-") as d:         # the workers' scratch space
-        env["DASK_LOCAL_DIR"] = d
-        p = subprocess.run([sys.executable, str(root / "benchmarks" / "_dask_peer.py"), "wordcount", str(words),
-                            str(workers)], env=env, capture_output=True, text=True, timeout=PEER_TIMEOUT)
-    for line in p.stdout.splitlines():
-        if line.startswith("DASK "):
-            d = json.loads(line[5:])
-            if sum(d["counts"].values()) != words or d["words"] != words:
-                raise WrongAnswer("Dask lost words")
-            return d["seconds"], d["words"], digest(d["counts"])
-    raise RuntimeError(f"Dask run failed (exit {p.returncode}):\n{p.stdout[-1500:]}\n{p.stderr[-1500:]}")
+        out = run_peer([sys.executable, str(ROOT / "benchmarks" / "_dask_peer.py"), "wordcount", str(words),
+                        str(workers)], "DASK", "Dask", peer_env(DASK_LOCAL_DIR=d))
+    return _counted(out, "Dask", words)
 
 
 def run(opts: SuiteOptions) -> SuiteResult:
@@ -166,18 +153,11 @@ def run(opts: SuiteOptions) -> SuiteResult:
                     continue
                 try:
                     t, _, d = runners[name](w, words)
-                except subprocess.TimeoutExpired as e:
-                    failed.add(name)
-                    res.skipped.append(f"{name}: failed at {w} workers, not run again: no result within "
-                                       f"{e.timeout:.0f} s")
-                    continue
                 except WrongAnswer:
                     raise                             # a wrong answer is an error, not a skipped peer
-                except RuntimeError as e:             # it crashed
+                except (RuntimeError, subprocess.TimeoutExpired) as e:   # it crashed or ran out of time
                     failed.add(name)
-                    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-                    res.skipped.append(f"{name}: failed at {w} workers, not run again: "
-                                       + (lines[0] if len(lines) < 2 else f"{lines[0]} ... {lines[-1]}")[:300])
+                    res.skipped.append(f"{name}: failed at {w} workers, not run again: {failure_reason(e)}")
                     continue
                 if d != ref:
                     raise RuntimeError(f"{name} x{w} counts differ from Counter's")
