@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from benchmarks.harness import Target
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -133,3 +135,32 @@ def failure_reason(e: BaseException) -> str:
     lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
     text = lines[0] if len(lines) < 2 else f"{lines[0]} ... {lines[-1]}"
     return text[:300]
+
+
+def try_peer(name: str, run: Any, failed: set[str], skipped: list[str], where: str,
+             wrong: type[BaseException] | tuple = ()) -> Any:
+    """``run()`` of heavy peer ``name`` unless it failed before (None then). A crash or a timeout puts it
+    in ``failed`` and ``skipped`` (with ``where`` and why) and returns None; an exception of a ``wrong``
+    type (a wrong answer) is raised on."""
+    if name in failed:
+        return None
+    try:
+        return run()
+    except wrong:
+        raise
+    except (RuntimeError, subprocess.TimeoutExpired) as e:   # it crashed or ran out of time
+        failed.add(name)
+        skipped.append(f"{name}: failed at {where}, not run again: {failure_reason(e)}")
+        return None
+
+
+def versus_spark(what: str, t: float, spark_t: float | None, spark_failed: bool) -> Target | None:
+    """The ">= 3x faster than PySpark local mode" target of a suite that took ``t`` s (None: PySpark
+    was not run)."""
+    if spark_t is not None:
+        return Target(f"{what}: twisternet vs PySpark local mode", ">= 3x faster",
+                      f"{spark_t / t:.2f}x ({t:.2f} s vs {spark_t:.2f} s)", spark_t / t >= 3)
+    if spark_failed:
+        return Target(f"{what}: twisternet vs PySpark local mode", ">= 3x faster",
+                      "not measured: the PySpark run failed (see skipped peers)", None)
+    return None

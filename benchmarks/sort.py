@@ -31,10 +31,10 @@ from typing import Any
 # package) find benchmarks/innet.py (the suite) in whatever imports it later in this process.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import (ROOT, choose_peers, failure_reason, job_env, median, peer_env, run_peer,  # noqa: E402
-                               twisternet_run)
+from benchmarks.common import (ROOT, choose_peers, job_env, median, peer_env, run_peer, try_peer,  # noqa: E402
+                               twisternet_run, versus_spark)
 from benchmarks import report  # noqa: E402
-from benchmarks.harness import SuiteOptions, SuiteResult, Table, Target  # noqa: E402
+from benchmarks.harness import SuiteOptions, SuiteResult, Table  # noqa: E402
 from benchmarks._sort_data import RECORD_BYTES, expected, verify  # noqa: E402
 
 NAME = "sort"
@@ -125,14 +125,9 @@ def run(opts: SuiteOptions) -> SuiteResult:
             for name in active:
                 left_out = " (left out: it failed)" if name in failed else ""
                 bar.step(f"run {rep + 1}/{repeat}: {name} x{w}{left_out}")
-                if name in failed:
-                    continue
-                try:
-                    r = runners[name](w, total)
-                except (RuntimeError, subprocess.TimeoutExpired) as e:   # it crashed or ran out of time
-                    failed.add(name)
-                    res.skipped.append(f"{name}: failed at {w} workers on {total:,} records, not run again: "
-                                       f"{failure_reason(e)}")
+                r = try_peer(name, lambda: runners[name](w, total), failed, res.skipped,
+                             f"{w} workers on {total:,} records")
+                if r is None:
                     continue
                 if r["n"] != total:
                     raise RuntimeError(f"{name} generated {r['n']} records, expected {total}")
@@ -154,13 +149,9 @@ def run(opts: SuiteOptions) -> SuiteResult:
             rows.append([f"{name} {'local[%d] sortByKey' % w if name == 'PySpark' else 'sort_values, %d workers' % w}",
                          f"{secs:.2f}", f"{total / secs:,.0f}", f"{mb / secs:.1f}", "",
                          *("1.00" if n == name else "" for n in ("PySpark", "Dask"))])
-        if "PySpark" in others:
-            sp = others["PySpark"]
-            res.targets.append(Target(f"sort, {w} workers: twisternet vs PySpark local mode", ">= 3x faster",
-                                      f"{sp / t:.2f}x ({t:.2f} s vs {sp:.2f} s)", sp / t >= 3))
-        elif "PySpark" in failed:
-            res.targets.append(Target(f"sort, {w} workers: twisternet vs PySpark local mode", ">= 3x faster",
-                                      "not measured: the PySpark run failed (see skipped peers)", None))
+        target = versus_spark(f"sort, {w} workers", t, others.get("PySpark"), "PySpark" in failed)
+        if target:
+            res.targets.append(target)
     res.tables.append(Table(f"Sort of {total:,} records ({mb:,.0f} MB), median of {repeat}",
                             ["implementation", "seconds", "records/s", "MB/s", "twisternet spilled",
                              "PySpark / this", "Dask / this"], rows,

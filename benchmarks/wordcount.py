@@ -30,8 +30,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 
-from benchmarks.common import (ROOT, choose_peers, failure_reason, job_env, median, peer_env, run_peer,  # noqa: E402
-                               twisternet_run)
+from benchmarks.common import (ROOT, choose_peers, job_env, median, peer_env, run_peer, try_peer,  # noqa: E402
+                               twisternet_run, versus_spark)
 from benchmarks import report  # noqa: E402
 from benchmarks.harness import SuiteOptions, SuiteResult, Table, Target  # noqa: E402
 from wordcount import generated_words  # noqa: E402
@@ -149,16 +149,11 @@ def run(opts: SuiteOptions) -> SuiteResult:
             for name in active:
                 left_out = " (left out: it failed)" if name in failed else ""
                 bar.step(f"run {rep + 1}/{repeat}: {name} x{w}{left_out}")
-                if name in failed:
+                got = try_peer(name, lambda: runners[name](w, words), failed, res.skipped, f"{w} workers",
+                               wrong=WrongAnswer)    # a wrong answer is an error, not a skipped peer
+                if got is None:
                     continue
-                try:
-                    t, _, d = runners[name](w, words)
-                except WrongAnswer:
-                    raise                             # a wrong answer is an error, not a skipped peer
-                except (RuntimeError, subprocess.TimeoutExpired) as e:   # it crashed or ran out of time
-                    failed.add(name)
-                    res.skipped.append(f"{name}: failed at {w} workers, not run again: {failure_reason(e)}")
-                    continue
+                t, _, d = got
                 if d != ref:
                     raise RuntimeError(f"{name} x{w} counts differ from Counter's")
                 raw[field[name]].setdefault(w, []).append(t)
@@ -175,13 +170,9 @@ def run(opts: SuiteOptions) -> SuiteResult:
             label = f"PySpark local[{w}] reduceByKey" if name == "PySpark" else f"Dask Bag.frequencies, {w} workers"
             rows.append([label, f"{pt:.2f}", f"{words / pt:,.0f}", f"{ref_t / pt:.2f}",
                          *("1.0" if n == name else "" for n in ("PySpark", "Dask"))])
-        if "PySpark" in peer_t:
-            sp = peer_t["PySpark"]
-            res.targets.append(Target(f"word count, {w} workers: twisternet vs PySpark local mode",
-                                      ">= 3x faster", f"{sp / t:.1f}x ({t:.2f} s vs {sp:.2f} s)", sp / t >= 3))
-        elif "PySpark" in failed:
-            res.targets.append(Target(f"word count, {w} workers: twisternet vs PySpark local mode", ">= 3x faster",
-                                      "not measured: the PySpark run failed (see skipped peers)", None))
+        target = versus_spark(f"word count, {w} workers", t, peer_t.get("PySpark"), "PySpark" in failed)
+        if target:
+            res.targets.append(target)
         if w == 2:
             res.targets.append(Target("word count, 2 workers vs one process running Counter", ">= 1.5x faster",
                                       f"{ref_t / t:.2f}x ({t:.2f} s vs {ref_t:.2f} s)", ref_t / t >= 1.5))
