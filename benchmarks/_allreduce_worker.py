@@ -1,4 +1,7 @@
-"""Worker of benchmarks/allreduce.py for twisternet (TCP under `twisternet run`, MPI under mpiexec)."""
+"""Worker of benchmarks/allreduce.py for twisternet (TCP under `twisternet run`, MPI under mpiexec).
+
+    _allreduce_worker.py SIZES REPS [VIA]     (VIA: an AllReduce ``via``, "auto" by default)
+"""
 
 import json
 import sys
@@ -14,7 +17,8 @@ def main() -> None:
     sizes = [int(x) for x in sys.argv[1].split(",")]
     reps = [int(x) for x in sys.argv[2].split(",")]
     with tn.init(timeout=600) as ctx:
-        ar = AllReduce(ctx, edge=1, op="sum")
+        via = sys.argv[3] if len(sys.argv) > 3 else "auto"
+        ar = AllReduce(ctx, edge=1, op="sum", via=via)
         out = {}
         for size, n in zip(sizes, reps):
             x = np.ones(size // 4, np.float32)
@@ -29,7 +33,8 @@ def main() -> None:
             assert (y == ctx.world).all(), y[:4]
             out[size] = sorted(times)[len(times) // 2]
         if ctx.rank == 0:
-            print("ALLREDUCE " + json.dumps({"channel": ctx.channel.name, "median_s": out}), flush=True)
+            used = "shm" if ar._rank_allreduce.shm is not None else via
+            print("ALLREDUCE " + json.dumps({"channel": ctx.channel.name, "via": used, "median_s": out}), flush=True)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,9 @@
-"""float32 allreduce: twisternet (TCP/UDS channel, and MPI channel) vs mpi4py Allreduce (MPICH),
+"""float32 allreduce: twisternet (under `twisternet run` and under mpiexec) vs mpi4py Allreduce (MPICH),
 torch.distributed gloo and ray.util.collective (gloo backend), all measured in the same run.
+
+twisternet runs twice per launcher: with ``via="auto"`` (what a user gets: on one host, shared memory)
+and with ``via="ring"`` (the ring over the channel: Unix sockets under `twisternet run`, MPI messages
+under mpiexec), so the transports' own figures stay visible.
 
     python -m benchmarks --suite allreduce [--workers 2,4] [--repeat 3] [--quick]
                          [--set allreduce.sizes=1K,1M,64M] [--set allreduce.ray=1]
@@ -30,18 +34,24 @@ from benchmarks.common import (ROOT, fmt_size, job_env, median, mpiexec_run, run
 from benchmarks.harness import Chart, SuiteOptions, SuiteResult, Table, Target, ratio  # noqa: E402
 
 NAME = "allreduce"
-DESCRIPTION = ("float32 allreduce 1 KB..256 MB at 2 and 4 workers: twisternet TCP/UDS and MPI vs "
-               "mpi4py (MPICH), torch gloo, ray.util.collective gloo")
+DESCRIPTION = ("float32 allreduce 1 KB..256 MB at 2 and 4 workers: twisternet (auto: shared memory; ring over "
+               "UDS and over MPI) vs mpi4py (MPICH), torch gloo, ray.util.collective gloo")
 
 KB, MB = 1 << 10, 1 << 20
 FULL_SIZES = [1 * KB, 64 * KB, 1 * MB, 16 * MB, 64 * MB, 256 * MB]
 QUICK_SIZES = [1 * KB, 64 * KB]
 TARGET_SIZE = 64 * MB
 #: Peers in column order: (key in the results, column header).
-PEERS = [("twisternet-tcp", "tn TCP/UDS"), ("twisternet-mpi", "tn MPI"), ("mpi4py", "mpi4py (MPICH)"),
-         ("gloo", "torch gloo"), ("ray-gloo", "ray gloo")]
+PEERS = [("twisternet-tcp", "tn run"), ("twisternet-tcp-ring", "tn ring UDS"), ("twisternet-mpi", "tn mpiexec"),
+         ("twisternet-mpi-ring", "tn ring MPI"), ("mpi4py", "mpi4py (MPICH)"), ("gloo", "torch gloo"),
+         ("ray-gloo", "ray gloo")]
 #: (twisternet variant, peer, the largest acceptable time ratio): the targets of issue 8.
-TARGETS = [("twisternet-tcp", "gloo", 1.0), ("twisternet-mpi", "mpi4py", 1.15), ("twisternet-tcp", "mpi4py", 1.25)]
+#: twisternet as a user gets it (via="auto") and its ring over each channel, held to the same bounds.
+TARGETS = [("twisternet-tcp", "gloo", 1.0), ("twisternet-mpi", "mpi4py", 1.15), ("twisternet-tcp", "mpi4py", 1.25),
+           ("twisternet-tcp-ring", "gloo", 1.0), ("twisternet-mpi-ring", "mpi4py", 1.15),
+           ("twisternet-tcp-ring", "mpi4py", 1.25)]
+#: Short column headers of those ratios.
+RATIO_HEADS = ["tn/gloo", "tnMPI/mpi4py", "tn/mpi4py", "ringUDS/gloo", "ringMPI/mpi4py", "ringUDS/mpi4py"]
 
 
 def installed(module: str) -> bool:
@@ -127,14 +137,20 @@ def run(opts: SuiteOptions) -> SuiteResult:
     if ray_reason:
         res.skipped.append(ray_reason)
     args = [",".join(map(str, sizes)), ",".join(map(str, reps))]
+    vias: dict[int, dict[str, str]] = {}     # what via="auto" chose, per worker count and launcher
 
     def peers(n: int) -> dict[str, Callable[[], dict]]:
-        p: dict[str, Callable[[], dict]] = {
-            "twisternet-tcp": lambda: run_tagged(twisternet_run(n, "benchmarks/_allreduce_worker.py", *args),
-                                                 "ALLREDUCE")}
+        def tn(launch: Callable[..., Any], via: str) -> Callable[[], dict]:
+            def go() -> dict:
+                r = run_tagged(launch(n, "benchmarks/_allreduce_worker.py", *args, via), "ALLREDUCE")
+                vias.setdefault(n, {})[f"{launch is mpiexec_run}-{via}"] = r.get("via", via)
+                return r
+            return go
+        p: dict[str, Callable[[], dict]] = {"twisternet-tcp": tn(twisternet_run, "auto"),
+                                            "twisternet-tcp-ring": tn(twisternet_run, "ring")}
         if have_mpi:
-            p["twisternet-mpi"] = lambda: run_tagged(mpiexec_run(n, "benchmarks/_allreduce_worker.py", *args),
-                                                     "ALLREDUCE")
+            p["twisternet-mpi"] = tn(mpiexec_run, "auto")
+            p["twisternet-mpi-ring"] = tn(mpiexec_run, "ring")
             p["mpi4py"] = lambda: run_tagged(mpiexec_run(n, "benchmarks/_allreduce_mpi4py.py", *args), "ALLREDUCE")
         if have_torch:
             p["gloo"] = lambda: gloo(n, sizes, reps)
@@ -173,8 +189,11 @@ def run(opts: SuiteOptions) -> SuiteResult:
                          *(ratio(get(a), get(b)) for a, b, _ in TARGETS)])
         res.tables.append(Table(
             f"allreduce, {n} workers: ms per call (median of {repeat} launches)",
-            ["size", *(h for _, h in present), "tnTCP/gloo", "tnMPI/mpi4py", "tnTCP/mpi4py"], rows,
-            note="ratios are times (below 1: twisternet faster); n/a: peer not measured"))
+            ["size", *(h for _, h in present), *RATIO_HEADS], rows,
+            note="ratios are times (below 1: twisternet faster); n/a: peer not measured; 'tn run' / 'tn "
+                 "mpiexec' are twisternet with via='auto' under each launcher (here: "
+                 f"{', '.join(sorted({v for k, v in vias.get(n, {}).items() if k.endswith('-auto')})) or 'n/a'}), "
+                 "'tn ring' its ring over the channel"))
         res.charts.append(Chart(f"time_vs_size_{n}w", f"allreduce time vs size, {n} workers",
                                 "message size (bytes)", "ms per call",
                                 {h: [(s, m[k][s] * 1e3) for s in sizes] for k, h in present if k in m},

@@ -61,7 +61,9 @@ destination and route each record by its key: the default selector is a stable h
 ``selector(key, destinations) -> destination`` may replace it. Broadcast and the down half of
 AllReduce/AllGather flow down a k-ary tree; Partition is direct. ``AllReduce.allreduce(array)`` is a
 rank-level one-shot allreduce, chunked and pipelined over the tree, or a reduce-scatter + allgather
-ring for large arrays (``via="auto" | "tree" | "ring"``), or, with ``via="innet"``, float sums aggregated
+ring for large arrays, or, when all its ranks share a host, through a shared-memory segment
+(``collectives.shm_allreduce``; "auto" picks it for numpy arrays with a named reduction; ``via="auto" |
+"shm" | "tree" | "ring"``; every rank gets bit-identical results), or, with ``via="innet"``, float sums aggregated
 in the network by an ATP software switch and parameter server that the operation starts for itself
 (``collectives.innet_allreduce``; exact within the quantization bound of ``innet.quantize``).
 

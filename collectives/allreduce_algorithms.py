@@ -8,6 +8,9 @@
   ``2 (n - 1)`` steps each moving ``1/n`` of the array per rank, chunked: every link carries about
   ``2 (n-1)/n`` of the array, so the time approaches the array size over the link bandwidth instead of
   funnelling everything through a root.
+* **shm** (numpy arrays, named reduction, every rank on one host): through a shared-memory segment
+  (``collectives.shm_allreduce``), one copy in and one out per rank and no message per chunk; "auto"
+  uses it whenever every rank could map the first rank's segment, from the first such call on.
 * **innet**: float sums aggregated by an ATP software switch and parameter server that the first
   rank starts for the operation (``collectives.innet_allreduce``).
 
@@ -31,7 +34,7 @@ from .routing import KaryTree
 if TYPE_CHECKING:
     from .reduce import AllReduce
 
-VIAS = ("auto", "tree", "ring", "innet")
+VIAS = ("auto", "tree", "ring", "shm", "innet")
 
 
 class RankAllReduce:
@@ -51,6 +54,8 @@ class RankAllReduce:
         self.calls = 0
         self.ring: _RingCall | None = None   # the ring call in progress (its records skip the stash)
         self.innet: Any = None               # the in-network path, set up on the first via="innet" call
+        self.shm: Any = None                 # the shared-memory path, once set up (see _shm_path)
+        self.shm_tried = False
         for offset in (AR_UP, AR_DOWN, RING):
             op._register(offset, self._on_record, activates=False)
 
@@ -136,8 +141,16 @@ class RankAllReduce:
         if op.via == "ring" and n > 1 and not ring_ok:
             raise ConfigError("via", "via='ring' needs a numpy array (at least one element per rank) and a "
                                      "named reduction (sum, prod, max, min)")
+        shm_ok = is_array and op.reduction.named and n > 1 and value.size >= 1 and not value.dtype.hasobject
+        if op.via == "shm" and n > 1 and not shm_ok:
+            raise ConfigError("via", "via='shm' needs a non-empty numpy array of numbers and a named reduction "
+                                     "(sum, prod, max, min)")
         if n == 1:
             return snapshot(value)
+        if shm_ok and (op.via == "shm" or (op.via == "auto" and self._auto_shm())):
+            shm = self._shm_path(call, t)
+            if shm is not None:
+                return shm.run(value, t, out)
         if ring_ok and (op.via == "ring" or (op.via == "auto" and value.nbytes >= op.ring_threshold)):
             return self._ring(value, call, t, out)
         return self._tree(value, call, t)
@@ -150,6 +163,27 @@ class RankAllReduce:
             self.innet = InnetAllReduce(self)
         return self.innet.run(value, timeout)
 
+    # ------------------------------------------------------------------ shared memory
+    def _auto_shm(self) -> bool:
+        """"auto" tries shared memory once per operation, where it can work at all (not between the
+        threads of the local test channel, which share memory anyway)."""
+        from .shm_allreduce import supported
+        return (self.shm is not None or not self.shm_tried) and self.op.ctx.channel.name != "local" and supported()
+
+    def _shm_path(self, call: int, t: float) -> Any:
+        """The shared-memory state, setting it up (collectively, in this call) the first time."""
+        if not self.shm_tried:
+            from .shm_allreduce import ShmAllReduce, supported
+            self.shm_tried = True
+            if supported():
+                self.shm = ShmAllReduce.setup(self, call, self.op.shm_chunk_bytes, t)
+            if self.shm is None and self.op.via == "shm":
+                raise ConfigError("via", "via='shm': the ranks of this operation cannot share memory (not all on "
+                                         "one host, no /dev/shm, or not an x86-64 machine); use 'auto'")
+        elif self.shm is None and self.op.via == "shm":
+            raise ConfigError("via", "via='shm': the ranks of this operation cannot share memory")
+        return self.shm
+
     def next_call(self) -> int:
         """A fresh call number (every rank draws them in the same order)."""
         call = self.calls
@@ -161,6 +195,9 @@ class RankAllReduce:
         if self.innet is not None:
             self.innet.close()
             self.innet = None
+        if self.shm is not None:
+            self.shm.close()
+            self.shm = None
 
     # ------------------------------------------------------------------ tree
     def _tree(self, value: Any, call: int, t: float) -> Any:

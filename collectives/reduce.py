@@ -187,10 +187,14 @@ class AllReduce(DownTreeMixin, Reduce):
 
     Same values and order as :class:`Reduce`, delivered at every destination task. ``destinations``
     defaults to ``sources`` (default: every task). :meth:`allreduce` is the rank-level one-shot form
-    (MPI style) with chunked/ring algorithms for large arrays: ``via`` picks the algorithm ("auto": the
-    ring for arrays of at least ``ring_threshold`` bytes with a named reduction, else the tree),
-    ``chunk_bytes`` the pipelining unit (4 MB by default: smaller chunks overlap more but pay the
-    per-message cost more often; measured on 2-4 local workers, 4 MB beat 1 MB by 10-45% at 16-64 MB).
+    (MPI style) with chunked/ring algorithms for large arrays: ``via`` picks the algorithm ("auto":
+    shared memory for numpy arrays with a named reduction when every rank of the operation can map the
+    first rank's segment, i.e. they share a host; otherwise the ring for arrays of at least
+    ``ring_threshold`` bytes with a named reduction, else the tree; "shm", "ring", "tree" and "innet"
+    force one), ``chunk_bytes`` the pipelining unit of ring and tree (4 MB by default: smaller chunks
+    overlap more but pay the per-message cost more often; measured on 2-4 local workers, 4 MB beat 1 MB
+    by 10-45% at 16-64 MB), ``shm_chunk_bytes`` the size of a shared-memory slot (see
+    :mod:`collectives.shm_allreduce`).
     """
 
     operation = "AllReduce"
@@ -200,14 +204,18 @@ class AllReduce(DownTreeMixin, Reduce):
                  op: str | ReduceFn | None = None, reduce: str | ReduceFn | None = None,
                  mode: Mode = "batch", callback: Callback | None = None, limit: int | None = None,
                  timeout: float | None = None, fanout: int = 2, via: str = "auto",
-                 chunk_bytes: int = 4 << 20, ring_threshold: int = 1 << 20) -> None:
+                 chunk_bytes: int = 4 << 20, ring_threshold: int = 1 << 20,
+                 shm_chunk_bytes: int = 1 << 20) -> None:
         from .allreduce_algorithms import VIAS
         if via not in VIAS:
             raise ConfigError("via", f"must be one of {', '.join(VIAS)}, got {via!r}")
         if not isinstance(chunk_bytes, int) or chunk_bytes < 1024:
             raise ConfigError("chunk_bytes", f"must be an int >= 1024, got {chunk_bytes!r}")
+        if not isinstance(shm_chunk_bytes, int) or shm_chunk_bytes < 4096 or shm_chunk_bytes % 64:
+            raise ConfigError("shm_chunk_bytes", f"must be an int >= 4096 and a multiple of 64, got {shm_chunk_bytes!r}")
         self.via = via
         self.chunk_bytes = chunk_bytes
+        self.shm_chunk_bytes = shm_chunk_bytes
         self.ring_threshold = ring_threshold
         if destinations is None:
             destinations = sources
@@ -249,8 +257,9 @@ class AllReduce(DownTreeMixin, Reduce):
 
     def allreduce(self, value: Any, *, out: "np.ndarray | None" = None, timeout: float | None = None) -> Any:
         """Rank-level collective: every rank running a task of this operation calls it once with its value
-        and gets the reduction of all of them. Large arrays with a named reduction go over a ring
-        (reduce-scatter + allgather, chunked); the rest over the tree, chunked and pipelined.
+        and gets the reduction of all of them. Numpy arrays with a named reduction go through shared
+        memory when all the ranks share a host, else (large ones) over a ring (reduce-scatter +
+        allgather, chunked); the rest over the tree, chunked and pipelined.
 
         ``out`` (numpy arrays only): a C-contiguous array of the value's shape and dtype that receives the
         result and is returned; it may be ``value`` itself (in place, as torch.distributed does), which

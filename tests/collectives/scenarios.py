@@ -241,7 +241,33 @@ def run_spill(ctx: Any, p: dict) -> dict:
     return out
 
 
+def shm_value(rank: int, size: int, dtype: str, salt: int = 0) -> np.ndarray:
+    """Rank ``rank``'s input to the shared-memory allreduce tests (small integers: every sum is exact)."""
+    return ((np.arange(size, dtype=np.int64) * 7 + rank * 13 + salt) % 101 - 50).astype(dtype)
+
+
+def run_shm_allreduce(ctx: Any, p: dict) -> dict:
+    """Rank-level allreduce calls of the given sizes/dtypes/reductions; per call a digest of the result."""
+    import hashlib
+
+    import collectives as C
+    out: dict[str, Any] = {"calls": []}
+    op = C.AllReduce(ctx, edge=p.get("edge", 5), op=p.get("reduce", "sum"), via=p.get("via", "auto"),
+                     shm_chunk_bytes=p.get("shm_chunk_bytes", 1 << 20))
+    with op:
+        for k, (size, dtype) in enumerate(p["calls"]):
+            x = shm_value(ctx.rank, size, dtype, k)
+            keep = x.copy()
+            r = op.allreduce(x) if k % 2 == 0 else op.allreduce(x, out=x)   # odd calls in place
+            assert k % 2 == 1 or np.array_equal(x, keep), "the input was changed"
+            out["calls"].append([hashlib.sha1(np.ascontiguousarray(r).tobytes()).hexdigest(), list(r.shape),
+                                 str(r.dtype), r.reshape(-1)[:3].tolist()])
+        out["shm"] = op._rank_allreduce.shm is not None
+    return out
+
+
 SCENARIOS: dict[str, Callable[[Any, dict], Any]] = {
+    "run_shm_allreduce": run_shm_allreduce,
     "run_op": run_op,
     "run_allreduce_calls": run_allreduce_calls,
     "run_backpressure": run_backpressure,

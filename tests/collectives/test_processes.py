@@ -42,11 +42,13 @@ def test_matrix_in_processes(launcher: str, op: str, mode: str) -> None:
 
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("launcher", LAUNCHERS)
-def test_ring_allreduce_in_processes(launcher: str) -> None:
+@pytest.mark.parametrize("via", ["ring", "tree"])   # "auto" picks shared memory here (test_shm_allreduce)
+def test_ring_and_tree_allreduce_in_processes(launcher: str, via: str) -> None:
     import numpy as np
     sizes = [10, 300_000]
     res = run_scenario(launcher, 3, "run_allreduce_calls",
-                       {"sizes": sizes, "chunk_bytes": 64 << 10, "ring_threshold": 256 << 10})
+                       {"sizes": sizes, "chunk_bytes": 64 << 10, "ring_threshold": 256 << 10,
+                        "via": via})
     for size, got in zip(sizes, res[0]):
         assert got[0] == pytest.approx(float((np.arange(size) % 97).sum()) * 6)
     assert res[0] == res[1] == res[2]

@@ -1,0 +1,324 @@
+"""``allreduce`` through shared memory, for ranks that share one host (``via="shm"``, chosen by "auto").
+
+Sockets cost two kernel copies and a wake-up per message; ranks on one host can instead see each
+other's memory. The operation's first rank creates a file in ``/dev/shm`` and tells the others its path
+and a random nonce over the operation's own edges; each one maps it and checks the nonce (so ranks that
+do not really share the file, e.g. on other hosts or in other containers, are found out), and only if
+every rank succeeded does the operation use it; the file is unlinked as soon as everyone has it mapped,
+so nothing is left behind even if the job is killed. Otherwise the operation keeps its ring/tree.
+
+The segment holds, per rank, a 64-byte header (``in_seq``, ``out_seq``, the call's byte count and
+dtype) and two input slots of ``chunk`` bytes, plus two shared output slots. An array is reduced one
+chunk ("round" ``k``, counted over the operation's life) at a time:
+
+* every rank copies its chunk into its input slot ``k % 2`` and publishes ``in_seq = k``, then waits
+  until every rank has published ``k``;
+* a small chunk (at most ``DIRECT_BYTES``) is then reduced by every rank itself, from all input slots in
+  rank order, straight into the result: one wait per round;
+* a larger one is cut into one piece per rank: each rank reduces its piece from all inputs into output
+  slot ``k % 2`` and publishes ``out_seq = k``; once all have, each copies the whole chunk out.
+
+Every rank combines the inputs in the same order, so all ranks get bit-identical results. Two slots
+suffice: a rank writes slot ``k % 2`` only after every rank has entered round ``k - 1``, i.e. finished
+reading round ``k - 2``. Waits spin briefly, then yield the CPU, then sleep in growing steps while
+checking for lost peers, a failed or closed operation and the timeout, so they never hang.
+
+Memory ordering: the sequence numbers are plain aligned 8-byte stores and loads, which x86-64 keeps in
+program order (TSO); other CPUs would need fences that Python cannot issue, so "auto" uses this path on
+x86-64 only.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import platform
+import secrets
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from twisternet.errors import ClosedError, OperationTimeout, PeerLostError, ProtocolError
+
+from .edges import AR_DOWN, AR_UP
+
+if TYPE_CHECKING:
+    from .allreduce_algorithms import RankAllReduce
+
+log = logging.getLogger(__name__)
+
+#: Where segments live (a tmpfs on Linux). Without it the shared-memory path is not offered.
+SHM_DIR = "/dev/shm"
+#: Chunks up to this size are reduced by every rank from all inputs (one wait per chunk); larger
+#: ones are split among the ranks (two waits, but each rank combines only its share).
+DIRECT_BYTES = 64 << 10
+_HDR = 64                      # bytes of header per rank (one cache line: no false sharing)
+# int64 fields of a rank's header; a call's byte count and dtype sit at _NBYTES/_DTYPE + 2 * (round % 2),
+# because a rank may already announce its next call while a slower one still checks this one
+_IN_SEQ, _OUT_SEQ, _NBYTES, _DTYPE = 0, 1, 2, 3
+_NONCE = 32                    # bytes of nonce after the headers
+_ALIGN = 4096
+_SPIN = 200                    # polls before yielding the CPU
+_YIELD = 0.002                 # seconds of yield-polling before sleeping
+
+
+def supported() -> bool:
+    """Whether this machine can offer the path at all (a tmpfs at SHM_DIR, a TSO CPU)."""
+    return os.path.isdir(SHM_DIR) and platform.machine().lower() in ("x86_64", "amd64")
+
+
+def _round_up(n: int, k: int = _ALIGN) -> int:
+    return (n + k - 1) // k * k
+
+
+class ShmAllReduce:
+    """The shared-memory segment of one AllReduce operation and the rounds run through it."""
+
+    def __init__(self, rar: "RankAllReduce", path: str, mm: mmap.mmap, chunk: int, created: bool) -> None:
+        self.rar = rar
+        self.op = rar.op
+        self.n = len(rar.ranks)
+        self.i = rar.ranks.index(self.op.rank)
+        self.path = path
+        self.mm = mm
+        self.chunk = chunk
+        self.created = created
+        self.round = 0                  # rounds done (the next one is round + 1)
+        self.failed: BaseException | None = None
+        self.seq = memoryview(mm).cast("B")[: self.n * _HDR].cast("q")   # int64 headers
+        self.stride = _HDR // 8
+        self._in_base = _round_up(self.n * _HDR + _NONCE)
+        self._out_base = self._in_base + 2 * self.n * chunk
+        self._views: dict[np.dtype, tuple[list[list[np.ndarray]], list[np.ndarray]]] = {}
+
+    # ------------------------------------------------------------------ set-up
+    @staticmethod
+    def size_for(n: int, chunk: int) -> int:
+        """Bytes of a segment for ``n`` ranks and ``chunk``-byte slots."""
+        return _round_up(n * _HDR + _NONCE) + 2 * n * chunk + 2 * chunk
+
+    @classmethod
+    def setup(cls, rar: "RankAllReduce", call: int, chunk: int, timeout: float) -> "ShmAllReduce | None":
+        """Collective: every rank of the operation calls it in the same call. Returns the path's state,
+        or None (on every rank alike) if some rank could not map the first rank's segment."""
+        op = rar.op
+        ranks = rar.ranks
+        root = ranks[0]
+        me = op.rank
+        size = cls.size_for(len(ranks), chunk)
+        mm: mmap.mmap | None = None
+        path = ""
+        if me == root:
+            nonce = secrets.token_bytes(_NONCE)
+            try:
+                path, mm = _create(size, nonce, len(ranks))
+            except OSError as e:
+                log.info("%s: no shared-memory allreduce: cannot create a segment: %s", op.describe(), e)
+            offer = (path, nonce, size) if mm is not None else None
+            for r in ranks[1:]:
+                rar._send(r, AR_DOWN, ("s", call, 0, 0, offer), timeout)
+            oks = [mm is not None] + [bool(rar._take(("s", call, 1, 0, r), timeout)) for r in ranks[1:]]
+            agreed = all(oks)
+            for r in ranks[1:]:
+                rar._send(r, AR_DOWN, ("s", call, 2, 0, agreed), timeout)
+            if path:
+                _unlink(path)       # every rank that could map it has: it lives on until all unmap it
+        else:
+            offer = rar._take(("s", call, 0, 0, root), timeout)
+            if offer is not None:
+                try:
+                    path, nonce, size = offer
+                    mm = _attach(path, size, nonce, len(ranks))
+                except (OSError, ValueError, TypeError) as e:
+                    log.info("%s: no shared-memory allreduce: rank %d cannot map rank %d's segment: %s",
+                             op.describe(), me, root, e)
+                    mm = None
+            rar._send(root, AR_UP, ("s", call, 1, 0, mm is not None), timeout)
+            agreed = bool(rar._take(("s", call, 2, 0, root), timeout))
+        if not agreed:
+            if mm is not None:
+                mm.close()
+            return None
+        assert mm is not None
+        return cls(rar, path, mm, chunk, me == root)
+
+    def close(self) -> None:
+        """Unmap the segment (views made from it must be gone: they are dropped first)."""
+        self._views.clear()
+        try:
+            self.seq.release()
+        except (ValueError, BufferError):
+            pass
+        try:
+            self.mm.close()
+        except BufferError:     # a result view escaped (cannot happen: results are copied out)
+            log.debug("shared-memory segment %s still referenced at close", self.path)
+
+    # ------------------------------------------------------------------ one call
+    def run(self, value: np.ndarray, t: float, out: np.ndarray | None) -> np.ndarray:
+        """Reduce ``value`` with every rank's; the result goes to ``out`` (if given) or a new array."""
+        op = self.op
+        if self.failed is not None:
+            raise ProtocolError(f"{op.describe()} edge {op.edge}: a previous shared-memory allreduce failed "
+                                f"({self.failed}); the operation cannot be used any more")
+        src = np.ascontiguousarray(value).reshape(-1)
+        result = np.empty_like(src) if out is None else out.reshape(-1)
+        deadline = time.monotonic() + t
+        try:
+            self._reduce(src, result, deadline, t)
+        except BaseException as e:
+            self.failed = e
+            raise
+        return result.reshape(value.shape) if out is None else out
+
+    def _reduce(self, src: np.ndarray, result: np.ndarray, deadline: float, t: float) -> None:
+        seq, stride, me, n = self.seq, self.stride, self.i, self.n
+        ins, outs = self._slot_views(src.dtype)
+        ufunc = self.op.reduction.ufunc
+        step = max(1, self.chunk // src.itemsize)
+        total = src.size
+        first = True
+        for a in range(0, total, step):
+            b = min(total, a + step)
+            m = b - a
+            k = self.round + 1
+            par = k & 1
+            mine = ins[par][me][:m]
+            mine[...] = src[a:b]
+            if first:
+                seq[me * stride + _NBYTES + 2 * par] = src.nbytes
+                seq[me * stride + _DTYPE + 2 * par] = src.dtype.num
+            seq[me * stride + _IN_SEQ] = k
+            self._await(_IN_SEQ, k, deadline, t, "chunk")
+            if first:
+                self._check_same(src, par)
+                first = False
+            if m * src.itemsize <= DIRECT_BYTES:
+                dst = result[a:b]
+                ufunc(ins[par][0][:m], ins[par][1][:m], out=dst)
+                for j in range(2, n):
+                    ufunc(dst, ins[par][j][:m], out=dst)
+            else:
+                lo, hi = m * me // n, m * (me + 1) // n
+                piece = outs[par][lo:hi]
+                ufunc(ins[par][0][lo:hi], ins[par][1][lo:hi], out=piece)
+                for j in range(2, n):
+                    ufunc(piece, ins[par][j][lo:hi], out=piece)
+                seq[me * stride + _OUT_SEQ] = k
+                self._await(_OUT_SEQ, k, deadline, t, "reduced piece")
+                result[a:b] = outs[par][:m]
+            self.round = k
+
+    def _check_same(self, src: np.ndarray, par: int) -> None:
+        seq, stride = self.seq, self.stride
+        mine = (src.nbytes, src.dtype.num)
+        for j in range(self.n):
+            theirs = (seq[j * stride + _NBYTES + 2 * par], seq[j * stride + _DTYPE + 2 * par])
+            if theirs != mine:
+                raise ValueError(
+                    f"allreduce(): rank {self.rar.ranks[j]} passed {theirs[0]} bytes of {_dtype_name(theirs[1])}, "
+                    f"rank {self.op.rank} {mine[0]} bytes of {src.dtype} (every rank must pass arrays of the "
+                    "same shape and dtype)")
+
+    def _await(self, field: int, k: int, deadline: float, t: float, what: str) -> None:
+        """Until every rank has published ``k`` in ``field``: spin, then yield, then sleep, checking."""
+        seq, stride, n = self.seq, self.stride, self.n
+        idx = [j * stride + field for j in range(n) if j != self.i]
+        polls = 0
+        start = 0.0
+        nap = 20e-6
+        while True:
+            for x in idx:
+                if seq[x] < k:
+                    break
+            else:
+                return
+            polls += 1
+            if polls < _SPIN:
+                continue
+            now = time.monotonic()
+            if not start:
+                start = now
+            if now - start < _YIELD:
+                os.sched_yield()
+                continue
+            self._check(field, k, deadline, t, what, now)
+            time.sleep(nap)
+            nap = min(nap * 2, 1e-3)
+
+    def _check(self, field: int, k: int, deadline: float, t: float, what: str, now: float) -> None:
+        op = self.op
+        op._raise_if_failed()
+        if op._closed:
+            raise ClosedError(f"{op.describe()} was closed during allreduce()")
+        late = [self.rar.ranks[j] for j in range(self.n) if self.seq[j * self.stride + field] < k]
+        lost = op.ctx.lost_peers
+        for r in late:
+            if r in lost:
+                raise PeerLostError(r, lost[r])
+        if now >= deadline:
+            raise OperationTimeout(f"allreduce() through shared memory: no {what} from ranks {late} "
+                                   f"(round {k})", edge=op.edge, operation=op.operation, timeout=t)
+
+    def _slot_views(self, dtype: np.dtype) -> tuple[list[list[np.ndarray]], list[np.ndarray]]:
+        got = self._views.get(dtype)
+        if got is None:
+            count = self.chunk // dtype.itemsize
+            ins = [[np.frombuffer(self.mm, dtype, count, self._in_base + (p * self.n + j) * self.chunk)
+                    for j in range(self.n)] for p in range(2)]
+            outs = [np.frombuffer(self.mm, dtype, count, self._out_base + p * self.chunk) for p in range(2)]
+            got = self._views[dtype] = (ins, outs)
+        return got
+
+
+def _dtype_name(num: int) -> str:
+    for t in np.sctypeDict.values():
+        try:
+            if np.dtype(t).num == num:
+                return str(np.dtype(t))
+        except TypeError:
+            continue
+    return f"dtype #{num}"
+
+
+def _create(size: int, nonce: bytes, n: int) -> tuple[str, mmap.mmap]:
+    path = os.path.join(SHM_DIR, f"twisternet-{os.getpid()}-{secrets.token_hex(8)}")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.ftruncate(fd, size)
+        mm = mmap.mmap(fd, size)
+    except BaseException:
+        os.close(fd)
+        _unlink(path)
+        raise
+    os.close(fd)
+    mm[n * _HDR: n * _HDR + _NONCE] = nonce
+    return path, mm
+
+
+def _attach(path: str, size: int, nonce: bytes, n: int) -> mmap.mmap:
+    if not isinstance(path, str) or not path.startswith(SHM_DIR + "/twisternet-") or "/" in path[len(SHM_DIR) + 1:]:
+        raise ValueError(f"not a twisternet segment path: {path!r}")
+    fd = os.open(path, os.O_RDWR)
+    try:
+        if os.fstat(fd).st_size != size:
+            raise ValueError(f"{path} has {os.fstat(fd).st_size} bytes, expected {size}")
+        mm = mmap.mmap(fd, size)
+    finally:
+        os.close(fd)
+    if mm[n * _HDR: n * _HDR + _NONCE] != nonce:
+        mm.close()
+        raise ValueError(f"{path} is not the segment offered (nonce differs)")
+    return mm
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+__all__ = ["ShmAllReduce", "supported", "DIRECT_BYTES"]
