@@ -48,3 +48,16 @@ def lines(proc: subprocess.CompletedProcess, prefix: str) -> list[str]:
         if body.startswith(prefix):
             out.append(body)
     return out
+
+
+def assert_survivors_saw_the_kill(proc: subprocess.CompletedProcess, victim: int, survivors: int,
+                                  within: float) -> None:
+    """Every survivor printed ``PEERLOST rank=R lost=V after=S`` naming ``victim`` within ``within``
+    seconds, and the launcher reported the victim's SIGKILL."""
+    import re
+    lost = lines(proc, "PEERLOST")
+    assert len(lost) == survivors, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for line in lost:
+        assert f"lost={victim}" in line
+        assert float(re.search(r"after=([\d.]+)", line).group(1)) < within, line
+    assert f"rank {victim} was killed by SIGKILL" in proc.stderr
