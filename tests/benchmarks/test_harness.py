@@ -283,8 +283,10 @@ def test_allreduce_without_torch_and_ray_reports_them_skipped(monkeypatch):
     assert any(s.startswith("torch gloo: torch is not installed") for s in res.skipped)
     assert any(s.startswith("ray gloo: ray is not installed") for s in res.skipped)
     heads = res.tables[0].headers
-    assert "torch gloo" not in heads and "tn TCP/UDS" in heads
+    assert "torch gloo" not in heads and "tn run" in heads and "tn ring UDS" in heads
     assert res.raw["median_s"][2]["twisternet-tcp"][1024] > 0
+    assert res.raw["median_s"][2]["twisternet-tcp-ring"][1024] > 0
+    assert "(here: shm)" in res.tables[0].note    # what via="auto" chose is reported
 
 
 @pytest.mark.timeout(60)
