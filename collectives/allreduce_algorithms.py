@@ -167,8 +167,10 @@ class RankAllReduce:
     def _auto_shm(self) -> bool:
         """"auto" tries shared memory once per operation, where it can work at all (not between the
         threads of the local test channel, which share memory anyway)."""
+        if self.shm is not None:
+            return True
         from .shm_allreduce import supported
-        return (self.shm is not None or not self.shm_tried) and self.op.ctx.channel.name != "local" and supported()
+        return not self.shm_tried and self.op.ctx.channel.name != "local" and supported()
 
     def _shm_path(self, call: int, t: float) -> Any:
         """The shared-memory state, setting it up (collectively, in this call) the first time."""
@@ -177,11 +179,9 @@ class RankAllReduce:
             self.shm_tried = True
             if supported():
                 self.shm = ShmAllReduce.setup(self, call, self.op.shm_chunk_bytes, t)
-            if self.shm is None and self.op.via == "shm":
-                raise ConfigError("via", "via='shm': the ranks of this operation cannot share memory (not all on "
-                                         "one host, no /dev/shm, or not an x86-64 machine); use 'auto'")
-        elif self.shm is None and self.op.via == "shm":
-            raise ConfigError("via", "via='shm': the ranks of this operation cannot share memory")
+        if self.shm is None and self.op.via == "shm":
+            raise ConfigError("via", "via='shm': the ranks of this operation cannot share memory (not all on "
+                                     "one host, no /dev/shm, or not an x86-64 machine); use 'auto'")
         return self.shm
 
     def next_call(self) -> int:

@@ -8,7 +8,7 @@ every rank succeeded does the operation use it; the file is unlinked as soon as 
 so nothing is left behind even if the job is killed. Otherwise the operation keeps its ring/tree.
 
 The segment holds, per rank, a 64-byte header (``in_seq``, ``out_seq``, the call's byte count and
-dtype) and two input slots of ``chunk`` bytes, plus two shared output slots. An array is reduced one
+dtype character) and two input slots of ``chunk`` bytes, plus two shared output slots. An array is reduced one
 chunk ("round" ``k``, counted over the operation's life) at a time:
 
 * every rank copies its chunk into its input slot ``k % 2`` and publishes ``in_seq = k``, then waits
@@ -76,7 +76,7 @@ def _round_up(n: int, k: int = _ALIGN) -> int:
 class ShmAllReduce:
     """The shared-memory segment of one AllReduce operation and the rounds run through it."""
 
-    def __init__(self, rar: "RankAllReduce", path: str, mm: mmap.mmap, chunk: int, created: bool) -> None:
+    def __init__(self, rar: "RankAllReduce", path: str, mm: mmap.mmap, chunk: int) -> None:
         self.rar = rar
         self.op = rar.op
         self.n = len(rar.ranks)
@@ -84,7 +84,6 @@ class ShmAllReduce:
         self.path = path
         self.mm = mm
         self.chunk = chunk
-        self.created = created
         self.round = 0                  # rounds done (the next one is round + 1)
         self.failed: BaseException | None = None
         self.seq = memoryview(mm).cast("B")[: self.n * _HDR].cast("q")   # int64 headers
@@ -142,7 +141,7 @@ class ShmAllReduce:
                 mm.close()
             return None
         assert mm is not None
-        return cls(rar, path, mm, chunk, me == root)
+        return cls(rar, path, mm, chunk)
 
     def close(self) -> None:
         """Unmap the segment (views made from it must be gone: they are dropped first)."""
@@ -185,11 +184,10 @@ class ShmAllReduce:
             m = b - a
             k = self.round + 1
             par = k & 1
-            mine = ins[par][me][:m]
-            mine[...] = src[a:b]
+            ins[par][me][:m] = src[a:b]
             if first:
                 seq[me * stride + _NBYTES + 2 * par] = src.nbytes
-                seq[me * stride + _DTYPE + 2 * par] = src.dtype.num
+                seq[me * stride + _DTYPE + 2 * par] = ord(src.dtype.char)
             seq[me * stride + _IN_SEQ] = k
             self._await(_IN_SEQ, k, deadline, t, "chunk")
             if first:
@@ -213,12 +211,12 @@ class ShmAllReduce:
 
     def _check_same(self, src: np.ndarray, par: int) -> None:
         seq, stride = self.seq, self.stride
-        mine = (src.nbytes, src.dtype.num)
+        mine = (src.nbytes, ord(src.dtype.char))
         for j in range(self.n):
             theirs = (seq[j * stride + _NBYTES + 2 * par], seq[j * stride + _DTYPE + 2 * par])
             if theirs != mine:
                 raise ValueError(
-                    f"allreduce(): rank {self.rar.ranks[j]} passed {theirs[0]} bytes of {_dtype_name(theirs[1])}, "
+                    f"allreduce(): rank {self.rar.ranks[j]} passed {theirs[0]} bytes of {np.dtype(chr(theirs[1]))}, "
                     f"rank {self.op.rank} {mine[0]} bytes of {src.dtype} (every rank must pass arrays of the "
                     "same shape and dtype)")
 
@@ -271,16 +269,6 @@ class ShmAllReduce:
             outs = [np.frombuffer(self.mm, dtype, count, self._out_base + p * self.chunk) for p in range(2)]
             got = self._views[dtype] = (ins, outs)
         return got
-
-
-def _dtype_name(num: int) -> str:
-    for t in np.sctypeDict.values():
-        try:
-            if np.dtype(t).num == num:
-                return str(np.dtype(t))
-        except TypeError:
-            continue
-    return f"dtype #{num}"
 
 
 def _create(size: int, nonce: bytes, n: int) -> tuple[str, mmap.mmap]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -54,7 +55,6 @@ def assert_survivors_saw_the_kill(proc: subprocess.CompletedProcess, victim: int
                                   within: float) -> None:
     """Every survivor printed ``PEERLOST rank=R lost=V after=S`` naming ``victim`` within ``within``
     seconds, and the launcher reported the victim's SIGKILL."""
-    import re
     lost = lines(proc, "PEERLOST")
     assert len(lost) == survivors, proc.stdout[-3000:] + proc.stderr[-3000:]
     for line in lost:
