@@ -153,3 +153,46 @@ def test_decode_views_says_whether_the_value_refers_to_the_record():
     assert not views and value["arr"].base is None
     only_bytes = join(c.encode([b"z" * 4096]))              # out-of-band bytes are always copied out
     assert c.decode_views(only_bytes) == ([b"z" * 4096], False)
+
+
+def _generic_record(c: Codec, obj) -> bytes:
+    """The record the general encoder (msgpack with its callback) makes, bypassing the lone-array path."""
+    from twisternet.codec import _Encoder
+    return b"".join(bytes(memoryview(p)) for p in _Encoder(c.allow_pickle, c.oob_threshold).encode(obj))
+
+
+@given(hnp.arrays(dtype=st.sampled_from([np.float32, np.float64, np.int8, np.int64, np.uint16, np.bool_,
+                                         np.complex64, np.dtype(">f4"), np.dtype("<U3")]),
+                  shape=hnp.array_shapes(min_dims=0, max_dims=3, max_side=40)),
+       st.sampled_from([0, 16, 1 << 20]))
+@settings(max_examples=200, deadline=None)
+def test_lone_arrays_encode_to_the_general_encoders_bytes(arr, threshold):
+    c = Codec(oob_threshold=threshold)
+    want = _generic_record(c, arr)
+    for _ in range(2):                       # the second time from the remembered head
+        assert join(c.encode(arr)) == want
+        value, views = c.decode_views(bytearray(want))   # and back, the second time without msgpack
+        assert same(value, arr)
+        assert views == (arr.nbytes >= threshold)     # out of band: the value is a view of the record
+
+
+def test_lone_array_fast_paths_keep_their_checks():
+    c = Codec(oob_threshold=1024)
+    a = np.arange(4096, dtype=np.int64)
+    rec = join(c.encode(a))
+    c.decode(rec)                                         # now remembered
+    assert len(c._array_bodies) == 1
+    with pytest.raises(CodecError, match="add up"):
+        c.decode(rec[:-8])
+    # A record that announces the same dtype and shape but carries the wrong number of bytes.
+    bad = bytearray(rec)
+    bad[13:21] = (4096 * 8 - 8).to_bytes(8, "little")     # the buffer length in the header
+    with pytest.raises(CodecError):
+        c.decode(bad[:-8])
+    out = c.decode(bytes(rec))                            # read-only memory: a writable copy
+    out[0] = 7
+    assert rec[-8 * 4096] == 0
+    # non-contiguous and structured arrays still take the general path (and still round-trip)
+    assert same(c.decode(join(c.encode(a[::2]))), a[::2].copy())
+    s = np.zeros(512, dtype=[("x", "<i4"), ("y", "<f8")])
+    assert np.array_equal(c.decode(join(c.encode(s))), s)
