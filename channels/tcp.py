@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import select
 import selectors
 import socket
 import struct
@@ -40,6 +41,8 @@ _HDR = struct.Struct("<BIQ")
 HEADER_SIZE = _HDR.size
 DATA, CREDIT, HEARTBEAT, BYE = 1, 2, 3, 4
 _STAGING = 256 << 10
+#: Longest a released byte of credit waits to be returned with others (see _send_credit_returns).
+_CREDIT_DELAY = 1e-3
 _MAX_IOV = 512
 _MAX_FRAME = 1 << 48
 
@@ -80,15 +83,62 @@ class _RecvBuffers:
         return memoryview(fresh)
 
 
+_IN, _OUT = select.POLLIN, select.POLLOUT      # the same bits as EPOLLIN and EPOLLOUT
+_GONE = object()
+_READABLE = _IN | select.POLLHUP | select.POLLERR  # a hang-up or error is found out by reading
+
+
+class _Poller:
+    """epoll (poll where there is none) over descriptors with an object each. Unlike ``selectors``,
+    a descriptor can be muted (registered with no events) and unmuted with one system call and no
+    bookkeeping, which a sending thread does per message (see TCPChannel.push). A muted descriptor
+    still reports a hang-up or an error."""
+
+    def __init__(self) -> None:
+        self._epoll = select.epoll() if hasattr(select, "epoll") else None
+        self._poll = None if self._epoll is not None else select.poll()
+        self._objs: dict[int, Any] = {}
+
+    def register(self, fd: int, events: int, obj: Any) -> None:
+        (self._epoll or self._poll).register(fd, events)  # type: ignore[union-attr]
+        self._objs[fd] = obj
+
+    def modify(self, fd: int, events: int) -> None:
+        (self._epoll or self._poll).modify(fd, events)  # type: ignore[union-attr]
+
+    def unregister(self, fd: int) -> None:
+        self._objs.pop(fd, None)
+        try:
+            (self._epoll or self._poll).unregister(fd)  # type: ignore[union-attr]
+        except (KeyError, OSError, ValueError):
+            pass
+
+    def poll(self, timeout: float) -> list[tuple[Any, int]]:
+        """``(object, events)`` of the ready descriptors, waiting up to ``timeout`` seconds."""
+        if self._epoll is not None:
+            ready = self._epoll.poll(timeout)
+        else:
+            ready = self._poll.poll(timeout * 1000.0)  # type: ignore[union-attr]
+        get = self._objs.get    # another thread may unregister meanwhile (wait() runs unlocked)
+        return [(obj, ev) for obj, ev in ((get(fd, _GONE), ev) for fd, ev in ready) if obj is not _GONE]
+
+    def close(self) -> None:
+        if self._epoll is not None:
+            self._epoll.close()
+        self._objs.clear()
+
+
 class _Peer:
     """One connection's state."""
 
-    __slots__ = ("rank", "sock", "wq", "wq_bytes", "tokens", "rbuf", "rlen", "cur", "cur_pos",
-                 "cur_hdr", "last_recv", "last_send", "left", "lost", "want_write", "kind")
+    __slots__ = ("rank", "sock", "fd", "wq", "wq_bytes", "tokens", "rbuf", "rlen", "cur", "cur_pos",
+                 "cur_hdr", "last_recv", "last_send", "left", "lost", "want_write", "kind", "pushing",
+                 "header_next", "in_poll", "io_poll")
 
     def __init__(self, rank: int, sock: socket.socket, kind: str) -> None:
         self.rank = rank
         self.sock = sock
+        self.fd = sock.fileno()
         self.kind = kind
         self.wq: deque[memoryview] = deque()       # flattened buffers to write
         self.wq_bytes = 0
@@ -98,12 +148,18 @@ class _Peer:
         self.cur: memoryview | None = None           # payload being received directly
         self.cur_pos = 0
         self.cur_hdr: tuple[int, int, int] | None = None
+        # After a large payload, read the next frame header alone: if another large payload follows,
+        # it is then received straight into its own buffer instead of partly into staging and copied.
+        self.header_next = False
         now = time.monotonic()
         self.last_recv = now
         self.last_send = now
         self.left = False
         self.lost = False
         self.want_write = False
+        self.pushing = False     # a sending thread reads and writes it itself (TCPChannel.push)
+        self.in_poll: Any = None   # this socket alone, for the pushing thread: readable?
+        self.io_poll: Any = None   # and writable or readable?
 
     @property
     def closed(self) -> bool:
@@ -127,20 +183,22 @@ class TCPChannel(Channel):
         self._handler: ChannelHandler | None = None
         self._inflight: dict[tuple[int, int], int] = {}
         self._returns: deque[tuple[int, int, int]] = deque()   # (peer, edge, nbytes) from release()
+        self._owed: dict[tuple[int, int], int] = {}             # released bytes not yet returned
+        self._owed_since = float("inf")                         # when the oldest of them was released
         self._events: deque[dict] = deque()                     # from the master session
-        self._sel = selectors.DefaultSelector()
+        self._poller = _Poller()
         self._closed_sel = False
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
         self._woken = False
-        self._sel.register(self._wake_r, selectors.EVENT_READ, None)
+        self._poller.register(self._wake_r.fileno(), _IN, None)
         for ls in listeners:
             ls.setblocking(False)
-            self._sel.register(ls, selectors.EVENT_READ, "listen")
+            self._poller.register(ls.fileno(), _IN, ls)
         for p in peers.values():
             p.sock.setblocking(False)
-            self._sel.register(p.sock, selectors.EVENT_READ, p)
+            self._poller.register(p.fd, _IN, p)
         # Idle large buffers kept for reuse are bounded by twice the memory limit (512 MiB by default).
         self._recv_buffers = _RecvBuffers(max(4 * self.credit, 2 * config.memory_limit))
         if session is not None:
@@ -184,19 +242,18 @@ class TCPChannel(Channel):
         did = self._send_credit_returns() or did
         if did:
             timeout = 0.0
-        events = self._sel.select(timeout)
-        for key, mask in events:
-            obj = key.data
+        events = self._poller.poll(self._credit_wait(timeout) if timeout > 0 else 0.0)
+        for obj, mask in events:
             if obj is None:
                 self._drain_wakeup()
                 continue
-            if obj == "listen":
-                self._accept(key.fileobj)  # type: ignore[arg-type]
+            if type(obj) is not _Peer:
+                self._accept(obj)
                 continue
             p: _Peer = obj
-            if mask & selectors.EVENT_READ and not p.lost:
+            if mask & _READABLE and not p.lost:
                 did = self._read(p) or did
-            if mask & selectors.EVENT_WRITE and not p.lost:
+            if mask & _OUT and not p.lost:
                 did = self._write(p) or did
         did = self._send_credit_returns() or did
         did = self._flush_writes() or did
@@ -211,9 +268,57 @@ class TCPChannel(Channel):
         # rings the bell (level-triggered), and progress() then finds out what happened.
         if timeout > 0 and not self._closed_sel:
             try:
-                self._sel.select(timeout)
+                self._poller.poll(self._credit_wait(timeout))
             except (OSError, ValueError):   # closed under us: the engine is stopping
                 pass
+
+    can_push = True
+
+    def push(self, peer: int) -> bool:
+        p = self._peers.get(peer)
+        if p is None or p.lost or p.closed:
+            return True
+        if not p.pushing:
+            # The pushing thread reads and writes this peer itself until it is done: the engine stops
+            # watching the socket (it still hears of a hang-up), or it would wake for every CREDIT
+            # frame the peer sends meanwhile and take the engine from the pusher between two messages.
+            p.pushing = True
+            self._poller.modify(p.fd, 0)
+            if p.in_poll is None:
+                p.in_poll = select.poll()
+                p.in_poll.register(p.fd, _IN)
+        if p.wq:
+            self._write(p)
+        if not p.lost and not p.closed and p.in_poll.poll(0):
+            self._read(p)
+        if not p.wq or p.lost or p.closed:
+            self._end_push(p)
+            return True
+        return False
+
+    def end_push(self, peer: int) -> None:
+        p = self._peers.get(peer)
+        if p is not None and p.pushing:
+            self._end_push(p)
+
+    def _end_push(self, p: _Peer) -> None:
+        p.pushing = False
+        if p.lost or p.closed:
+            return
+        p.want_write = bool(p.wq)     # the engine writes what is left and reads what comes
+        self._poller.modify(p.fd, _IN | (_OUT if p.want_write else 0))
+
+    def wait_writable(self, peer: int, timeout: float) -> None:
+        p = self._peers.get(peer)
+        if p is None or p.lost or p.closed or timeout <= 0:
+            return
+        if p.io_poll is None:
+            p.io_poll = select.poll()
+            p.io_poll.register(p.fd, _OUT | _IN)   # what the peer sends is the pusher's to read too
+        try:
+            p.io_poll.poll(timeout * 1000.0)
+        except (OSError, ValueError):   # closed under us: the caller finds out on its next push
+            pass
 
     def wakeup(self) -> None:
         if self._woken:
@@ -315,17 +420,23 @@ class TCPChannel(Channel):
         if sent_total:
             self._complete_tokens(p, sent_total)
         want = bool(p.wq)
-        if want != p.want_write:
+        if want != p.want_write and not p.pushing and not p.closed:   # a pushing peer is muted
             p.want_write = want
-            self._sel.modify(p.sock, selectors.EVENT_READ | (selectors.EVENT_WRITE if want else 0), p)
+            self._poller.modify(p.fd, _IN | (_OUT if want else 0))
         return did
 
     def _complete_tokens(self, p: _Peer, sent: int) -> None:
         p.wq_bytes -= sent
         # token offsets are absolute positions in wq_bytes terms at enqueue time: shift them
         if p.tokens:
-            shifted = deque()
             h = self._handler
+            if not p.wq:     # everything written: every token is done
+                tokens, p.tokens = p.tokens, deque()
+                if h is not None:
+                    for _, token in tokens:
+                        h.on_sent(token)
+                return
+            shifted = deque()
             for remaining, token in p.tokens:
                 remaining -= sent
                 if remaining <= 0:
@@ -340,7 +451,12 @@ class TCPChannel(Channel):
         did = False
         for _ in range(64):  # bounded, so one busy peer cannot starve the others
             # a large payload in progress is received straight into its own buffer, else into staging
-            target = p.cur[p.cur_pos:] if p.cur is not None else memoryview(p.rbuf)[p.rlen:]
+            if p.cur is not None:
+                target = p.cur[p.cur_pos:]
+            elif p.header_next and p.rlen < HEADER_SIZE:
+                target = memoryview(p.rbuf)[p.rlen:HEADER_SIZE]
+            else:
+                target = memoryview(p.rbuf)[p.rlen:]
             try:
                 n = p.sock.recv_into(target)
             except (BlockingIOError, InterruptedError):
@@ -359,16 +475,19 @@ class TCPChannel(Channel):
                     hdr = p.cur_hdr
                     data, p.cur, p.cur_hdr = p.cur, None, None
                     assert hdr is not None
+                    p.header_next = True
                     self._frame(p, hdr[0], hdr[1], hdr[2], data)
-                continue
-            p.rlen += n
-            try:
-                self._parse(p)
-            except ProtocolError as e:
-                self._broken(p, str(e))
-                return True
+            else:
+                p.rlen += n
+                try:
+                    self._parse(p)
+                except ProtocolError as e:
+                    self._broken(p, str(e))
+                    return True
             if p.lost:
                 return True
+            if n < len(target):
+                break    # the socket had no more: the poller says when it has (saves a failing recv)
         return did
 
     def _parse(self, p: _Peer) -> None:
@@ -385,6 +504,7 @@ class TCPChannel(Channel):
                 self._frame(p, kind, edge, length, mv[0:0])
                 continue
             if end - pos - HEADER_SIZE >= length:
+                p.header_next = False      # small messages: back to reading as much as there is
                 start = pos + HEADER_SIZE
                 data = bytes(mv[start:start + length])
                 pos = start + length
@@ -436,17 +556,38 @@ class TCPChannel(Channel):
         return release
 
     def _send_credit_returns(self) -> bool:
-        if not self._returns:
+        """Return released credit in batches: a (peer, edge) gets its bytes back once a quarter of its
+        credit is owed, or once the oldest owed byte waited ``_CREDIT_DELAY``. A stream of large
+        messages then costs the sender one CREDIT frame (and one wake-up of its engine) per quarter of
+        the credit instead of one per message. A sender can only be held up by what is owed if its
+        next message is larger than three quarters of the credit, and then for ``_CREDIT_DELAY``."""
+        owed = self._owed
+        if self._returns:
+            if not owed:
+                self._owed_since = time.monotonic()
+            while self._returns:
+                peer, edge, n = self._returns.popleft()
+                owed[(peer, edge)] = owed.get((peer, edge), 0) + n
+        if not owed:
             return False
-        agg: dict[tuple[int, int], int] = {}
-        while self._returns:
-            peer, edge, n = self._returns.popleft()
-            agg[(peer, edge)] = agg.get((peer, edge), 0) + n
-        for (peer, edge), n in agg.items():
-            p = self._peers.get(peer)
+        due = time.monotonic() - self._owed_since >= _CREDIT_DELAY
+        batch = self.credit // 4
+        sent = False
+        for key in [k for k, n in owed.items() if due or n >= batch]:
+            n = owed.pop(key)
+            p = self._peers.get(key[0])
             if p is not None and not p.lost and not p.left:
-                self._enqueue(p, _HDR.pack(CREDIT, edge, n), [], None)
-        return True
+                self._enqueue(p, _HDR.pack(CREDIT, key[1], n), [], None)
+                sent = True
+        if not owed:
+            self._owed_since = float("inf")
+        return sent
+
+    def _credit_wait(self, timeout: float) -> float:
+        """``timeout`` cut short so that owed credit is returned on time."""
+        if self._owed or self._returns:
+            return max(0.0, min(timeout, self._owed_since + _CREDIT_DELAY - time.monotonic()))
+        return timeout
 
     # ------------------------------------------------------------------------------ liveness
     def _heartbeats(self) -> None:
@@ -499,10 +640,8 @@ class TCPChannel(Channel):
         p.tokens.clear()
 
     def _unregister(self, p: _Peer) -> None:
-        try:
-            self._sel.unregister(p.sock)
-        except (KeyError, ValueError):
-            pass
+        if not p.closed:
+            self._poller.unregister(p.fd)
         try:
             p.sock.close()
         except OSError:
@@ -576,10 +715,8 @@ class TCPChannel(Channel):
         for p in self._peers.values():
             self._unregister(p)
         for ls in self._listeners:
-            try:
-                self._sel.unregister(ls)
-            except (KeyError, ValueError):
-                pass
+            if ls.fileno() >= 0:
+                self._poller.unregister(ls.fileno())
             ls.close()
         for s in (self._wake_r, self._wake_w):
             try:
@@ -587,7 +724,7 @@ class TCPChannel(Channel):
             except OSError:
                 pass
         self._closed_sel = True
-        self._sel.close()
+        self._poller.close()
 
 
 # ---------------------------------------------------------------------------------- construction

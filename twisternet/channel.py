@@ -10,9 +10,11 @@ stops its senders (back pressure) and memory stays bounded.
 
 Threading contract (what the core guarantees, so channels need no locks of their own):
 
-* ``start``, ``send``, ``progress``, ``has_pending`` and ``close`` are called by one thread at a time
-  (the Context serialises them): the progress thread, a thread blocked in a Context wait that drives
-  progress itself meanwhile, or in manual mode the thread running ``Context.progress``.
+* ``start``, ``send``, ``progress``, ``push``, ``end_push``, ``has_pending`` and ``close`` are called
+  by one thread at a time (the Context serialises them): the progress thread, a thread blocked in a
+  Context wait that drives progress itself meanwhile, a thread writing its own large message, or in
+  manual mode the thread running ``Context.progress``.
+* ``wait`` and ``wait_writable`` are called without that serialisation, concurrently with the others.
 * ``wakeup`` and the ``release`` functions handed out with messages may be called from any thread.
 * handler callbacks run on the thread that called ``progress``.
 
@@ -93,6 +95,26 @@ class Channel(ABC):
         """Block until there may be work for ``progress`` (data, room to write, a ``wakeup``) or for
         ``timeout`` seconds; moves no bytes. Only called if :attr:`can_wait_unlocked`."""
         raise NotImplementedError(f"{type(self).__name__} cannot wait outside progress()")
+
+    #: True if a thread may write its own messages with :meth:`push`, :meth:`wait_writable` and
+    #: :meth:`end_push` (the core lets a thread that sends a large message and waits for it move the
+    #: bytes itself, with no hand-off to the progress thread). Only used with a progress thread.
+    can_push: bool = False
+
+    def push(self, peer: int) -> bool:
+        """Write what is queued for ``peer`` now, without waiting or reading; True once nothing is left.
+        While something is left the caller, not the progress engine, waits for room to write more
+        (:meth:`wait_writable`, then ``push`` again) until it calls :meth:`end_push`."""
+        raise NotImplementedError(f"{type(self).__name__} cannot push")
+
+    def end_push(self, peer: int) -> None:
+        """The pushing thread stops: the engine writes whatever is still queued for ``peer``."""
+        raise NotImplementedError(f"{type(self).__name__} cannot push")
+
+    def wait_writable(self, peer: int, timeout: float) -> None:
+        """Block, holding nothing (call it without the engine), until ``peer``'s connection may take
+        more bytes or ``timeout`` seconds pass. Moves no bytes."""
+        raise NotImplementedError(f"{type(self).__name__} cannot push")
 
     @abstractmethod
     def has_pending(self, peer: int | None = None) -> bool:

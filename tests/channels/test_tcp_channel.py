@@ -1,0 +1,251 @@
+"""The TCP channel on its own: two channels joined by a socket pair in one process, driven by hand.
+
+What is checked here is what a whole job cannot show: how many CREDIT frames the receiver sends for a
+stream of messages, that owed credit is still returned when no batch fills up, and what a thread that
+writes its own message (``push``) does with the connection meanwhile.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+from channels import tcp
+from channels.tcp import TCPChannel, _Peer
+from twisternet.config import Config
+
+
+class Recorder:
+    def __init__(self, keep: bool = False) -> None:
+        self.messages: list[tuple[int, int, bytes]] = []
+        self.releases: list = []
+        self.credits: list[tuple[int, int]] = []
+        self.sent: list[object] = []
+        self.lost: list[tuple[int, str]] = []
+        self.keep = keep     # hold releases back instead of releasing on arrival
+
+    def on_message(self, peer, edge, data, release):
+        self.messages.append((peer, edge, bytes(data)))
+        if self.keep:
+            self.releases.append(release)
+        else:
+            release()
+
+    def on_credit(self, peer, edge):
+        self.credits.append((peer, edge))
+
+    def on_sent(self, token):
+        self.sent.append(token)
+
+    def on_peer_lost(self, peer, reason):
+        self.lost.append((peer, reason))
+
+
+def _pair(buffer_size: int = 64 << 10, buffer_count: int = 4, keep: bool = False):
+    a, b = socket.socketpair()
+    cfg = Config(buffer_size=buffer_size, buffer_count=buffer_count, heartbeat_interval=30.0,
+                 peer_timeout=60.0)
+    ch0 = TCPChannel(0, 2, cfg, {1: _Peer(1, a, "unix")}, [], b"t" * 16)
+    ch1 = TCPChannel(1, 2, cfg, {0: _Peer(0, b, "unix")}, [], b"t" * 16)
+    h0, h1 = Recorder(), Recorder(keep)
+    ch0.start(h0)
+    ch1.start(h1)
+    return ch0, ch1, h0, h1
+
+
+def _until(cond, *chans, limit: float = 10.0) -> None:
+    deadline = time.monotonic() + limit
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached")
+        for ch in chans:
+            ch.progress(0.001)
+
+
+def _count_credit_frames(monkeypatch, ch: TCPChannel) -> list[int]:
+    """Record the size of every CREDIT frame ``ch`` queues."""
+    seen: list[int] = []
+    real = ch._enqueue
+
+    def enqueue(p, header, views, token):
+        kind, _edge, n = tcp._HDR.unpack(bytes(header))
+        if kind == tcp.CREDIT:
+            seen.append(n)
+        return real(p, header, views, token)
+
+    monkeypatch.setattr(ch, "_enqueue", enqueue)
+    return seen
+
+
+def _close(*chans: TCPChannel) -> None:
+    for ch in chans:
+        ch.abort("test over")
+
+
+def test_credit_comes_back_in_batches_not_per_message(monkeypatch):
+    ch0, ch1, h0, h1 = _pair()          # credit 256 KiB per edge: returned per 64 KiB owed
+    frames = _count_credit_frames(monkeypatch, ch1)
+    msg = b"m" * 4096
+    sent = 0
+    try:
+        while sent < 256:               # 1 MiB in 4 KiB messages: four times the credit
+            if ch0.send(1, 5, [msg]):
+                sent += 1
+            ch0.progress(0)
+            ch1.progress(0)
+        _until(lambda: len(h1.messages) == 256 and not ch0._inflight.get((1, 5)), ch0, ch1)
+        assert [m[2] for m in h1.messages] == [msg] * 256
+        assert sum(frames) == 256 * 4096                 # every byte came back ...
+        assert len(frames) <= 256 // 4                   # ... in far fewer frames than messages
+        assert h0.credits                                # the sender heard of it
+    finally:
+        _close(ch0, ch1)
+
+
+def test_owed_credit_is_returned_after_the_delay_though_no_batch_fills(monkeypatch):
+    ch0, ch1, h0, h1 = _pair()
+    frames = _count_credit_frames(monkeypatch, ch1)
+    try:
+        assert ch0.send(1, 3, [b"x" * 100])
+        _until(lambda: len(h1.messages) == 1, ch0, ch1)
+        released = time.monotonic()
+        _until(lambda: not ch0._inflight.get((1, 3)), ch0, ch1)
+        assert frames == [100]
+        assert time.monotonic() - released < 1.0
+        # A progress call with a long timeout does not sleep past the delay while credit is owed.
+        assert ch0.send(1, 3, [b"y" * 100])
+        _until(lambda: len(h1.messages) == 2, ch0, ch1)
+        t = time.monotonic()
+        ch1.progress(5.0)                                   # returns once the credit is due
+        _until(lambda: not ch0._inflight.get((1, 3)), ch0, ch1)
+        assert time.monotonic() - t < 2.0
+        assert frames == [100, 100]
+    finally:
+        _close(ch0, ch1)
+
+
+def test_a_message_over_three_quarters_of_the_credit_waits_at_most_the_delay(monkeypatch):
+    ch0, ch1, h0, h1 = _pair(buffer_size=64 << 10, buffer_count=4, keep=True)   # credit 256 KiB
+    frames = _count_credit_frames(monkeypatch, ch1)
+    try:
+        assert ch0.send(1, 1, [b"a" * 1000])
+        _until(lambda: len(h1.messages) == 1, ch0, ch1)
+        assert not ch0.send(1, 1, [b"b" * ((256 << 10) - 100)])     # 1000 bytes still out: no room
+        h1.releases.pop()()
+        ch1.progress(0)
+        assert frames == []                                 # owed, under a quarter: not yet returned
+        _until(lambda: ch0.send(1, 1, [b"b" * ((256 << 10) - 100)]), ch0, ch1, limit=2.0)
+        assert frames == [1000]
+        _until(lambda: len(h1.messages) == 2, ch0, ch1)
+        assert h1.messages[1][2] == b"b" * ((256 << 10) - 100)
+    finally:
+        _close(ch0, ch1)
+
+
+def test_unreleased_messages_hold_their_credit():
+    ch0, ch1, h0, h1 = _pair(keep=True)
+    try:
+        n = 0
+        deadline = time.monotonic() + 1
+        while time.monotonic() < deadline:
+            if ch0.send(1, 2, [b"z" * 8192]):
+                n += 1
+            ch0.progress(0.001)
+            ch1.progress(0.001)
+        assert n == (256 << 10) // 8192                    # exactly the credit, then back pressure
+        assert len(h1.messages) == n
+        for r in h1.releases:
+            r()
+        _until(lambda: ch0.send(1, 2, [b"z"]), ch0, ch1, limit=2.0)
+    finally:
+        _close(ch0, ch1)
+
+
+def test_push_writes_from_the_callers_thread_and_reads_what_the_peer_sends():
+    ch0, ch1, h0, h1 = _pair(buffer_size=1 << 20, buffer_count=16)
+    big = bytes(range(256)) * (48 << 10)                   # 12 MiB: far more than a socket holds
+    stop = threading.Event()
+    try:
+        assert ch0.send(1, 7, [big], token="big")
+        assert ch1.send(0, 9, [b"hello"])                   # the peer talks back meanwhile
+
+        def receiver():
+            while not stop.is_set():
+                ch1.progress(0.01)
+
+        t = threading.Thread(target=receiver, daemon=True)
+        t.start()
+        p = ch0._peers[1]
+        done = ch0.push(1)
+        if not done:
+            # While pushing, the engine's poller does not watch the socket (it would wake for
+            # every CREDIT frame), and the pusher waits for room itself.
+            assert p.pushing
+        rounds = 0
+        while not done:
+            ch0.wait_writable(1, 0.5)
+            done = ch0.push(1)
+            rounds += 1
+            assert rounds < 100000
+        assert not p.pushing and not ch0.has_pending(1)
+        assert h0.sent == ["big"]
+        _until(lambda: len(h1.messages) == 1, ch0)
+        assert h1.messages[0][2] == big
+        _until(lambda: len(h0.messages) == 1, ch0)          # the engine hears the peer again
+        assert h0.messages[0][:2] == (1, 9) and h0.messages[0][2] == b"hello"
+    finally:
+        stop.set()
+        t.join(5)
+        _close(ch0, ch1)
+
+
+def test_end_push_hands_what_is_left_to_the_engine():
+    ch0, ch1, h0, h1 = _pair(buffer_size=1 << 20, buffer_count=16)
+    big = b"q" * (8 << 20)
+    try:
+        assert ch0.send(1, 4, [big], token=1)
+        assert ch0.push(1) is False                          # the socket is full long before 8 MiB
+        assert ch0._peers[1].pushing
+        ch0.end_push(1)
+        assert not ch0._peers[1].pushing and ch0._peers[1].want_write
+        _until(lambda: h0.sent == [1] and len(h1.messages) == 1, ch0, ch1)
+        assert h1.messages[0][2] == big
+    finally:
+        _close(ch0, ch1)
+
+
+def test_push_to_a_peer_that_hung_up_reports_it_and_finishes():
+    ch0, ch1, h0, h1 = _pair(buffer_size=1 << 20, buffer_count=16)
+    try:
+        assert ch0.send(1, 4, [b"w" * (8 << 20)], token=1)
+        assert ch0.push(1) is False
+        ch1._peers[0].sock.close()                           # the peer dies mid-message
+        deadline = time.monotonic() + 10
+        while not ch0.push(1):
+            ch0.wait_writable(1, 0.1)
+            assert time.monotonic() < deadline
+        _until(lambda: h0.lost, ch0)
+        assert h0.lost[0][0] == 1
+        assert h0.sent == [1]                                # the buffers are given back, not held
+    finally:
+        _close(ch0, ch1)
+
+
+def test_large_messages_back_to_back_arrive_whole_and_in_order():
+    # After a large payload the next header is read alone, so the next payload goes straight into its
+    # own buffer; small messages in between must still be parsed from staging.
+    ch0, ch1, h0, h1 = _pair(buffer_size=1 << 20, buffer_count=16)
+    sizes = [3 << 20, 10, 5 << 20, 1, 0, 300 << 10, 7, 2 << 20, 13]
+    payloads = [bytes([i % 251]) * s for i, s in enumerate(sizes)]
+    try:
+        pending = list(payloads)
+        while pending:
+            if ch0.send(1, 8, [pending[0]]):
+                pending.pop(0)
+            ch0.progress(0)
+            ch1.progress(0)
+        _until(lambda: len(h1.messages) == len(payloads), ch0, ch1)
+        assert [m[2] for m in h1.messages] == payloads
+    finally:
+        _close(ch0, ch1)
