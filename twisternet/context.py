@@ -47,11 +47,28 @@ _SEND_LOCK_WAIT = 0.002
 _LEAVE_EDGE = CONTROL_EDGE_BASE + 3
 
 
+class _Sent:
+    """Set once the channel has finished with a zero-copy message. Waiters do not block on it: they
+    wait for the engine's notify (which follows every ``on_sent``) and re-check, so a plain flag does
+    (a threading.Event costs a Condition and a lock, ~6 us, per large message)."""
+
+    __slots__ = ("flag",)
+
+    def __init__(self) -> None:
+        self.flag = False
+
+    def set(self) -> None:
+        self.flag = True
+
+    def is_set(self) -> bool:
+        return self.flag
+
+
 class _OutMsg:
     __slots__ = ("parts", "nbytes", "pool_buf", "done")
 
     def __init__(self, parts: list, nbytes: int, pool_buf: bytearray | None,
-                 done: threading.Event | None) -> None:
+                 done: _Sent | None) -> None:
         self.parts = parts
         self.nbytes = nbytes
         self.pool_buf = pool_buf
@@ -116,7 +133,7 @@ class SendHandle:
 
     __slots__ = ("_ctx", "_done", "_dst", "_edge", "_deadline", "_limit")
 
-    def __init__(self, ctx: "Context", done: threading.Event | None, dst: int, edge: int,
+    def __init__(self, ctx: "Context", done: _Sent | None, dst: int, edge: int,
                  deadline: float, limit: float) -> None:
         self._ctx, self._done, self._dst, self._edge = ctx, done, dst, edge
         self._deadline, self._limit = deadline, limit
@@ -200,6 +217,10 @@ class Context:
             self._thread = threading.Thread(target=self._run, name=f"twisternet-progress-{self.rank}",
                                             daemon=True)
             self._thread.start()
+        #: Whether a thread sending a large message and waiting for it writes it itself (_send_own): with
+        #: a progress thread (manual mode has no one to receive while a sender waits for socket room),
+        #: a channel that can push, and no coflow scheduler (which decides the order of all sends).
+        self._can_push = self._thread is not None and self.channel.can_push and self.coflows is None
 
     # ------------------------------------------------------------------------------ public API
     @property
@@ -481,8 +502,11 @@ class Context:
         if dst == self.rank:
             sent = self._send_local(edge, parts, n, block=block, forced=forced, deadline=deadline, limit=limit)
             return sent if wait_sent else SendHandle(self, None, dst, edge, deadline, limit)
+        if (block and wait_sent and not forced and self._can_push and n >= self._zc
+                and n > self._slice_limit):
+            return self._send_own(dst, edge, parts, n, deadline, limit)
         key = (dst, edge)
-        done: threading.Event | None = None
+        done: _Sent | None = None
         while True:
             with self._lock:
                 gen = self._gen
@@ -507,7 +531,7 @@ class Context:
                             # no waiting for completion here (engine thread / try_send): send a copy
                             payload = [_DIRECT, b"".join(parts)]
                         else:
-                            done = threading.Event()
+                            done = _Sent()
                             payload = [_DIRECT, *parts]
                         self._queue(s, _OutMsg(payload, n + 1, None, done))
                         wake = True
@@ -535,7 +559,97 @@ class Context:
             self._wait_sent(done, dst, edge, deadline, limit)
         return True
 
-    def _wait_sent(self, done: threading.Event, dst: int, edge: int, deadline: float, limit: float) -> None:
+    def _send_own(self, dst: int, edge: int, parts: list, n: int, deadline: float, limit: float) -> bool:
+        """Send a large message that this thread waits for anyway by writing it itself (Channel.push).
+
+        The thread takes the engine *before* queueing the message, so the progress thread cannot pick
+        it up in between, hands it to the channel, writes what the socket takes, and waits for room
+        without the engine (the progress thread goes on receiving meanwhile). A message is then written
+        by the thread that sent it with no hand-off either way, as a blocking socket send would be.
+        If the engine stays busy for ``_SEND_LOCK_WAIT``, the message is queued for the engine instead."""
+        key = (dst, edge)
+        done = _Sent()
+        msg = _OutMsg([_DIRECT, *parts], n + 1, None, done)
+        ch = self.channel
+        while True:
+            engine = self._chan_lock.acquire(timeout=_SEND_LOCK_WAIT)
+            handed = False
+            try:
+                with self._lock:
+                    gen = self._gen
+                    if dst in self._lost:
+                        raise PeerLostError(dst, self._lost[dst])
+                    s = self._out.get(key)
+                    if s is None:
+                        s = self._out[key] = _OutStream(dst, edge, self.pool)
+                    room = s.queued_bytes < self._credit
+                    if room:
+                        if s.packer.pending_bytes:
+                            self._emit_partial(s)
+                        # nothing queued before it: straight to the channel if it has credit
+                        handed = engine and not s.queue and ch.send(dst, edge, msg.parts, msg)
+                        if not handed:
+                            self._queue(s, msg)
+            except BaseException:
+                if engine:
+                    self._chan_lock.release()
+                raise
+            if room:
+                break
+            if engine:
+                self._chan_lock.release()
+            self._blocked(gen, deadline, limit, edge, "send blocked by back pressure")
+        if not engine:
+            self.channel.wakeup()
+            self._wait_sent(done, dst, edge, deadline, limit)
+            return True
+        left = False
+        try:
+            if not handed:
+                self._pump()
+                with self._lock:
+                    handed = msg not in s.queue
+            if handed:
+                left = not ch.push(dst)
+        finally:
+            self._chan_lock.release()
+        self._after_push()
+        if not handed:
+            # no credit for it yet: the engine hands it over and writes it once credit comes back
+            self._wait_sent(done, dst, edge, deadline, limit)
+            return True
+        try:
+            while not done.is_set():
+                self._raise_failures()
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise BackPressureTimeout("large send did not complete", edge=edge, timeout=limit)
+                ch.wait_writable(dst, min(remaining, 0.05))
+                if self._chan_lock.acquire(timeout=min(remaining, 0.05)):
+                    try:
+                        left = not ch.push(dst)
+                    finally:
+                        self._chan_lock.release()
+                    self._after_push()
+        finally:
+            if left:
+                with self._chan_lock:
+                    ch.end_push(dst)
+        with self._lock:
+            if dst in self._lost:  # its buffers were let go because the peer died, not sent
+                raise PeerLostError(dst, self._lost[dst])
+        return True
+
+    def _after_push(self) -> None:
+        """Wake the waiters (the stream's queue shrank, credit may have come back), and the engine if
+        the push received records: handlers run on the engine, never in a sending thread."""
+        self.notify()
+        with self._lock:
+            late = bool(self._in_dirty)
+        if late:
+            self.channel.wakeup()
+
+    def _wait_sent(self, done: _Sent, dst: int, edge: int, deadline: float, limit: float) -> None:
         while not done.is_set():
             with self._lock:
                 gen = self._gen
@@ -636,7 +750,11 @@ class Context:
                     # its way (it handles what arrives without a hand-off); take over if it stops.
                     time.sleep(_DRIVER_GRACE)
                     continue
-                if self._progress_once(0.0) or self._stop:
+                # One round, then the unlocked wait even if the round did something: the wait returns at
+                # once if more is ready, where a second round would cost as much as the first (and keep
+                # the engine from a thread that wants to send) just to find that nothing is.
+                self._progress_once(0.0)
+                if self._stop:
                     continue
                 with self._lock:
                     if self._in_dirty:
