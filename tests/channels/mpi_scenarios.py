@@ -324,6 +324,51 @@ def scenario_many_parts() -> None:
     ok(ch.rank)
 
 
+def scenario_page_placement() -> None:
+    """A rendezvous payload lands at the same offset within a page as the sender's largest part (the
+    offset travels in the header), whatever the prefix before it, contents intact; and a payload
+    larger than half memory_limit (and than twice the credit) is received into a recycled buffer the
+    second time (idle buffers are bounded by twice memory_limit, as in the TCP channel)."""
+    ch, rec = make_channel(buffer_size="64K", buffer_count=4, memory_limit="32M")
+    big = np.arange(3 << 20, dtype=np.uint8)          # 3 MiB: rendezvous, one at a time (credit 256K)
+    skews = (0, 1, 38, 4095, 5000)
+    if ch.rank == 0:
+        offsets = []
+        for skew in skews:
+            part = big[skew:]
+            offsets.append(part.ctypes.data % 4096)
+            head = bytes(range(skew % 251)) + b"h"       # joined into a small segment of its own
+            spin(ch, lambda: ch.send(1, 2, [head, part]), "credit")
+        huge = np.ones(40 << 20, np.uint8)
+        for _ in range(2):
+            spin(ch, lambda: ch.send(1, 3, [huge]), "credit")
+        spin(ch, lambda: not ch.has_pending(), "sends")
+        ch.close(30)
+        ok(0, offsets=offsets)
+        return
+    offsets = []
+    reused = []
+    for i in range(len(skews) + 2):
+        spin(ch, lambda: len(rec.messages) > i, f"message {i}")
+        _, edge, data, release = rec.messages[i]
+        arr = np.frombuffer(data, np.uint8)
+        if i < len(skews):
+            skew = skews[i]
+            head_len = skew % 251 + 1
+            check(bytes(data[:head_len]) == bytes(range(skew % 251)) + b"h", "prefix")
+            body = arr[head_len:]
+            check(np.array_equal(body, big[skew:]), "payload")
+            offsets.append(body.ctypes.data % 4096)
+        else:
+            check(arr.nbytes == 40 << 20 and arr.min() == 1, "huge payload")
+            reused.append(ch.stats["rndv_buffers_reused"])
+        del arr, data
+        rec.messages[i] = None                          # nothing refers to the buffer any more
+        release()
+    ch.close(30)
+    ok(1, offsets=offsets, huge_reused=reused[1] - reused[0])
+
+
 def scenario_keep_views() -> None:
     """A consumer may keep zero-copy views (e.g. decoded arrays) after release: the channel must not
     recycle those buffers, while buffers nobody views any more are recycled."""

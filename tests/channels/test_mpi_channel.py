@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -67,6 +68,14 @@ def test_multi_part_messages_segments_and_noncontiguous_fallback() -> None:
 @pytest.mark.timeout(120)
 def test_64mb_messages_both_ways_keep_order_with_eager() -> None:
     assert_all_ok(2, "big")
+
+
+@pytest.mark.timeout(120)
+def test_rendezvous_payload_keeps_the_senders_page_offset_and_big_buffers_are_recycled() -> None:
+    ranks = assert_all_ok(2, "page_placement")
+    sent, got = json.loads(ranks[0]), json.loads(ranks[1])
+    assert got["offsets"] == sent["offsets"]
+    assert got["huge_reused"] == 1
 
 
 @pytest.mark.timeout(120)

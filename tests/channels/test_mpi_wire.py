@@ -108,7 +108,7 @@ def test_garbage_control_message_is_a_protocol_error_or_valid(data: bytes) -> No
 @given(edges, st.lists(st.integers(1, 1 << 40), min_size=1, max_size=50))
 def test_rndv_header_roundtrip(edge: int, lengths: list[int]) -> None:
     hdr = mpich._rndv_header(edge, sum(lengths), lengths)
-    kind, _flags, got_edge, size = mpich._HDR.unpack_from(hdr, 0)
+    kind, _flags, _page, got_edge, size = mpich._HDR.unpack_from(hdr, 0)
     assert (kind, got_edge, size) == (mpich._KIND_RNDV, edge, sum(lengths))
     assert list(mpich._rndv_lengths(hdr, size)) == lengths
     with pytest.raises(ProtocolError):
