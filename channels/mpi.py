@@ -7,7 +7,9 @@ default), so it never collides with the program's own MPI messages. Three fixed 
   ``(kind, flags, page, edge, size)``. An *eager* message (payload <= ``buffer_size``) carries its payload
   right after the header and lands in one of the receive buffers (``buffer_size`` + header bytes)
   pre-posted per peer. A *rendezvous* message (larger) carries only the header plus the lengths of
-  its segments; the payload follows on ``TAG_BULK``. ``BYE`` headers say a rank leaves cleanly.
+  its segments (and the first segment itself when that is at most 4 KiB and others follow: the
+  codec's head before a large array, which would otherwise cost an MPI message of its own each way);
+  the rest of the payload follows on ``TAG_BULK``. ``BYE`` headers say a rank leaves cleanly.
 * ``TAG_BULK``: rendezvous payloads, sent zero-copy from the caller's buffers: each part of the
   message is its own contiguous ``Isend`` (parts over 1 GiB are cut; runs of parts under 64 KiB are
   joined into one copy), and the receiver posts, when it reads the header, one ``Irecv`` per segment
@@ -126,6 +128,9 @@ _PAGE = 4096
 # A rendezvous header continues with the number of segments and their lengths (u64 each).
 _U32 = struct.Struct("<I")
 _KIND_EAGER = 1
+#: Rendezvous flag: the first segment (at most _INLINE_MAX bytes) travels in the header itself.
+_FLAG_INLINE = 1
+_INLINE_MAX = 4096
 _KIND_RNDV = 2
 _KIND_BYE = 3
 # Control message: kind, count. Credit: count entries (edge, bytes) follow. Abort: count bytes of reason.
@@ -302,11 +307,12 @@ def _segments(views: list[memoryview]) -> list[Buffer]:
     return out
 
 
-def _rndv_header(edge: int, size: int, lengths: Sequence[int], page: int = 0) -> bytes:
+def _rndv_header(edge: int, size: int, lengths: Sequence[int], page: int = 0, inline: Buffer = b"") -> bytes:
     """Header announcing a rendezvous message of ``size`` bytes that follows as ``lengths`` segments;
-    ``page``: the receiver's preferred offset of the payload within a page (0 to 4095)."""
-    return b"".join((_HDR.pack(_KIND_RNDV, 0, page, edge, size), _U32.pack(len(lengths)),
-                     struct.pack(f"<{len(lengths)}Q", *lengths)))
+    ``page``: the receiver's preferred offset of the payload within a page (0 to 4095); ``inline``:
+    the first segment's bytes, carried by the header itself (then only the others follow)."""
+    return b"".join((_HDR.pack(_KIND_RNDV, _FLAG_INLINE if inline else 0, page, edge, size),
+                     _U32.pack(len(lengths)), struct.pack(f"<{len(lengths)}Q", *lengths), inline))
 
 
 def _rndv_lengths(buf: Buffer, size: int) -> tuple[int, ...]:
@@ -587,7 +593,14 @@ class MPIChannel(Channel):
                 if dtype is None:
                     big = max(range(len(lengths)), key=lengths.__getitem__)
                     page = (MPI.Get_address(segments[big]) - sum(lengths[:big])) % _PAGE
-                hdr = _rndv_header(edge, size, lengths, page)
+                inline: Buffer = b""
+                if (dtype is None and len(segments) > 1 and lengths[0] <= _INLINE_MAX
+                        and _HDR.size + _U32.size + 8 * len(lengths) + lengths[0] <= self._pool_buf_size):
+                    # A small first segment (typically the codec's head before a large array) rides in
+                    # the header: one MPI message less each way per message.
+                    inline = segments[0]
+                    segments = segments[1:]
+                hdr = _rndv_header(edge, size, lengths, page, inline)
                 self._submit(hdr, TAG_DATA, _Send(peer, hdr))
                 group = _SendGroup(token, len(segments))
                 if dtype is not None:
@@ -937,7 +950,7 @@ class MPIChannel(Channel):
         """A TAG_DATA message (taken in posting order): deliver, or start its rendezvous, or note a BYE."""
         peer = op.peer
         buf = op.buf
-        kind, _flags, page, edge, size = _HDR.unpack_from(buf, 0)
+        kind, flags, page, edge, size = _HDR.unpack_from(buf, 0)
         if peer in self._lost:
             log.debug("rank %d: message of kind %d from lost rank %d dropped", self.rank, kind, peer)
             return
@@ -965,10 +978,18 @@ class MPIChannel(Channel):
                 self._events.append((self._handler.on_message, (peer, edge, data, rel)))  # type: ignore[union-attr]
         elif kind == _KIND_RNDV:
             lengths = _rndv_lengths(buf, size)
-            self._post_data_recv(peer, buf)
             store = self._bulk_cache_take(size + _PAGE)
             skip = (page - store.ctypes.data) % _PAGE
             target = store[skip:skip + size]
+            off = 0
+            if flags & _FLAG_INLINE:
+                start = _HDR.size + _U32.size + 8 * len(lengths)
+                off = lengths[0]
+                if len(lengths) < 2 or off > _INLINE_MAX or start + off > len(buf):
+                    raise ProtocolError(f"rendezvous header from rank {peer} with a bad inline segment")
+                target[:off] = memoryview(buf)[start:start + off]
+                lengths = lengths[1:]
+            self._post_data_recv(peer, buf)
             inc = _Incoming(peer, edge, memoryview(target), _Release(self, peer, edge, size, store, False),
                             False, len(lengths))
             key = (peer, edge)
@@ -977,7 +998,6 @@ class MPIChannel(Channel):
                 q = self._order[key] = deque()
             q.append(inc)
             BYTE = self._MPI.BYTE
-            off = 0
             for n in lengths:
                 self._post(self._comm.Irecv([target[off:off + n], BYTE], peer, TAG_BULK), _BulkRecv(peer, inc))
                 off += n

@@ -105,12 +105,15 @@ def test_garbage_control_message_is_a_protocol_error_or_valid(data: bytes) -> No
 
 # --- rendezvous headers and segments ---------------------------------------------------------------
 
-@given(edges, st.lists(st.integers(1, 1 << 40), min_size=1, max_size=50))
-def test_rndv_header_roundtrip(edge: int, lengths: list[int]) -> None:
-    hdr = mpich._rndv_header(edge, sum(lengths), lengths)
-    kind, _flags, _page, got_edge, size = mpich._HDR.unpack_from(hdr, 0)
-    assert (kind, got_edge, size) == (mpich._KIND_RNDV, edge, sum(lengths))
+@given(edges, st.lists(st.integers(1, 1 << 40), min_size=1, max_size=50), st.integers(0, 4095),
+       st.binary(max_size=64))
+def test_rndv_header_roundtrip(edge: int, lengths: list[int], page: int, inline: bytes) -> None:
+    hdr = mpich._rndv_header(edge, sum(lengths), lengths, page, inline)
+    kind, flags, got_page, got_edge, size = mpich._HDR.unpack_from(hdr, 0)
+    assert (kind, got_page, got_edge, size) == (mpich._KIND_RNDV, page, edge, sum(lengths))
+    assert flags == (mpich._FLAG_INLINE if inline else 0)
     assert list(mpich._rndv_lengths(hdr, size)) == lengths
+    assert hdr[mpich._HDR.size + 4 + 8 * len(lengths):] == inline
     with pytest.raises(ProtocolError):
         mpich._rndv_lengths(hdr, size + 1)
 
