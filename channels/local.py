@@ -11,7 +11,7 @@ import threading
 from collections import deque
 from typing import Callable, Sequence
 
-from twisternet.channel import Buffer, Channel, ChannelHandler
+from twisternet.channel import Buffer, Channel, ChannelHandler, fits_credit
 from twisternet.config import Config
 
 
@@ -76,7 +76,7 @@ class LocalChannel(Channel):
         n = sum(memoryview(p).nbytes for p in parts)
         key = (peer, edge)
         inflight = self._inflight.get(key, 0)
-        if inflight and inflight + n > self.credit:
+        if not fits_credit(inflight, n, self.credit):
             return False
         self._inflight[key] = inflight + n
         data = b"".join(parts)

@@ -43,8 +43,8 @@ pages costs a page fault each, which dominates the transfer time of large messag
 use the same ``buffer_size`` and ``buffer_count`` (checked when the channel is built).
 
 Flow control follows the interface docstring exactly: per (peer, edge) the sender may have
-``buffer_size * buffer_count`` bytes in flight, a lone larger message may travel when nothing else is in
-flight, and the receiver returns the bytes of a message when the core calls its ``release``. (An empty
+``buffer_size * buffer_count`` bytes (and a sixteenth, :func:`twisternet.channel.fits_credit`) in
+flight, a lone larger message may travel when nothing else is in flight, and the receiver returns the bytes of a message when the core calls its ``release``. (An empty
 message is charged one byte, so a flood of empty messages is flow-controlled too.) Returns are batched
 per peer: sent once one edge has a quarter of its credit pending, when a poll finds nothing else to
 do, or after at most one millisecond.
@@ -94,7 +94,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from twisternet.channel import MAX_EDGE, Buffer, Channel, ChannelHandler
+from twisternet.channel import MAX_EDGE, Buffer, Channel, ChannelHandler, fits_credit
 from twisternet.errors import ClosedError, ConfigError, PeerLostError, ProtocolError, TwisternetError
 
 if TYPE_CHECKING:  # pragma: no cover - typing only; importing mpi4py initialises MPI
@@ -565,7 +565,7 @@ class MPIChannel(Channel):
         cost = size or 1
         key = (peer, edge)
         inflight = self._inflight.get(key, 0)
-        if inflight and inflight + cost > self._credit:
+        if not fits_credit(inflight, cost, self._credit):
             self._blocked.add(key)
             self.stats["send_refused"] += 1
             return False

@@ -31,7 +31,7 @@ from collections import deque
 from typing import Any, Callable, Sequence
 
 from twisternet.auth import handshake
-from twisternet.channel import Buffer, Channel, ChannelHandler
+from twisternet.channel import Buffer, Channel, ChannelHandler, fits_credit
 from twisternet.config import Config
 from twisternet.errors import AuthError, ConfigError, OperationTimeout, ProtocolError
 
@@ -223,7 +223,7 @@ class TCPChannel(Channel):
                 n += mv.nbytes
         key = (peer, edge)
         inflight = self._inflight.get(key, 0)
-        if inflight and inflight + n > self.credit:
+        if not fits_credit(inflight, n, self.credit):
             return False
         if p.lost or p.left:
             # Nothing can reach it any more; tell the core (once) instead of queueing forever.
@@ -560,7 +560,7 @@ class TCPChannel(Channel):
         credit is owed, or once the oldest owed byte waited ``_CREDIT_DELAY``. A stream of large
         messages then costs the sender one CREDIT frame (and one wake-up of its engine) per quarter of
         the credit instead of one per message. A sender can only be held up by what is owed if its
-        next message is larger than three quarters of the credit, and then for ``_CREDIT_DELAY``."""
+        next message is larger than about three quarters of the credit, and then for ``_CREDIT_DELAY``."""
         owed = self._owed
         if self._returns:
             if not owed:

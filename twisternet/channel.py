@@ -3,8 +3,8 @@
 A channel moves *messages* (a sequence of buffers, concatenated on the wire) between ranks, each tagged
 with an *edge* (the id of the operation it belongs to). Per (peer, edge) it enforces credit-based flow
 control: the receiver grants ``buffer_size * buffer_count`` bytes of credit; a message may be sent while
-the bytes in flight plus its own size fit the credit, and a message larger than the whole credit may
-travel when nothing else is in flight on that (peer, edge). Credit comes back when the receiving side
+the bytes in flight plus its own size fit the credit and a sixteenth (:func:`fits_credit`), and a
+message larger than that may travel when nothing else is in flight on that (peer, edge). Credit comes back when the receiving side
 calls the ``release`` function it was handed with the message, so a consumer that stops consuming
 stops its senders (back pressure) and memory stays bounded.
 
@@ -34,6 +34,16 @@ Buffer = Union[bytes, bytearray, memoryview]
 #: Largest edge id, exclusive. Edges from CONTROL_EDGE_BASE up are reserved for core services.
 MAX_EDGE = 1 << 31
 CONTROL_EDGE_BASE = MAX_EDGE - 1024
+
+
+def fits_credit(inflight: int, size: int, credit: int) -> bool:
+    """The flow-control rule of every channel, per (peer, edge): may a message of ``size`` bytes go now,
+    with ``inflight`` bytes sent and not yet released? Yes if nothing is in flight, or if the total
+    stays within the credit plus a sixteenth of it. The sixteenth absorbs framing: an array of exactly
+    half the credit (16 MB with the defaults) travels with a codec head of a few dozen bytes, and
+    without the slack only one such message could be in flight, so the connection idled while each
+    one's credit came back (TCP p2p at 16 MB: 12-17% slower)."""
+    return not inflight or inflight + size <= credit + (credit >> 4)
 
 
 class ChannelHandler(Protocol):

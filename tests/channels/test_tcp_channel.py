@@ -131,14 +131,14 @@ def test_a_message_over_three_quarters_of_the_credit_waits_at_most_the_delay(mon
     try:
         assert ch0.send(1, 1, [b"a" * 1000])
         _until(lambda: len(h1.messages) == 1, ch0, ch1)
-        assert not ch0.send(1, 1, [b"b" * ((256 << 10) - 100)])     # 1000 bytes still out: no room
+        assert not ch0.send(1, 1, [b"b" * ((272 << 10) - 100)])     # 1000 bytes still out: no room
         h1.releases.pop()()
         ch1.progress(0)
         assert frames == []                                 # owed, under a quarter: not yet returned
-        _until(lambda: ch0.send(1, 1, [b"b" * ((256 << 10) - 100)]), ch0, ch1, limit=2.0)
+        _until(lambda: ch0.send(1, 1, [b"b" * ((272 << 10) - 100)]), ch0, ch1, limit=2.0)
         assert frames == [1000]
         _until(lambda: len(h1.messages) == 2, ch0, ch1)
-        assert h1.messages[1][2] == b"b" * ((256 << 10) - 100)
+        assert h1.messages[1][2] == b"b" * ((272 << 10) - 100)
     finally:
         _close(ch0, ch1)
 
@@ -153,7 +153,7 @@ def test_unreleased_messages_hold_their_credit():
                 n += 1
             ch0.progress(0.001)
             ch1.progress(0.001)
-        assert n == (256 << 10) // 8192                    # exactly the credit, then back pressure
+        assert n == (256 << 10) * 17 // 16 // 8192         # the credit and its sixteenth, then no more
         assert len(h1.messages) == n
         for r in h1.releases:
             r()
@@ -228,6 +228,19 @@ def test_push_to_a_peer_that_hung_up_reports_it_and_finishes():
         _until(lambda: h0.lost, ch0)
         assert h0.lost[0][0] == 1
         assert h0.sent == [1]                                # the buffers are given back, not held
+    finally:
+        _close(ch0, ch1)
+
+
+def test_two_messages_of_half_the_credit_and_a_head_travel_together():
+    # 256 KiB of credit: two messages of 128 KiB and 64 bytes (an array of half the credit and its
+    # codec head) are both in flight before either is released; a third is refused.
+    ch0, ch1, h0, h1 = _pair(keep=True)
+    try:
+        msg = b"h" * ((128 << 10) + 64)
+        assert ch0.send(1, 6, [msg]) and ch0.send(1, 6, [msg])
+        assert not ch0.send(1, 6, [msg])
+        _until(lambda: len(h1.messages) == 2, ch0, ch1)
     finally:
         _close(ch0, ch1)
 
