@@ -514,11 +514,7 @@ class Context:
         while True:
             with self._lock:
                 gen = self._gen
-                if dst in self._lost:
-                    raise PeerLostError(dst, self._lost[dst])
-                s = self._out.get(key)
-                if s is None:
-                    s = self._out[key] = _OutStream(dst, edge, self.pool)
+                s = self._stream(dst, edge)
                 direct = n >= self._zc and n > self._slice_limit
                 if direct:
                     room = s.queued_bytes < self._credit
@@ -563,6 +559,16 @@ class Context:
             self._wait_sent(done, dst, edge, deadline, limit)
         return True
 
+    def _stream(self, dst: int, edge: int) -> _OutStream:
+        """The stream of messages to ``dst`` on ``edge`` (made on first use); PeerLostError if ``dst`` is
+        lost. Called with ``self._lock`` held."""
+        if dst in self._lost:
+            raise PeerLostError(dst, self._lost[dst])
+        s = self._out.get((dst, edge))
+        if s is None:
+            s = self._out[(dst, edge)] = _OutStream(dst, edge, self.pool)
+        return s
+
     def _send_own(self, dst: int, edge: int, parts: list, n: int, deadline: float, limit: float) -> bool:
         """Send a large message that this thread waits for anyway by writing it itself (Channel.push).
 
@@ -571,7 +577,6 @@ class Context:
         without the engine (the progress thread goes on receiving meanwhile). A message is then written
         by the thread that sent it with no hand-off either way, as a blocking socket send would be.
         If the engine stays busy for ``_SEND_LOCK_WAIT``, the message is queued for the engine instead."""
-        key = (dst, edge)
         done = _Sent()
         msg = _OutMsg([_DIRECT, *parts], n + 1, None, done)
         ch = self.channel
@@ -581,11 +586,7 @@ class Context:
             try:
                 with self._lock:
                     gen = self._gen
-                    if dst in self._lost:
-                        raise PeerLostError(dst, self._lost[dst])
-                    s = self._out.get(key)
-                    if s is None:
-                        s = self._out[key] = _OutStream(dst, edge, self.pool)
+                    s = self._stream(dst, edge)
                     room = s.queued_bytes < self._credit
                     if room:
                         if s.packer.pending_bytes:
