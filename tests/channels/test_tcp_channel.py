@@ -262,3 +262,46 @@ def test_large_messages_back_to_back_arrive_whole_and_in_order():
         assert [m[2] for m in h1.messages] == payloads
     finally:
         _close(ch0, ch1)
+
+
+def _half_a_frame(ch0: TCPChannel, size: int) -> socket.socket:
+    """Write the header and half the payload of a ``size``-byte DATA frame on rank 0's socket by hand
+    (from a thread: the socket holds less than that until the receiver reads)."""
+    sock = ch0._peers[1].sock
+    sock.setblocking(True)
+    threading.Thread(target=sock.sendall, args=(tcp._HDR.pack(tcp.DATA, 4, size) + b"x" * (size // 2),),
+                     daemon=True).start()
+    return sock
+
+
+def test_a_stalled_large_payload_does_not_hold_the_engine():
+    # While a large payload arrives, a progress call waits for more of it on that socket alone, but
+    # only briefly (_BULK_WAIT): a sender that stalls mid-payload must not stall the receiver's engine.
+    ch0, ch1, h0, h1 = _pair(buffer_size=1 << 20, buffer_count=16)
+    try:
+        sock = _half_a_frame(ch0, 4 << 20)
+        _until(lambda: ch1._peers[0].cur is not None and ch1._peers[0].cur_pos == 2 << 20, ch1)
+        time.sleep(0.05)     # the writing thread is done
+        t = time.monotonic()
+        for _ in range(20):
+            ch1.progress(0)
+        assert time.monotonic() - t < 20 * tcp._BULK_WAIT + 1.0
+        assert not h1.messages
+        threading.Thread(target=sock.sendall, args=(b"x" * (2 << 20),), daemon=True).start()
+        _until(lambda: len(h1.messages) == 1, ch1)
+        assert h1.messages[0][:2] == (0, 4) and h1.messages[0][2] == b"x" * (4 << 20)
+    finally:
+        _close(ch0, ch1)
+
+
+def test_a_peer_hanging_up_mid_payload_is_reported_lost():
+    ch0, ch1, h0, h1 = _pair(buffer_size=1 << 20, buffer_count=16)
+    try:
+        sock = _half_a_frame(ch0, 4 << 20)
+        _until(lambda: ch1._peers[0].cur is not None and ch1._peers[0].cur_pos == 2 << 20, ch1)
+        time.sleep(0.05)
+        sock.close()
+        _until(lambda: h1.lost, ch1)
+        assert h1.lost[0][0] == 0 and not h1.messages
+    finally:
+        _close(ch0, ch1)
