@@ -44,10 +44,11 @@ use the same ``buffer_size`` and ``buffer_count`` (checked when the channel is b
 
 Flow control follows the interface docstring exactly: per (peer, edge) the sender may have
 ``buffer_size * buffer_count`` bytes (and a sixteenth, :func:`twisternet.channel.fits_credit`) in
-flight, a lone larger message may travel when nothing else is in flight, and the receiver returns the bytes of a message when the core calls its ``release``. (An empty
-message is charged one byte, so a flood of empty messages is flow-controlled too.) Returns are batched
-per peer: sent once one edge has a quarter of its credit pending, when a poll finds nothing else to
-do, or after at most one millisecond.
+flight, a lone larger message may travel when nothing else is in flight, and the receiver returns the
+bytes of a message when the core calls its ``release``. (An empty message is charged one byte, so a
+flood of empty messages is flow-controlled too.) Returns are batched per peer: sent once one edge has
+a quarter of its credit pending, when a poll finds nothing else to do, or after at most one
+millisecond.
 
 Threads. The channel asks for ``MPI_THREAD_MULTIPLE`` if it has to initialise MPI itself, and works with
 ``THREAD_SERIALIZED`` (the core calls it from one thread at a time). Under ``THREAD_FUNNELED`` or

@@ -140,7 +140,7 @@ class _Peer:
 
     __slots__ = ("rank", "sock", "fd", "wq", "wq_bytes", "tokens", "rbuf", "rlen", "cur", "cur_pos",
                  "cur_hdr", "last_recv", "last_send", "left", "lost", "want_write", "kind", "pushing",
-                 "header_next", "in_poll", "io_poll", "bulk_poll", "bulk_events")
+                 "header_next", "polls")
 
     def __init__(self, rank: int, sock: socket.socket, kind: str) -> None:
         self.rank = rank
@@ -165,10 +165,7 @@ class _Peer:
         self.lost = False
         self.want_write = False
         self.pushing = False     # a sending thread reads and writes it itself (TCPChannel.push)
-        self.in_poll: Any = None   # this socket alone, for the pushing thread: readable?
-        self.io_poll: Any = None   # and writable or readable?
-        self.bulk_poll: Any = None   # for the engine, during a large payload (TCPChannel._bulk_poll)
-        self.bulk_events = 0
+        self.polls: dict[int, Any] = {}   # events -> a poll object over this socket alone (_sock_poll)
 
     @property
     def closed(self) -> bool:
@@ -293,12 +290,9 @@ class TCPChannel(Channel):
             # frame the peer sends meanwhile and take the engine from the pusher between two messages.
             p.pushing = True
             self._poller.modify(p.fd, 0)
-            if p.in_poll is None:
-                p.in_poll = select.poll()
-                p.in_poll.register(p.fd, _IN)
         if p.wq:
             self._write(p)
-        if not p.lost and not p.closed and p.in_poll.poll(0):
+        if not p.lost and not p.closed and self._sock_poll(p, _IN, 0.0):
             self._read(p, wait=False)
         if not p.wq or p.lost or p.closed:
             self._end_push(p)
@@ -321,13 +315,26 @@ class TCPChannel(Channel):
         p = self._peers.get(peer)
         if p is None or p.lost or p.closed or timeout <= 0:
             return
-        if p.io_poll is None:
-            p.io_poll = select.poll()
-            p.io_poll.register(p.fd, _OUT | _IN)   # what the peer sends is the pusher's to read too
+        # what the peer sends is the pusher's to read too; closed under us: found out on the next push
+        self._sock_poll(p, _OUT | _IN, timeout)
+
+    def _sock_poll(self, p: _Peer, events: int, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for ``events`` on ``p``'s socket alone; True if they came."""
+        po = p.polls.get(events)
+        if po is None:
+            po = p.polls[events] = select.poll()
+            po.register(p.fd, events)
         try:
-            p.io_poll.poll(timeout * 1000.0)
-        except (OSError, ValueError):   # closed under us: the caller finds out on its next push
-            pass
+            return bool(po.poll(timeout * 1000.0))
+        except (OSError, ValueError):
+            return False
+
+    def _bulk_wait(self, p: _Peer, events: int, until: float) -> float:
+        """Wait on ``p``'s socket alone for ``events`` (more of a large payload, or room for one) until
+        ``until`` (0: ``_BULK_WAIT`` from now). The deadline to keep, or 0.0 once nothing came in time."""
+        now = time.monotonic()
+        until = until or now + _BULK_WAIT
+        return until if now < until and self._sock_poll(p, events, until - now) else 0.0
 
     def wakeup(self) -> None:
         if self._woken:
@@ -418,10 +425,8 @@ class TCPChannel(Channel):
                 # pushing thread waits for room itself, outside the engine).
                 if p.pushing or p.wq_bytes - sent_total < _BULK_BYTES:
                     break
-                now = time.monotonic()
+                until = self._bulk_wait(p, _OUT, until)
                 if not until:
-                    until = now + _BULK_WAIT
-                if now >= until or not self._bulk_poll(p, _OUT, until - now):
                     break
                 continue
             did = True
@@ -466,22 +471,6 @@ class TCPChannel(Channel):
             p.tokens = shifted
 
     # ------------------------------------------------------------------------------ reading
-    def _bulk_poll(self, p: _Peer, events: int, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds for ``events`` on ``p``'s socket alone; True if they came."""
-        if p.bulk_poll is None:
-            p.bulk_poll = select.poll()
-            p.bulk_events = 0
-        if p.bulk_events != events:
-            if p.bulk_events:
-                p.bulk_poll.modify(p.fd, events)
-            else:
-                p.bulk_poll.register(p.fd, events)
-            p.bulk_events = events
-        try:
-            return bool(p.bulk_poll.poll(timeout * 1000.0))
-        except (OSError, ValueError):
-            return False
-
     def _read(self, p: _Peer, wait: bool = True) -> bool:
         did = False
         reads = 0
@@ -506,47 +495,37 @@ class TCPChannel(Channel):
             if n == 0:
                 self._eof(p)
                 return True
-            if n < 0:
-                if not self._bulk_wait(p, wait, until):
-                    break
-                until = until or time.monotonic() + _BULK_WAIT
-                continue
-            did = True
-            p.last_recv = time.monotonic()
-            if p.cur is not None:
-                p.cur_pos += n
-                if p.cur_pos == len(p.cur):
-                    hdr = p.cur_hdr
-                    data, p.cur, p.cur_hdr = p.cur, None, None
-                    assert hdr is not None
-                    p.header_next = True
-                    self._frame(p, hdr[0], hdr[1], hdr[2], data)
-            else:
-                p.rlen += n
-                try:
-                    self._parse(p)
-                except ProtocolError as e:
-                    self._broken(p, str(e))
+            if n > 0:
+                did = True
+                p.last_recv = time.monotonic()
+                if p.cur is not None:
+                    p.cur_pos += n
+                    if p.cur_pos == len(p.cur):
+                        hdr = p.cur_hdr
+                        data, p.cur, p.cur_hdr = p.cur, None, None
+                        assert hdr is not None
+                        p.header_next = True
+                        self._frame(p, hdr[0], hdr[1], hdr[2], data)
+                else:
+                    p.rlen += n
+                    try:
+                        self._parse(p)
+                    except ProtocolError as e:
+                        self._broken(p, str(e))
+                        return True
+                if p.lost:
                     return True
-            if p.lost:
-                return True
-            reads += 1
-            if n < len(target) or (reads >= 64 and p.cur is None):
-                # the socket had no more: the poller says when it has (saves a failing recv), unless
-                # the rest of a large payload is on its way
-                if not self._bulk_wait(p, wait, until):
-                    break
-                until = until or time.monotonic() + _BULK_WAIT
+                reads += 1
+                if n == len(target) and (reads < 64 or p.cur is not None):
+                    continue
+            # The socket had no more (or this peer had its share): the poller says when it has (saves a
+            # failing recv), unless the rest of a large payload is on its way: wait for it here, briefly.
+            if not wait or p.cur is None or p.lost or p.closed:
+                break
+            until = self._bulk_wait(p, _IN, until)
+            if not until:
+                break
         return did
-
-    def _bulk_wait(self, p: _Peer, wait: bool, until: float) -> bool:
-        """In _read: wait briefly for more of the large payload being received (True: it came)."""
-        if not wait or p.cur is None or p.lost or p.closed:
-            return False
-        now = time.monotonic()
-        if not until:
-            until = now + _BULK_WAIT
-        return now < until and self._bulk_poll(p, _IN, until - now)
 
     def _parse(self, p: _Peer) -> None:
         buf = p.rbuf

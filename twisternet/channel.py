@@ -4,9 +4,9 @@ A channel moves *messages* (a sequence of buffers, concatenated on the wire) bet
 with an *edge* (the id of the operation it belongs to). Per (peer, edge) it enforces credit-based flow
 control: the receiver grants ``buffer_size * buffer_count`` bytes of credit; a message may be sent while
 the bytes in flight plus its own size fit the credit and a sixteenth (:func:`fits_credit`), and a
-message larger than that may travel when nothing else is in flight on that (peer, edge). Credit comes back when the receiving side
-calls the ``release`` function it was handed with the message, so a consumer that stops consuming
-stops its senders (back pressure) and memory stays bounded.
+message larger than that may travel when nothing else is in flight on that (peer, edge). Credit comes
+back when the receiving side calls the ``release`` function it was handed with the message, so a
+consumer that stops consuming stops its senders (back pressure) and memory stays bounded.
 
 Threading contract (what the core guarantees, so channels need no locks of their own):
 

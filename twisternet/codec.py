@@ -249,7 +249,7 @@ class Codec:
 
     def _remember_array(self, body: bytes, a: np.ndarray) -> None:
         """Cache ``body`` -> (dtype, shape) if it is exactly the body of a lone array of ``a``'s kind."""
-        parts = self._large_array(a) if a.nbytes >= self.oob_threshold else None
+        parts = self._large_array(a)
         if parts is None or parts[2] != body:
             return
         if len(self._array_bodies) >= _ARRAY_BODIES:
@@ -292,8 +292,8 @@ class Codec:
                                      f"{pos + body_len + sum(lens)} bytes, got {len(mv)}")
                 body = mv[pos:pos + body_len]
                 pos += body_len
-                if n == 1 and body_len <= _ARRAY_BODY_MAX:
-                    key = bytes(body)
+                key = bytes(body) if n == 1 and body_len <= _ARRAY_BODY_MAX else None
+                if key is not None:
                     known = self._array_bodies.get(key)
                     if known is not None:
                         arr = np.frombuffer(mv[pos:], dtype=known[0]).reshape(known[1])
@@ -307,8 +307,8 @@ class Codec:
                 dec = _Decoder(self.allow_pickle, oob, copy)
                 value = msgpack.unpackb(body, ext_hook=dec.ext_hook, raw=False, strict_map_key=False,
                                         max_bin_len=1 << 62, max_str_len=1 << 62)
-                if n == 1 and type(value) is np.ndarray and body_len <= _ARRAY_BODY_MAX:
-                    self._remember_array(bytes(body), value)
+                if key is not None and type(value) is np.ndarray:
+                    self._remember_array(key, value)
                 return value, dec.views
         except CodecError:
             raise

@@ -506,8 +506,8 @@ class Context:
         if dst == self.rank:
             sent = self._send_local(edge, parts, n, block=block, forced=forced, deadline=deadline, limit=limit)
             return sent if wait_sent else SendHandle(self, None, dst, edge, deadline, limit)
-        if (block and wait_sent and not forced and self._can_push and n >= self._zc
-                and n > self._slice_limit):
+        direct = n >= self._zc and n > self._slice_limit
+        if direct and block and wait_sent and not forced and self._can_push:
             return self._send_own(dst, edge, parts, n, deadline, limit)
         key = (dst, edge)
         done: _Sent | None = None
@@ -515,7 +515,6 @@ class Context:
             with self._lock:
                 gen = self._gen
                 s = self._stream(dst, edge)
-                direct = n >= self._zc and n > self._slice_limit
                 if direct:
                     room = s.queued_bytes < self._credit
                 else:
