@@ -475,8 +475,8 @@ class TCPChannel(Channel):
         did = False
         reads = 0
         until = 0.0
-        # bounded, so one busy peer cannot starve the others: 64 reads, or while a large payload
-        # arrives (``wait``), _BULK_WAIT of waiting for it on this socket alone
+        # bounded, so one busy peer cannot starve the others: 64 reads, or one large payload (with,
+        # while it arrives (``wait``), _BULK_WAIT of waiting for it on this socket alone)
         while True:
             # a large payload in progress is received straight into its own buffer, else into staging
             if p.cur is not None:
@@ -506,6 +506,9 @@ class TCPChannel(Channel):
                         assert hdr is not None
                         p.header_next = True
                         self._frame(p, hdr[0], hdr[1], hdr[2], data)
+                        # Back to the engine with it: it is delivered (and its credit returned) now,
+                        # not after whatever else the sender keeps streaming in behind it.
+                        return True
                 else:
                     p.rlen += n
                     try:

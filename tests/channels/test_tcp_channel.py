@@ -305,3 +305,33 @@ def test_a_peer_hanging_up_mid_payload_is_reported_lost():
         assert h1.lost[0][0] == 0 and not h1.messages
     finally:
         _close(ch0, ch1)
+
+
+def test_each_large_payload_is_handed_over_before_the_next_is_read():
+    # A receiver that went on reading the payloads streaming in behind a finished one would hold the
+    # finished one back (undelivered, its credit not returned) until the sender ran out of credit:
+    # the stream then stalls for a round trip every credit's worth. One progress call hands over at
+    # most one large payload.
+    ch0, ch1, h0, h1 = _pair(buffer_size=1 << 20, buffer_count=64)
+    size, count = 2 << 20, 6
+    frames = b"".join(tcp._HDR.pack(tcp.DATA, 4, size) + bytes([i]) * size for i in range(count))
+    sock = ch0._peers[1].sock
+    for s in (sock, ch1._peers[0].sock):    # as the channel sets them up (socket_buffer)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+    sock.setblocking(True)
+    writer = threading.Thread(target=sock.sendall, args=(frames,), daemon=True)
+    writer.start()
+    time.sleep(0.1)      # the socket is full: the next payload is there as soon as one is read
+    try:
+        steps = []
+        deadline = time.monotonic() + 10
+        while len(h1.messages) < count and time.monotonic() < deadline:
+            before = len(h1.messages)
+            ch1.progress(0.01)
+            steps.append(len(h1.messages) - before)
+        assert [m[2] for m in h1.messages] == [bytes([i]) * size for i in range(count)]
+        assert max(steps) == 1, steps
+    finally:
+        writer.join(5)
+        _close(ch0, ch1)
