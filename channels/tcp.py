@@ -418,6 +418,10 @@ class TCPChannel(Channel):
             except (BlockingIOError, InterruptedError):
                 n = 0
             except OSError as e:
+                if not p.left:
+                    # A peer that said goodbye may hang up before reading what we still send (a
+                    # credit return, a heartbeat): its BYE may be waiting unread. Read it first.
+                    self._read(p, wait=False)
                 self._broken(p, f"send failed: {e}")
                 return True
             if n == 0:

@@ -335,3 +335,21 @@ def test_each_large_payload_is_handed_over_before_the_next_is_read():
     finally:
         writer.join(5)
         _close(ch0, ch1)
+
+
+def test_a_write_failing_after_the_peers_goodbye_is_not_a_loss():
+    # A peer that said goodbye may hang up before it reads what we still send (a credit return, a
+    # heartbeat): the write then fails (EPIPE) while its BYE still waits, unread, in our socket.
+    # That is a clean leave, not a lost peer.
+    ch0, ch1, h0, h1 = _pair()
+    try:
+        p1 = ch1._peers[0]
+        p1.sock.sendall(tcp._HDR.pack(tcp.BYE, 0, 0))
+        p1.sock.close()
+        ch0._enqueue(ch0._peers[1], tcp._HDR.pack(tcp.CREDIT, 3, 100), [], None)
+        ch0._enqueue(ch0._peers[1], tcp._HDR.pack(tcp.HEARTBEAT, 0, 0), [], None)
+        assert ch0._flush_writes()           # the write fails: the peer hung up
+        assert ch0._peers[1].left
+        assert not h0.lost
+    finally:
+        _close(ch0, ch1)
