@@ -418,10 +418,11 @@ class TCPChannel(Channel):
             except (BlockingIOError, InterruptedError):
                 n = 0
             except OSError as e:
-                if not p.left:
-                    # A peer that said goodbye may hang up before reading what we still send (a
-                    # credit return, a heartbeat): its BYE may be waiting unread. Read it first.
-                    self._read(p, wait=False)
+                # A peer that said goodbye may hang up before reading what we still send (a credit
+                # return, a heartbeat): its BYE may be waiting unread, behind messages. Read them
+                # first (each call stops after a large payload: read until nothing more comes).
+                while not (p.left or p.lost or p.closed) and self._read(p, wait=False):
+                    pass
                 self._broken(p, f"send failed: {e}")
                 return True
             if n == 0:
@@ -479,8 +480,8 @@ class TCPChannel(Channel):
         did = False
         reads = 0
         until = 0.0
-        # bounded, so one busy peer cannot starve the others: 64 reads, or one large payload (with,
-        # while it arrives (``wait``), _BULK_WAIT of waiting for it on this socket alone)
+        # bounded, so one busy peer cannot starve the others: at most 64 reads, or one large payload
+        # (while it arrives, ``wait`` lets us wait up to _BULK_WAIT for it on this socket alone)
         while True:
             # a large payload in progress is received straight into its own buffer, else into staging
             if p.cur is not None:

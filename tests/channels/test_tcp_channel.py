@@ -63,6 +63,12 @@ def _until(cond, *chans, limit: float = 10.0) -> None:
             ch.progress(0.001)
 
 
+def _big_buffers(ch0: TCPChannel, ch1: TCPChannel) -> None:
+    """Socket buffers on both ends as the channel's own set-up sizes them (``socket_buffer``)."""
+    for s in (ch0._peers[1].sock, ch1._peers[0].sock):
+        tcp._tune(s, ch0.config, False)
+
+
 def _count_credit_frames(monkeypatch, ch: TCPChannel) -> list[int]:
     """Record the size of every CREDIT frame ``ch`` queues."""
     seen: list[int] = []
@@ -316,9 +322,7 @@ def test_each_large_payload_is_handed_over_before_the_next_is_read():
     size, count = 2 << 20, 6
     frames = b"".join(tcp._HDR.pack(tcp.DATA, 4, size) + bytes([i]) * size for i in range(count))
     sock = ch0._peers[1].sock
-    for s in (sock, ch1._peers[0].sock):    # as the channel sets them up (socket_buffer)
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+    _big_buffers(ch0, ch1)
     sock.setblocking(True)
     writer = threading.Thread(target=sock.sendall, args=(frames,), daemon=True)
     writer.start()
@@ -351,5 +355,24 @@ def test_a_write_failing_after_the_peers_goodbye_is_not_a_loss():
         assert ch0._flush_writes()           # the write fails: the peer hung up
         assert ch0._peers[1].left
         assert not h0.lost
+    finally:
+        _close(ch0, ch1)
+
+
+def test_a_goodbye_behind_a_large_payload_is_read_after_a_failed_write():
+    # The same with a large message before the BYE: reading stops after each large payload (see
+    # above), so the failed write must read on until the BYE, and the message is delivered.
+    ch0, ch1, h0, h1 = _pair(buffer_size=1 << 20, buffer_count=16)
+    try:
+        p1 = ch1._peers[0]
+        _big_buffers(ch0, ch1)
+        payload = b"p" * (1 << 20)
+        p1.sock.sendall(tcp._HDR.pack(tcp.DATA, 2, len(payload)) + payload + tcp._HDR.pack(tcp.BYE, 0, 0))
+        p1.sock.close()
+        ch0._enqueue(ch0._peers[1], tcp._HDR.pack(tcp.CREDIT, 3, 100), [], None)
+        assert ch0._flush_writes()
+        assert ch0._peers[1].left
+        assert not h0.lost
+        assert h0.messages == [(1, 2, payload)]
     finally:
         _close(ch0, ch1)
