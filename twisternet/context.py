@@ -942,6 +942,20 @@ class Context:
         self._driven_at = time.monotonic()
         return True
 
+    def _take_engine(self) -> bool:
+        """Take the engine for this (waiting) thread if it is free. Over MPI the engine thread holds it
+        while it polls, so ask it to step aside (it keeps out while ``_driven_at`` is recent, see
+        ``_run``) and wait briefly: the thread that waits for a record then receives and handles it
+        itself, as a blocking ``MPI_Recv`` does, instead of being woken for every record the engine
+        thread handles (a wake-up and a GIL hand-off per message, in the path of the next one)."""
+        if self._chan_lock.acquire(blocking=False):
+            return True
+        if self.channel.can_wait_unlocked:
+            return False
+        self._driven_at = time.monotonic()
+        self.channel.wakeup()
+        return self._chan_lock.acquire(timeout=_SEND_LOCK_WAIT)
+
     def _wait_change(self, gen: int, timeout: float) -> None:
         if timeout <= 0:
             return
@@ -952,7 +966,7 @@ class Context:
             return
         # A blocked caller drives the engine itself when it is free, as MPI does: the reply it waits
         # for is then received, handled and seen in this thread, with no hand-off between threads.
-        if not getattr(self._in_progress, "active", False) and self._chan_lock.acquire(blocking=False):
+        if not getattr(self._in_progress, "active", False) and self._take_engine():
             with self._lock:
                 changed = self._gen != gen
             if changed or self._stop:
