@@ -1,7 +1,7 @@
 """The MPI transport: a :class:`~twisternet.channel.Channel` over mpi4py non-blocking point-to-point calls.
 
 Wire protocol. All traffic lives on a private ``Dup`` of the user's communicator (``MPI.COMM_WORLD`` by
-default), so it never collides with the program's own MPI messages. Three fixed tags:
+default), so it never collides with the program's own MPI messages. Four fixed tags:
 
 * ``TAG_DATA``: one MPI message per channel message, starting with a 16-byte header
   ``(kind, flags, page, edge, size)``. An *eager* message (payload <= ``buffer_size``) carries its payload
@@ -20,8 +20,13 @@ default), so it never collides with the program's own MPI messages. Three fixed 
   them with one copy, while a non-contiguous (``hindexed``) datatype is pipelined through small
   chunks that only advance while both sides poll. (The ``hindexed`` send is kept as a fallback when a
   message has more segments than a header can announce, which only tiny ``buffer_size`` values cause.)
-* ``TAG_CTRL``: batched credit returns (``(edge, bytes)`` pairs) and abort notices
-  (:meth:`MPIChannel.abort`), on small receives of their own so data never holds them up.
+* ``TAG_PRE``: rendezvous payloads of one segment sent into a receive the receiver posted before
+  their header arrived (see "pre-posted receives" at ``MPIChannel._pre_offer``): the copy starts as
+  soon as the payload arrives instead of after the receiver has read the header, which is most of
+  the per-message cost left for 1-16 MB messages over shared memory.
+* ``TAG_CTRL``: batched credit returns (``(edge, bytes)`` pairs), abort notices
+  (:meth:`MPIChannel.abort`) and offers of pre-posted receives, on small receives of their own so
+  data never holds them up.
 
 Edges travel in the header, not in the tag: edge ids go up to 2**31 while MPI guarantees tags only up
 to 32767 (MPICH grants 2**29 - 1). MPI's non-overtaking rule (same source, tag and communicator match
@@ -121,6 +126,8 @@ TAG_DATA = 1
 TAG_BULK = 2
 #: MPI tag of batched credit returns and abort notices.
 TAG_CTRL = 3
+#: MPI tag of rendezvous payloads that go into the receiver's pre-posted payload receive.
+TAG_PRE = 4
 
 # Header of every TAG_DATA message: kind, flags (reserved, 0), page (rendezvous: where in a page the
 # payload would start for its largest segment to sit where the sender's does; else 0), edge, size.
@@ -134,11 +141,19 @@ _FLAG_INLINE = 1
 _INLINE_MAX = 4096
 _KIND_RNDV = 2
 _KIND_BYE = 3
+#: Rendezvous flag: the payload's one segment goes to the receiver's next pre-posted receive (TAG_PRE).
+_FLAG_PRE = 2
+#: With _FLAG_PRE: no message; an empty TAG_PRE send used up a pre-posted receive too small for the
+#: next payload (so the next, bigger one, can be used).
+_FLAG_SKIP = 4
 # Control message: kind, count. Credit: count entries (edge, bytes) follow. Abort: count bytes of reason.
 _CTRL_HDR = struct.Struct("<BxxxI")
 _CREDIT_ENTRY = struct.Struct("<IQ")
 _KIND_CREDIT = 4
 _KIND_ABORT = 5
+#: Control message: the receiver's offer of pre-posted payload receives (see MPIChannel._pre_offer).
+_KIND_OFFER = 6
+_OFFER = struct.Struct("<QQ")
 _CTRL_BUF_SIZE = 4096
 _CREDIT_MAX_ENTRIES = (_CTRL_BUF_SIZE - _CTRL_HDR.size) // _CREDIT_ENTRY.size
 _CTRL_RECVS_PER_PEER = 2
@@ -157,6 +172,10 @@ _COALESCE = 64 << 10
 _BULK_CACHE_MAX = 8
 #: Largest block of an hindexed datatype (keeps every block length a 32-bit int).
 _MAX_BLOCK = 1 << 30
+#: Most pre-posted skips a sender sends to reach a receive big enough for its payload.
+_MAX_SKIPS = 2
+#: Seconds a poll keeps testing for the header of a payload that arrived in a pre-posted receive.
+_PRE_HEADER_WAIT = 5e-5
 
 #: Channels not yet closed. Holding them keeps their posted receive buffers alive: a channel dropped
 #: without close() must not let MPI write into freed memory. Torn down at interpreter exit.
@@ -270,8 +289,14 @@ def _encode_abort(reason: str) -> bytes:
     return _CTRL_HDR.pack(_KIND_ABORT, len(text)) + text
 
 
+def _encode_offer(first: int, cap: int) -> bytes:
+    """An offer of pre-posted receives: those numbered ``first`` on hold ``cap`` bytes or more."""
+    return _CTRL_HDR.pack(_KIND_OFFER, 0) + _OFFER.pack(first, cap)
+
+
 def _decode_ctrl(buf: Buffer) -> tuple[int, Any]:
-    """Parse a control message: ``(_KIND_CREDIT, [(edge, bytes), ...])`` or ``(_KIND_ABORT, reason)``."""
+    """Parse a control message: ``(_KIND_CREDIT, [(edge, bytes), ...])``, ``(_KIND_ABORT, reason)`` or
+    ``(_KIND_OFFER, (first, cap))``."""
     mv = memoryview(buf)
     if mv.nbytes < _CTRL_HDR.size:
         raise ProtocolError(f"control message of {mv.nbytes} bytes is shorter than its header")
@@ -280,6 +305,10 @@ def _decode_ctrl(buf: Buffer) -> tuple[int, Any]:
         if _CTRL_HDR.size + n > mv.nbytes:
             raise ProtocolError("abort notice longer than its message")
         return kind, bytes(mv[_CTRL_HDR.size:_CTRL_HDR.size + n]).decode("utf-8", "replace")
+    if kind == _KIND_OFFER:
+        if _CTRL_HDR.size + _OFFER.size > mv.nbytes:
+            raise ProtocolError("truncated pre-post offer")
+        return kind, _OFFER.unpack_from(mv, _CTRL_HDR.size)
     if kind != _KIND_CREDIT or n > _CREDIT_MAX_ENTRIES or _CTRL_HDR.size + n * _CREDIT_ENTRY.size > mv.nbytes:
         raise ProtocolError(f"malformed control message (kind {kind}, {n} entries)")
     return kind, [_CREDIT_ENTRY.unpack_from(mv, _CTRL_HDR.size + i * _CREDIT_ENTRY.size) for i in range(n)]
@@ -308,12 +337,20 @@ def _segments(views: list[memoryview]) -> list[Buffer]:
     return out
 
 
-def _rndv_header(edge: int, size: int, lengths: Sequence[int], page: int = 0, inline: Buffer = b"") -> bytes:
+def _rndv_header(edge: int, size: int, lengths: Sequence[int], page: int = 0, inline: Buffer = b"",
+                 flags: int = 0) -> bytes:
     """Header announcing a rendezvous message of ``size`` bytes that follows as ``lengths`` segments;
     ``page``: the receiver's preferred offset of the payload within a page (0 to 4095); ``inline``:
     the first segment's bytes, carried by the header itself (then only the others follow)."""
-    return b"".join((_HDR.pack(_KIND_RNDV, _FLAG_INLINE if inline else 0, page, edge, size),
+    return b"".join((_HDR.pack(_KIND_RNDV, flags | (_FLAG_INLINE if inline else 0), page, edge, size),
                      _U32.pack(len(lengths)), struct.pack(f"<{len(lengths)}Q", *lengths), inline))
+
+
+def _pre_cap(n: int) -> int:
+    """Capacity of the pre-posted receives offered for payloads of ``n`` bytes: at most 1/8 more,
+    in steps of at least 64 KiB (0 for 0)."""
+    grain = 1 << max(16, n.bit_length() - 4)
+    return -(-n // grain) * grain
 
 
 def _rndv_lengths(buf: Buffer, size: int) -> tuple[int, ...]:
@@ -377,6 +414,21 @@ class _BulkRecv:
     def __init__(self, peer: int, incoming: _Incoming) -> None:
         self.peer = peer
         self.incoming = incoming
+
+
+class _PreRecv:
+    """A payload receive posted before its header arrived (see MPIChannel._pre_offer): ``cap`` bytes
+    at ``store[start:]``, with room before ``start`` for an inline first segment."""
+    __slots__ = ("peer", "store", "start", "cap", "done", "incoming", "skip")
+
+    def __init__(self, peer: int, store: Any, start: int, cap: int) -> None:
+        self.peer = peer
+        self.store = store
+        self.start = start
+        self.cap = cap
+        self.done = False
+        self.incoming: _Incoming | None = None  # set by the header that claims it
+        self.skip = False                       # used up by a skip, or cancelled: only recycle it
 
 
 class _Send:
@@ -487,6 +539,17 @@ class MPIChannel(Channel):
         self._released: deque[_Release] = deque()
         self._credit_out: dict[int, dict[int, int]] = {}
         self._credit_since: dict[int, float] = {}
+        # Pre-posted payload receives (see _pre_offer): capacity offered per peer (0: none), receives
+        # posted so far, the posted ones no header has claimed yet, where in a page the peer's payloads
+        # start, and the total capacity offered (bounded by memory_limit).
+        self._pre_cap = [0] * self.world
+        self._pre_posted = [0] * self.world
+        self._pre_q: list[deque[_PreRecv]] = [deque() for _ in range(self.world)]
+        self._pre_page = [0] * self.world
+        self._pre_total = 0
+        self._pre_early = 0     # payloads received whose header has not been read yet
+        self._pre_budget = config.memory_limit
+        self._pre_min = config.buffer_size      # smaller payloads travel eagerly anyway
 
         # Send side.
         self._inflight: dict[tuple[int, int], int] = {}
@@ -495,6 +558,11 @@ class MPIChannel(Channel):
         self._pending_total = 0  # over peers not lost (sends to a lost peer may never complete)
         self._posted_sends = [0] * self.world
         self._sendq: list[deque[tuple[Any, int, _Send]]] = [deque() for _ in range(self.world)]
+        # Offers of pre-posted receives from each peer: (first receive number, capacity), and how
+        # many of that peer's pre-posted receives we have used.
+        self._pre_offers: list[deque[tuple[int, int]]] = [deque() for _ in range(self.world)]
+        self._pre_used = [0] * self.world
+        self._pre_page_sent = [-1] * self.world  # where in a page our last payload to each peer sat
 
         # Peer state.
         self._bye_from: set[int] = set()
@@ -511,7 +579,8 @@ class MPIChannel(Channel):
         self.stats: dict[str, int] = {"msgs_sent": 0, "bytes_sent": 0, "msgs_received": 0,
                                       "bytes_received": 0, "eager_sent": 0, "rendezvous_sent": 0,
                                       "credit_msgs_sent": 0, "send_refused": 0,
-                                      "rndv_buffers_reused": 0, "noncontiguous_sent": 0}
+                                      "rndv_buffers_reused": 0, "noncontiguous_sent": 0,
+                                      "pre_sent": 0, "pre_skips": 0, "pre_received": 0}
 
     # --- public API -----------------------------------------------------------------------------
 
@@ -601,9 +670,28 @@ class MPIChannel(Channel):
                     # the header: one MPI message less each way per message.
                     inline = segments[0]
                     segments = segments[1:]
-                hdr = _rndv_header(edge, size, lengths, page, inline)
-                self._submit(hdr, TAG_DATA, _Send(peer, hdr))
                 group = _SendGroup(token, len(segments))
+                pre = False
+                if dtype is None and len(segments) == 1:
+                    # The peer places its pre-posted receive like our previous payload within a page;
+                    # a payload placed otherwise goes the usual way (placed by its header) instead.
+                    bpage = (page + (lengths[0] if inline else 0)) % _PAGE
+                    pre = (bpage == self._pre_page_sent[peer] and bool(self._pre_offers[peer])
+                           and self._pre_fits(peer, lengths[-1]))
+                    self._pre_page_sent[peer] = bpage
+                if pre:
+                    # The payload first: it can land in the receive the peer posted for it before
+                    # the peer has even read the header.
+                    seg = segments[0]
+                    self._submit([seg, MPI.BYTE], TAG_PRE, _Send(peer, seg, None, group, True))
+                    hdr = _rndv_header(edge, size, lengths, page, inline, _FLAG_PRE)
+                    self._submit(hdr, TAG_DATA, _Send(peer, hdr))
+                    self._pre_used[peer] += 1
+                    self.stats["pre_sent"] += 1
+                    segments = []
+                else:
+                    hdr = _rndv_header(edge, size, lengths, page, inline)
+                    self._submit(hdr, TAG_DATA, _Send(peer, hdr))
                 if dtype is not None:
                     self._submit([MPI.BOTTOM, 1, dtype], TAG_BULK, _Send(peer, views, dtype, group, True))
                 else:
@@ -754,6 +842,32 @@ class MPIChannel(Channel):
                 off += step
         return MPI.BYTE.Create_hindexed(lengths, addrs).Commit()
 
+    def _pre_fits(self, peer: int, n: int) -> bool:
+        """Whether a payload of ``n`` bytes can go into ``peer``'s next pre-posted receive. If that one
+        is too small but a later offer is big enough and at most ``_MAX_SKIPS`` receives away, the
+        smaller ones are used up first with empty sends (skips)."""
+        offers = self._pre_offers[peer]
+        used = self._pre_used[peer]
+        while len(offers) > 1 and offers[1][0] <= used:
+            offers.popleft()
+        first, cap = offers[0]
+        if first > used:
+            return False
+        if n <= cap:
+            return True
+        for first, cap in list(offers)[1:]:
+            if cap >= n:
+                if first - used > _MAX_SKIPS:
+                    return False
+                skip = _HDR.pack(_KIND_RNDV, _FLAG_PRE | _FLAG_SKIP, 0, 0, 0)
+                for _ in range(first - used):
+                    self._submit([b"", self._MPI.BYTE], TAG_PRE, _Send(peer, b""))
+                    self._submit(skip, TAG_DATA, _Send(peer, skip))
+                    self.stats["pre_skips"] += 1
+                self._pre_used[peer] = first
+                return True
+        return False
+
     def _post(self, req: Any, op: Any) -> None:
         if self._free_slots:
             i = self._free_slots.pop()
@@ -859,6 +973,17 @@ class MPIChannel(Channel):
             self._in_poll = False
 
     def _test_requests(self) -> bool:
+        if not self._test_once():
+            return False
+        if self._pre_early:
+            # A payload landed in a pre-posted receive before its header was read. The header left
+            # right behind it, so look again now instead of after a round through the caller.
+            limit = time.monotonic() + _PRE_HEADER_WAIT
+            while self._pre_early and time.monotonic() < limit:
+                self._test_once()
+        return True
+
+    def _test_once(self) -> bool:
         MPI = self._MPI
         if len(self._statuses) < len(self._reqs):
             self._statuses.extend(MPI.Status() for _ in range(len(self._reqs) - len(self._statuses)))
@@ -887,6 +1012,8 @@ class MPIChannel(Channel):
                 self._send_done(op)
             elif cls is _BulkRecv:
                 self._bulk_done(op)
+            elif cls is _PreRecv:
+                self._pre_done(op)
             elif cls is _CtrlRecv:
                 self._ctrl_received(op)
         for peer in data_peers:
@@ -926,6 +1053,12 @@ class MPIChannel(Channel):
             elif cls is _BulkRecv:
                 self._bulk_pending[peer] -= 1
                 self._bulk_active -= 1
+            elif cls is _PreRecv:
+                if op.incoming is not None:
+                    self._bulk_pending[peer] -= 1
+                    self._bulk_active -= 1
+                elif op in self._pre_q[peer]:
+                    self._pre_q[peer].remove(op)
             try:
                 what = MPI.Get_error_string(err)
             except MPI.Exception:
@@ -978,8 +1111,14 @@ class MPIChannel(Channel):
             else:
                 self._events.append((self._handler.on_message, (peer, edge, data, rel)))  # type: ignore[union-attr]
         elif kind == _KIND_RNDV:
+            if flags & _FLAG_PRE:
+                self._pre_claim(peer, buf, flags, page, edge, size)
+                return
             lengths = _rndv_lengths(buf, size)
-            store = self._bulk_cache_take(size + _PAGE)
+            bulk = lengths[-1] if len(lengths) == 2 - (not flags & _FLAG_INLINE) else 0
+            # A payload of one segment makes us offer pre-posted receives (_pre_offer): take a buffer
+            # one of them can use next, so it is recycled rather than a fresh one faulted in.
+            store = self._bulk_cache_take(max(size, _pre_cap(bulk) + _INLINE_MAX) + _PAGE)
             skip = (page - store.ctypes.data) % _PAGE
             target = store[skip:skip + size]
             off = 0
@@ -999,17 +1138,167 @@ class MPIChannel(Channel):
                 q = self._order[key] = deque()
             q.append(inc)
             BYTE = self._MPI.BYTE
+            first = off
             for n in lengths:
                 self._post(self._comm.Irecv([target[off:off + n], BYTE], peer, TAG_BULK), _BulkRecv(peer, inc))
                 off += n
             self._bulk_pending[peer] += len(lengths)
+            if bulk:
+                self._pre_offer(peer, bulk, (page + first) % _PAGE)
         elif kind == _KIND_BYE:
             log.debug("rank %d: goodbye from rank %d", self.rank, peer)
             self._bye_from.add(peer)
+            self._pre_drop(peer)
             self._credit_out.pop(peer, None)
             self._credit_since.pop(peer, None)
         else:
             raise ProtocolError(f"unknown message kind {kind} from rank {peer}")
+
+    # --- pre-posted payload receives -----------------------------------------------------------------
+    #
+    # A rendezvous payload is normally received only once its header has been read, so the copy waits
+    # for the receiver's Python between "header arrived" and "Irecv posted". For a peer that sends
+    # payloads of one segment, the receiver instead keeps a payload receive posted ahead on TAG_PRE
+    # (into a recycled buffer placed like the last payload within a page), so MPI can copy the next
+    # payload the moment it arrives. The sender must know the receive is big enough: the receiver
+    # offers, by a control message, "pre-posted receives number `first` on have room for `cap` bytes"
+    # (cap only grows; a sender too big for the next receive uses it up with an empty send, a *skip*,
+    # when a big enough one follows within _MAX_SKIPS), and the sender flags the header of each payload
+    # it sent that way. MPI's non-overtaking rule matches the n-th TAG_PRE send with the n-th TAG_PRE
+    # receive, and the headers say which messages those are. At most one receive per peer is posted
+    # ahead (re-posted when its buffer comes back), others are posted when their header arrives, so
+    # correctness never depends on timing. Offers are bounded in total by ``memory_limit`` and never
+    # withdrawn; a peer's goodbye or loss cancels the receive posted ahead for it.
+
+    def _pre_offer(self, peer: int, n: int, page: int) -> None:
+        """A payload of ``n`` bytes in one segment (at ``page`` within a page) came from ``peer``
+        without a pre-posted receive: offer receives big enough for it from now on, if memory allows."""
+        self._pre_page[peer] = page
+        have = self._pre_cap[peer]
+        if n <= have or n < self._pre_min or self._bye_sent or peer in self._bye_from or peer in self._lost:
+            return
+        cap = _pre_cap(n)
+        if self._pre_total + cap - have > self._pre_budget:
+            return
+        msg = _encode_offer(self._pre_posted[peer], cap)
+        try:
+            self._submit(msg, TAG_CTRL, _Send(peer, msg), urgent=True)
+        except self._MPI.Exception as e:
+            self._lose(peer, f"MPI error offering pre-posted receives: {e.Get_error_string()}")
+            return
+        self._pre_total += cap - have
+        self._pre_cap[peer] = cap
+
+    def _post_pre(self, peer: int, cap: int) -> _PreRecv:
+        """Post ``peer``'s next pre-posted receive, of ``cap`` bytes."""
+        store = self._bulk_cache_take(cap + _INLINE_MAX + _PAGE)
+        start = _INLINE_MAX + (self._pre_page[peer] - store.ctypes.data - _INLINE_MAX) % _PAGE
+        op = _PreRecv(peer, store, start, cap)
+        self._post(self._comm.Irecv([store[start:start + cap], self._MPI.BYTE], peer, TAG_PRE), op)
+        self._pre_posted[peer] += 1
+        return op
+
+    def _pre_claim(self, peer: int, buf: bytearray, flags: int, page: int, edge: int, size: int) -> None:
+        """A header whose payload went to ``peer``'s next pre-posted receive (posted now if it was not)."""
+        q = self._pre_q[peer]
+        if flags & _FLAG_SKIP:
+            self._post_data_recv(peer, buf)
+            op = q.popleft() if q else self._post_pre(peer, 0)
+            op.skip = True
+            if op.done:
+                self._pre_early -= 1
+                self._pre_recycle(op)
+            return
+        lengths = _rndv_lengths(buf, size)
+        off = 0
+        if flags & _FLAG_INLINE:
+            off = lengths[0]
+            start = _HDR.size + _U32.size + 8 * len(lengths)
+            if len(lengths) != 2 or off > _INLINE_MAX or start + off > len(buf):
+                raise ProtocolError(f"pre-posted rendezvous header from rank {peer} with a bad inline segment")
+        elif len(lengths) != 1:
+            raise ProtocolError(f"pre-posted rendezvous header from rank {peer} announces {len(lengths)} segments")
+        n = lengths[-1]
+        op = q.popleft() if q else self._post_pre(peer, n)
+        if op.done:
+            self._pre_early -= 1
+        if n > op.cap:
+            raise ProtocolError(f"rank {peer} sent {n} bytes to a pre-posted receive of {op.cap}")
+        store = op.store
+        op.store = None
+        target = store[op.start - off:op.start + n]
+        if off:
+            target[:off] = memoryview(buf)[start:start + off]
+        self._post_data_recv(peer, buf)
+        self._pre_page[peer] = (page + off) % _PAGE
+        self.stats["pre_received"] += 1
+        inc = _Incoming(peer, edge, memoryview(target), _Release(self, peer, edge, size, store, False), op.done)
+        key = (peer, edge)
+        order = self._order.get(key)
+        if not op.done:
+            op.incoming = inc
+            inc.left = 1
+            self._bulk_pending[peer] += 1
+            self._bulk_active += 1
+        elif not order:
+            self._ready(inc)
+            return
+        if order is None:
+            order = self._order[key] = deque()
+        order.append(inc)
+        if op.done:
+            self._ready(inc)
+
+    def _pre_done(self, op: _PreRecv) -> None:
+        op.done = True
+        if op.skip:
+            self._pre_recycle(op)
+            return
+        inc = op.incoming
+        if inc is None:
+            self._pre_early += 1
+            return  # its header has not been read yet; it claims the payload
+        op.incoming = None
+        self._bulk_pending[op.peer] -= 1
+        self._bulk_active -= 1
+        inc.left = 0
+        self._ready(inc)
+
+    def _pre_recycle(self, op: _PreRecv) -> None:
+        if op.store is not None:
+            self._bulk_cache_put(op.store)
+            op.store = None
+
+    def _pre_rearm(self, peer: int) -> None:
+        """Post ``peer``'s next receive ahead of its header, if it has an offer and none is posted."""
+        if (self._pre_cap[peer] and not self._pre_q[peer] and not self._closed
+                and peer not in self._bye_from and peer not in self._lost):
+            try:
+                self._pre_q[peer].append(self._post_pre(peer, self._pre_cap[peer]))
+            except self._MPI.Exception as e:
+                self._lose(peer, f"MPI error posting a receive: {e.Get_error_string()}")
+
+    def _pre_drop(self, peer: int) -> None:
+        """``peer`` left or was lost: cancel the receives posted ahead for it (they complete as
+        cancelled and their buffers are recycled) and give its offer's memory back."""
+        self._pre_total -= self._pre_cap[peer]
+        self._pre_cap[peer] = 0
+        self._pre_offers[peer].clear()
+        q = self._pre_q[peer]
+        while q:
+            op = q.popleft()
+            op.skip = True
+            if op.done:
+                self._pre_early -= 1
+                self._pre_recycle(op)
+                continue
+            for i, o in enumerate(self._ops):
+                if o is op:
+                    try:
+                        self._reqs[i].Cancel()
+                    except self._MPI.Exception:
+                        pass
+                    break
 
     def _bulk_done(self, op: _BulkRecv) -> None:
         inc = op.incoming
@@ -1018,12 +1307,19 @@ class MPIChannel(Channel):
         inc.left -= 1
         if inc.left:
             return
+        self._ready(inc)
+
+    def _ready(self, inc: _Incoming) -> None:
+        """``inc``'s payload is complete: deliver it and whatever waited for it on its (peer, edge)."""
         inc.ready = True
         self.stats["msgs_received"] += 1
         self.stats["bytes_received"] += inc.data.nbytes
         key = (inc.peer, inc.edge)
         q = self._order.get(key)
         on_message = self._handler.on_message  # type: ignore[union-attr]
+        if not q:  # not queued behind an earlier message (a payload read into a pre-posted receive)
+            self._events.append((on_message, (inc.peer, inc.edge, inc.data, inc.release)))
+            return
         while q and q[0].ready:
             m = q.popleft()
             self._events.append((on_message, (m.peer, m.edge, m.data, m.release)))
@@ -1038,6 +1334,13 @@ class MPIChannel(Channel):
             reason = body
             self._lose(peer, f"rank {peer} aborted: {reason}" if reason else f"rank {peer} aborted")
             return
+        if kind == _KIND_OFFER:
+            first, cap = body
+            offers = self._pre_offers[peer]
+            if offers and (first < offers[-1][0] or cap <= offers[-1][1]) or not offers and first != 0:
+                raise ProtocolError(f"rank {peer} offered pre-posted receives ({first}, {cap}) after {list(offers)}")
+            offers.append((first, cap))
+            body = ()
         on_credit = self._handler.on_credit  # type: ignore[union-attr]
         for edge, nbytes in body:
             key = (peer, edge)
@@ -1074,6 +1377,8 @@ class MPIChannel(Channel):
                     else:
                         self._bulk_cache_put(buf)
                 del buf
+                if not rel.pool and self._pre_cap[rel.peer]:
+                    self._pre_rearm(rel.peer)   # most likely into the buffer just returned
             peer = rel.peer
             if peer in self._bye_from or peer in self._lost:
                 continue
@@ -1143,6 +1448,7 @@ class MPIChannel(Channel):
             return
         self._pending_total -= self._pending_sends[peer]
         self._lost[peer] = reason
+        self._pre_drop(peer)
         log.warning("rank %d: lost rank %d: %s", self.rank, peer, reason)
         q = self._sendq[peer]
         while q:
@@ -1215,6 +1521,7 @@ class MPIChannel(Channel):
         self._free_slots.clear()
         self._active = 0
         self._data_recvs = [deque() for _ in range(self.world)]
+        self._pre_q = [deque() for _ in range(self.world)]
         self._order.clear()
         self._spares.clear()
         self._free_comm()

@@ -79,6 +79,14 @@ def test_rendezvous_payload_keeps_the_senders_page_offset_and_big_buffers_are_re
 
 
 @pytest.mark.timeout(120)
+def test_payloads_into_pre_posted_receives_grow_skip_and_keep_order() -> None:
+    ranks = assert_all_ok(2, "preposted")
+    for r in ranks.values():
+        got = json.loads(r)
+        assert got["pre_sent"] >= 12 and got["pre_skips"] >= 1, got
+
+
+@pytest.mark.timeout(120)
 def test_buffers_viewed_after_release_are_never_recycled() -> None:
     assert_all_ok(2, "keep_views")
 

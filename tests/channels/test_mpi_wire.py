@@ -100,7 +100,24 @@ def test_garbage_control_message_is_a_protocol_error_or_valid(data: bytes) -> No
         kind, _ = mpich._decode_ctrl(data)
     except ProtocolError:
         return
-    assert kind in (mpich._KIND_CREDIT, mpich._KIND_ABORT)
+    assert kind in (mpich._KIND_CREDIT, mpich._KIND_ABORT, mpich._KIND_OFFER)
+
+
+@given(st.integers(0, (1 << 64) - 1), st.integers(0, (1 << 64) - 1))
+def test_pre_post_offer_roundtrip(first: int, cap: int) -> None:
+    buf = bytearray(mpich._CTRL_BUF_SIZE)
+    msg = mpich._encode_offer(first, cap)
+    buf[:len(msg)] = msg
+    assert mpich._decode_ctrl(buf) == (mpich._KIND_OFFER, (first, cap))
+    with pytest.raises(ProtocolError):
+        mpich._decode_ctrl(msg[:-1])
+
+
+@given(st.integers(1, 1 << 40))
+def test_pre_post_capacity_fits_with_little_slack(n: int) -> None:
+    cap = mpich._pre_cap(n)
+    assert n <= cap <= n + max(64 << 10, n // 8)
+    assert mpich._pre_cap(cap) == cap       # a payload of exactly the capacity gets the same offer
 
 
 # --- rendezvous headers and segments ---------------------------------------------------------------
