@@ -1119,7 +1119,7 @@ class MPIChannel(Channel):
             # A payload of one segment makes us offer pre-posted receives (_pre_offer): take a buffer
             # one of them can use next, so it is recycled rather than a fresh one faulted in.
             store = self._bulk_cache_take(max(size, _pre_cap(bulk) + _INLINE_MAX) + _PAGE)
-            skip = (page - store.ctypes.data) % _PAGE
+            skip = (page - self._MPI.Get_address(store)) % _PAGE
             target = store[skip:skip + size]
             off = 0
             if flags & _FLAG_INLINE:
@@ -1192,7 +1192,7 @@ class MPIChannel(Channel):
     def _post_pre(self, peer: int, cap: int) -> _PreRecv:
         """Post ``peer``'s next pre-posted receive, of ``cap`` bytes."""
         store = self._bulk_cache_take(cap + _INLINE_MAX + _PAGE)
-        start = _INLINE_MAX + (self._pre_page[peer] - store.ctypes.data - _INLINE_MAX) % _PAGE
+        start = _INLINE_MAX + (self._pre_page[peer] - self._MPI.Get_address(store) - _INLINE_MAX) % _PAGE
         op = _PreRecv(peer, store, start, cap)
         self._post(self._comm.Irecv([store[start:start + cap], self._MPI.BYTE], peer, TAG_PRE), op)
         self._pre_posted[peer] += 1
