@@ -346,6 +346,15 @@ def _rndv_header(edge: int, size: int, lengths: Sequence[int], page: int = 0, in
                      _U32.pack(len(lengths)), struct.pack(f"<{len(lengths)}Q", *lengths), inline))
 
 
+def _rndv_inline(buf: Buffer, lengths: Sequence[int], peer: int) -> int:
+    """Where in a rendezvous header (flagged _FLAG_INLINE) its inline first segment starts, checked:
+    others must follow it, and it must be small and inside the header."""
+    start = _HDR.size + _U32.size + 8 * len(lengths)
+    if len(lengths) < 2 or lengths[0] > _INLINE_MAX or start + lengths[0] > memoryview(buf).nbytes:
+        raise ProtocolError(f"rendezvous header from rank {peer} with a bad inline segment")
+    return start
+
+
 def _pre_cap(n: int) -> int:
     """Capacity of the pre-posted receives offered for payloads of ``n`` bytes: at most 1/8 more,
     in steps of at least 64 KiB (0 for 0)."""
@@ -549,7 +558,6 @@ class MPIChannel(Channel):
         self._pre_total = 0
         self._pre_early = 0     # payloads received whose header has not been read yet
         self._pre_budget = config.memory_limit
-        self._pre_min = config.buffer_size      # smaller payloads travel eagerly anyway
 
         # Send side.
         self._inflight: dict[tuple[int, int], int] = {}
@@ -1123,10 +1131,8 @@ class MPIChannel(Channel):
             target = store[skip:skip + size]
             off = 0
             if flags & _FLAG_INLINE:
-                start = _HDR.size + _U32.size + 8 * len(lengths)
+                start = _rndv_inline(buf, lengths, peer)
                 off = lengths[0]
-                if len(lengths) < 2 or off > _INLINE_MAX or start + off > len(buf):
-                    raise ProtocolError(f"rendezvous header from rank {peer} with a bad inline segment")
                 target[:off] = memoryview(buf)[start:start + off]
                 lengths = lengths[1:]
             self._post_data_recv(peer, buf)
@@ -1175,7 +1181,7 @@ class MPIChannel(Channel):
         without a pre-posted receive: offer receives big enough for it from now on, if memory allows."""
         self._pre_page[peer] = page
         have = self._pre_cap[peer]
-        if n <= have or n < self._pre_min or self._bye_sent or peer in self._bye_from or peer in self._lost:
+        if n <= have or n < self._eager_limit or self._bye_sent or peer in self._bye_from or peer in self._lost:
             return
         cap = _pre_cap(n)
         if self._pre_total + cap - have > self._pre_budget:
@@ -1212,10 +1218,10 @@ class MPIChannel(Channel):
         lengths = _rndv_lengths(buf, size)
         off = 0
         if flags & _FLAG_INLINE:
+            start = _rndv_inline(buf, lengths, peer)
             off = lengths[0]
-            start = _HDR.size + _U32.size + 8 * len(lengths)
-            if len(lengths) != 2 or off > _INLINE_MAX or start + off > len(buf):
-                raise ProtocolError(f"pre-posted rendezvous header from rank {peer} with a bad inline segment")
+            if len(lengths) != 2:
+                raise ProtocolError(f"pre-posted rendezvous header from rank {peer} announces {len(lengths)} segments")
         elif len(lengths) != 1:
             raise ProtocolError(f"pre-posted rendezvous header from rank {peer} announces {len(lengths)} segments")
         n = lengths[-1]

@@ -679,11 +679,8 @@ class Context:
             # room without the lock, writes the rest. Writing it here instead, waiting for room under the
             # lock, made 64-256 MB transfers collapse to a third of their speed in some runs.
             return False
-        self._driven_at = time.monotonic()   # the engine thread yields the channel (see _run)
-        if not self._chan_lock.acquire(blocking=False):
-            self.channel.wakeup()            # the engine stops its current wait early
-            if not self._chan_lock.acquire(timeout=_SEND_LOCK_WAIT):
-                return False
+        if not self._take_engine():
+            return False
         self._progress_once(_DRIVE_SPIN, lock_held=True, deliver=False)
         self._driven_at = time.monotonic()
         with self._lock:
@@ -945,15 +942,16 @@ class Context:
     def _take_engine(self) -> bool:
         """Take the engine for this (waiting) thread if it is free. Over MPI the engine thread holds it
         while it polls, so ask it to step aside (it keeps out while ``_driven_at`` is recent, see
-        ``_run``) and wait briefly: the thread that waits for a record then receives and handles it
-        itself, as a blocking ``MPI_Recv`` does, instead of being woken for every record the engine
-        thread handles (a wake-up and a GIL hand-off per message, in the path of the next one)."""
+        ``_run``) and wait briefly: the thread that waits for a record (or for its own large send,
+        ``_drive_send``) then moves it itself, as a blocking ``MPI_Recv``/``MPI_Send`` does, instead
+        of being woken for every record the engine thread handles (a wake-up and a GIL hand-off per
+        message, in the path of the next one)."""
+        if self.channel.can_wait_unlocked:
+            return self._chan_lock.acquire(blocking=False)
+        self._driven_at = time.monotonic()   # the engine thread yields the channel (see _run)
         if self._chan_lock.acquire(blocking=False):
             return True
-        if self.channel.can_wait_unlocked:
-            return False
-        self._driven_at = time.monotonic()
-        self.channel.wakeup()
+        self.channel.wakeup()                # the engine stops its current wait early
         return self._chan_lock.acquire(timeout=_SEND_LOCK_WAIT)
 
     def _wait_change(self, gen: int, timeout: float) -> None:
