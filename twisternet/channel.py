@@ -97,6 +97,11 @@ class Channel(ABC):
     def wakeup(self) -> None:
         """Interrupt a ``progress`` call that is waiting. Thread-safe, cheap, may be called often."""
 
+    def flush_released(self) -> None:
+        """Called by the core, holding the engine, right after handlers ran: hand back what they
+        released (credit, receive buffers) now rather than at the next ``progress`` call, so a
+        sender waiting for it hears sooner. Optional; the default does nothing."""
+
     #: True if :meth:`wait` may run in one thread while another calls ``progress(0)`` (then the
     #: core's progress thread waits without holding the engine, and any thread can move bytes at once).
     can_wait_unlocked: bool = False

@@ -99,6 +99,9 @@ class Config:
     channel: str = "auto"
     #: Use TCP sockets even between peers on one host (default: Unix-domain sockets there).
     force_tcp: bool = False
+    #: MPI channel, ranks on one host: large messages go through shared-memory slots the receiver
+    #: grants (one copy by the sender, see channels.shm_slots) instead of MPI's rendezvous.
+    mpi_shared_memory: bool = True
     #: Socket send/receive buffer sizes requested from the kernel (0 = kernel default).
     socket_buffer: int = 4 << 20
     #: Address the TCP listener binds (peers connect to the advertised address).

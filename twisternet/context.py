@@ -806,6 +806,7 @@ class Context:
                     did = seen = True
                 if deliver and self._deliver():
                     did = seen = True
+                    self.channel.flush_released()   # what the handlers released goes back now
                 seen = seen or self._seen
             finally:
                 self._in_progress.active = False

@@ -36,6 +36,7 @@ from twisternet.config import load_config  # noqa: E402
 from twisternet.errors import ClosedError, ConfigError, PeerLostError, TwisternetError  # noqa: E402
 
 import channels.mpi as mpich  # noqa: E402
+from channels import shm_slots  # noqa: E402
 
 #: Safety net: no scenario may run longer than this (the pytest side has its own timeout too).
 DEADLINE = time.monotonic() + float(os.environ.get("MPI_SCENARIO_DEADLINE", "100"))
@@ -133,8 +134,10 @@ class Traffic:
     checking what arrives against the reference payloads."""
 
     def __init__(self, ch: mpich.MPIChannel, rec: Recorder, edges: list[int],
-                 plan: Callable[[int, int, int], list[int]], hold: int = 0, seed: int = 0) -> None:
+                 plan: Callable[[int, int, int], list[int]], hold: int = 0, seed: int = 0,
+                 lead: int | None = None) -> None:
         self.ch, self.rec = ch, rec
+        self.lead = lead  # if set: message n goes only once n - lead messages came back (same plan both ways)
         self.rng = np.random.default_rng([seed, ch.rank])
         me, world = ch.rank, ch.world
         self.outq: dict[tuple[int, int], deque[tuple[int, list[Any]]]] = {}
@@ -189,6 +192,8 @@ class Traffic:
             while q:
                 seq, spec = q[0]
                 peer, edge = key
+                if self.lead is not None and seq > self.next_seq[key] + self.lead:
+                    break
                 if isinstance(spec[0], int):
                     data = payload(self.ch.rank, peer, edge, seq, spec[0])
                     spec[0] = split_parts(data, self.rng)
@@ -301,7 +306,7 @@ def scenario_many_parts() -> None:
     """With the smallest buffer_size a header announces at most 7 segments: a message with more large
     parts goes as one non-contiguous (hindexed) send; fewer parts go as segments. Both ways, both
     directions, contents checked."""
-    ch, rec = make_channel(buffer_size=64, buffer_count=4)
+    ch, rec = make_channel(buffer_size=64, buffer_count=4, mpi_shared_memory=False)
     peer = 1 - ch.rank
     shapes = [[70_000] * 10, [70_000, 5, 100_000, 0, 3], [1] * 300, [200_000] * 7 + [10]]
     got: list[bool] = []
@@ -329,7 +334,7 @@ def scenario_page_placement() -> None:
     offset travels in the header), whatever the prefix before it, contents intact; and a payload
     larger than half memory_limit (and than twice the credit) is received into a recycled buffer the
     second time (idle buffers are bounded by twice memory_limit, as in the TCP channel)."""
-    ch, rec = make_channel(buffer_size="64K", buffer_count=4, memory_limit="32M")
+    ch, rec = make_channel(buffer_size="64K", buffer_count=4, memory_limit="32M", mpi_shared_memory=False)
     big = np.arange(3 << 20, dtype=np.uint8)          # 3 MiB: rendezvous, one at a time (credit 256K)
     skews = (0, 1, 38, 4095, 5000)
     if ch.rank == 0:
@@ -398,7 +403,7 @@ def scenario_preposted() -> None:
     the usual way, then use skips; eager messages on the same edge keep their place; a consumer that
     holds buffers gets receives posted on demand; a payload placed elsewhere within a page goes the
     usual way; contents and order checked end to end; close cancels what was posted ahead."""
-    ch, rec = make_channel(buffer_size="64K", buffer_count=8)
+    ch, rec = make_channel(buffer_size="64K", buffer_count=8, mpi_shared_memory=False)
     mb = 1 << 20
     big = ([2 * mb] * 6 + [5, 2 * mb, 0, 2 * mb - 7] + [3 * mb] * 4 + [9 * mb] * 3 + [2 * mb, 100, 2 * mb]
            + [2 * mb] * 4 + [2 * mb] * 3)
@@ -426,7 +431,7 @@ def scenario_keep_views() -> None:
     """A consumer may keep zero-copy views (e.g. decoded arrays) after release: the channel must not
     recycle those buffers, while buffers nobody views any more are recycled."""
     bs = 64 << 10
-    ch, rec = make_channel(buffer_size=bs, buffer_count=4)
+    ch, rec = make_channel(buffer_size=bs, buffer_count=4, mpi_shared_memory=False)
     sizes = [bs - 100, 3 * bs, 2 << 20] * 6  # zero-copy eager, rendezvous, bigger rendezvous
     if ch.rank == 0:
         for i, n in enumerate(sizes):
@@ -449,6 +454,122 @@ def scenario_keep_views() -> None:
         check(ch.stats["rndv_buffers_reused"] > reused_before, "released, unviewed buffers were not recycled")
         ok(1, reused=ch.stats["rndv_buffers_reused"])
     ch.close(20)
+
+
+def in_slot(data: memoryview) -> bool:
+    """Whether a delivered message is a view of a shared-memory slot (a slice of an mmap'ed array)."""
+    import mmap
+    base = data.obj
+    while isinstance(base, np.ndarray) and base.base is not None:
+        base = base.base
+    return isinstance(base, memoryview) and isinstance(base.obj, mmap.mmap)
+
+
+class KeepTraffic(Traffic):
+    """Traffic whose consumer keeps a view of every ``keep_every``-th message it got in a shared-memory
+    slot after releasing it (as a program keeping a decoded array would): that memory must never be
+    written again."""
+
+    def __init__(self, *args: Any, keep_every: int, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.keep_every = keep_every
+        self.kept: list[tuple[memoryview, str]] = []
+        self.in_slots = 0
+
+    def _release_one(self) -> None:
+        data, want, _ = self.held[0]
+        super()._release_one()
+        if in_slot(data):
+            self.in_slots += 1
+            if self.in_slots % self.keep_every == 0:
+                self.kept.append((data, want))
+
+    def check_kept(self, when: str) -> None:
+        for i, (data, want) in enumerate(self.kept):
+            check(digest(data) == want, f"rank {self.ch.rank}: view {i} kept after release was overwritten {when}")
+
+
+def slot_files(pid: int) -> list[str]:
+    """The shared-memory slot files a process created that still have a name."""
+    import glob
+    return glob.glob(os.path.join(shm_slots.SHM_DIR, f"{shm_slots.PREFIX}{pid}-*"))
+
+
+def scenario_slots() -> None:
+    """Large messages between ranks on one host go through shared-memory slots, both directions at
+    once: sizes that outgrow the slots (bigger ones offered, the old ones retired), pairs of slots from
+    8 MB, multi-part messages, eager messages on the same edge keeping their place behind slot
+    messages, a consumer holding messages (slots busy: some sends go through MPI meanwhile) and keeping
+    views after release (their slots are retired, never refilled); contents checked end to end and
+    up to each release; close leaves no slot file behind."""
+    ch, rec = make_channel()
+    mb = 1 << 20
+    big = ([2 * mb] * 8 + [100, 2 * mb + 5, 0] + [5 * mb] * 8 + [17] + [9 * mb] * 6
+           + [2 * mb, 1 * mb + 1, 4 * mb, 6] + [3 * mb] * 10)
+
+    def plan(src: int, dst: int, edge: int) -> list[int]:
+        return big if edge == 5 else [int(x) for x in np.random.default_rng([src, dst]).integers(0, 300 << 10, 30)]
+
+    t = KeepTraffic(ch, rec, [5, 6], plan, hold=1, seed=4, keep_every=3, lead=1)
+    t.run()
+    t.check_kept("by later messages")
+    stats = dict(ch.stats)
+    peer = 1 - ch.rank
+    pids = ch.comm.allgather(os.getpid())
+    ch.close(30)
+    t.check_tokens()
+    t.check_kept("at close")
+    check(not rec.lost, f"peers reported lost: {rec.lost}")
+    # (a consumer that holds messages keeps slots busy, so part of the traffic goes through MPI)
+    check(stats["slot_sent"] >= 8 and stats["slot_received"] >= 8, f"slots hardly used: {stats}")
+    check(t.in_slots == stats["slot_received"], f"{t.in_slots} slot views for {stats['slot_received']} slot messages")
+    check(len(t.kept) >= 2, f"only {len(t.kept)} views of slots kept")
+    check(stats["slots_retired"] >= 2, f"no slot was retired (outgrown or kept): {stats}")
+    check(stats["slot_offers"] >= 3, f"slots never grew: {stats}")
+    check(not ch._slots_in.slots_of(peer) and not ch._slots_out.slots_of(peer), "slots left after close")
+    ch_done = time.monotonic() + 5
+    while slot_files(pids[ch.rank]) and time.monotonic() < ch_done:
+        time.sleep(0.05)
+    check(not slot_files(pids[ch.rank]), f"slot files left behind: {slot_files(pids[ch.rank])}")
+    ok(ch.rank, **{k: stats[k] for k in ("slot_sent", "slot_received", "slot_offers", "slots_retired",
+                                         "rendezvous_sent")})
+
+
+def scenario_slots_refused() -> None:
+    """Rank 1 may not use shared memory: it refuses rank 0's slot offers, rank 0 offers no more, and
+    every message still arrives (through MPI) in order, both directions; no file is left behind."""
+    ch, rec = make_channel(mpi_shared_memory=(ch_rank() == 0))
+    mb = 1 << 20
+
+    def plan(src: int, dst: int, edge: int) -> list[int]:
+        return [2 * mb, 7, 3 * mb, 2 * mb, 4 * mb, 1, 2 * mb, 5 * mb, 2 * mb]
+
+    t = Traffic(ch, rec, [2], plan, hold=1, seed=5)
+    t.run()
+    # rank 1 keeps going until rank 0 heard its refusal (it may have been still in flight)
+    done: list[bytes] = []
+    rec.on_message_hook = lambda p, e, d, r: (done.append(bytes(d)), r())
+    if ch.rank == 0:
+        spin(ch, lambda: ch._slots_in.disabled(1), "rank 1's refusal")
+        check(ch.send(1, 9, [b"done"]), "done refused")
+    else:
+        spin(ch, lambda: done == [b"done"], "rank 0's done")
+    stats = dict(ch.stats)
+    ch.close(30)
+    t.check_tokens()
+    check(not rec.lost, f"peers reported lost: {rec.lost}")
+    check(stats["slot_sent"] == 0 and stats["slot_received"] == 0, f"a slot was used: {stats}")
+    if ch.rank == 0:
+        check(stats["slot_offers"] == 2, f"rank 0 should offer one round (two slots), then stop: {stats}")
+    else:
+        check(stats["slot_offers"] == 0, f"rank 1 may not offer slots: {stats}")
+    check(not slot_files(os.getpid()), f"slot files left behind: {slot_files(os.getpid())}")
+    ok(ch.rank, **{k: stats[k] for k in ("slot_offers", "rendezvous_sent")})
+
+
+def ch_rank() -> int:
+    from mpi4py import MPI
+    return MPI.COMM_WORLD.Get_rank()
 
 
 def scenario_backpressure() -> None:

@@ -87,6 +87,20 @@ def test_payloads_into_pre_posted_receives_grow_skip_and_keep_order() -> None:
 
 
 @pytest.mark.timeout(120)
+def test_shared_memory_slots_grow_retire_keep_views_and_leave_no_files() -> None:
+    ranks = assert_all_ok(2, "slots")
+    for r in ranks.values():
+        got = json.loads(r)
+        assert got["slot_sent"] >= 8 and got["slots_retired"] >= 2, got
+
+
+@pytest.mark.timeout(120)
+def test_shared_memory_slots_refused_by_a_peer_fall_back_to_mpi() -> None:
+    ranks = assert_all_ok(2, "slots_refused")
+    assert json.loads(ranks[0])["slot_offers"] == 2
+
+
+@pytest.mark.timeout(120)
 def test_buffers_viewed_after_release_are_never_recycled() -> None:
     assert_all_ok(2, "keep_views")
 

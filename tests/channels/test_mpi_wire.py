@@ -100,7 +100,48 @@ def test_garbage_control_message_is_a_protocol_error_or_valid(data: bytes) -> No
         kind, _ = mpich._decode_ctrl(data)
     except ProtocolError:
         return
-    assert kind in (mpich._KIND_CREDIT, mpich._KIND_ABORT, mpich._KIND_OFFER)
+    assert kind in (mpich._KIND_CREDIT, mpich._KIND_ABORT, mpich._KIND_OFFER, mpich._KIND_SLOT_OFFER,
+                    mpich._KIND_SLOT_GRANT, mpich._KIND_SLOT_RETIRE)
+
+
+slot_ids = st.integers(0, (1 << 32) - 1)
+
+
+@given(slot_ids, st.integers(0, (1 << 64) - 1), st.integers(0, (1 << 64) - 1), st.binary(min_size=16, max_size=16),
+       st.text(min_size=1, max_size=200))
+def test_slot_offer_roundtrip(slot: int, cap: int, size: int, nonce: bytes, name: str) -> None:
+    offer = mpich.shm_slots.Offer(slot, cap, size, nonce, "/dev/shm/" + name)
+    msg = mpich._encode_slot_offer(offer)
+    buf = bytearray(mpich._CTRL_BUF_SIZE)
+    buf[:len(msg)] = msg
+    assert mpich._decode_ctrl(buf) == (mpich._KIND_SLOT_OFFER, offer)
+    with pytest.raises(ProtocolError):
+        mpich._decode_ctrl(msg[:-1])
+
+
+def test_slot_offer_path_must_fit_a_control_buffer() -> None:
+    with pytest.raises(ValueError, match="too long"):
+        mpich._encode_slot_offer(mpich.shm_slots.Offer(1, 2, 3, b"n" * 16, "/dev/shm/" + "x" * 5000))
+
+
+@given(st.sampled_from([mpich._KIND_SLOT_GRANT, mpich._KIND_SLOT_RETIRE]), st.lists(slot_ids, min_size=1, max_size=3000))
+@settings(max_examples=50)
+def test_slot_ids_roundtrip(kind: int, ids: list[int]) -> None:
+    got = []
+    for m in mpich._encode_slot_ids(kind, ids):
+        assert len(m) <= mpich._CTRL_BUF_SIZE
+        k, body = mpich._decode_ctrl(m)
+        assert k == kind
+        got.extend(body)
+        with pytest.raises(ProtocolError):
+            mpich._decode_ctrl(m[:-1])
+    assert got == ids
+
+
+@given(slot_ids, st.sampled_from(["ack", "refuse", "retired"]))
+def test_slot_answer_is_a_data_header(slot: int, answer: str) -> None:
+    kind, flags, page, edge, size = mpich._HDR.unpack_from(mpich._encode_slot_answer(slot, answer), 0)
+    assert (kind, mpich._ANSWERS[flags], page, edge, size) == (mpich._KIND_SLOT_ANSWER, answer, 0, slot, 0)
 
 
 @given(st.integers(0, (1 << 64) - 1), st.integers(0, (1 << 64) - 1))
