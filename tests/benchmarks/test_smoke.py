@@ -76,7 +76,8 @@ def test_quick_run_json_shape(quick_run):
     assert set(med["twisternet-tcp"]) == {"1024", "65536"}
     assert all(v > 0 for v in med["twisternet-tcp"].values())
     bw = suites["p2p"]["raw"]["median"]
-    assert set(bw) >= {"twisternet-uds", "raw-uds", "twisternet-tcp", "raw-tcp"}
+    assert set(bw) >= {"twisternet-uds", "raw-uds", "twisternet-tcp", "raw-tcp", "twisternet-mpi",
+                       "twisternet-mpi-noshm", "raw-mpi"}
     assert suites["p2p"]["charts"][0]["series"]["raw-uds"]
     # 64 MB is not in a quick run: the allreduce targets say so instead of inventing a verdict
     assert all(t["met"] is None and "not measured" in t["measured"] for t in suites["allreduce"]["targets"])
