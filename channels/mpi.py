@@ -442,6 +442,20 @@ def _pre_cap(n: int) -> int:
     return -(-n // grain) * grain
 
 
+def _slot_parts(segments: list[Buffer], pool_buf_size: int) -> tuple[Buffer, list[Buffer], int]:
+    """``(head, body, bytes of body)`` of a message going into a shared-memory slot: a small first
+    segment (the codec's head) travels in the header, so the payload after it lands page-aligned."""
+    if len(segments) > 1:
+        n = memoryview(segments[0]).nbytes
+        if n <= _INLINE_MAX and _HDR.size + _SLOT_EXT.size + n <= pool_buf_size:
+            return segments[0], segments[1:], sum(memoryview(s).nbytes for s in segments[1:])
+    return b"", segments, sum(memoryview(s).nbytes for s in segments)
+
+
+#: _slot_pick's answer "wait for a slot to come back".
+_WAIT = object()
+
+
 def _rndv_lengths(buf: Buffer, size: int) -> tuple[int, ...]:
     """The segment lengths announced by a rendezvous header (validated against ``size``)."""
     mv = memoryview(buf)
@@ -668,8 +682,12 @@ class MPIChannel(Channel):
         self._slot_slow = [False] * self.world   # a wait for a grant from that peer timed out
         self._slot_prefer = [True] * self.world  # wait for the slot of our previous message to that peer
         self._slot_probes = [0] * self.world     # sends since preferring it stopped paying off
-        self._slot_wait_until = [0.0] * self.world   # sends to that peer refused until then (0: none)
-        self._slot_blocked: dict[int, set[int]] = {}   # peer -> edges refused while waiting for a slot
+        self._slot_wait_until = [0.0] * self.world   # messages for that peer wait for a slot till then
+        # Large messages waiting for a slot to come back, per peer, in order, and how many per (peer,
+        # edge); smaller messages on such an edge are refused meanwhile (on_credit when it is clear).
+        self._slot_deferred: dict[int, deque[tuple[int, list[memoryview], list[Buffer], int, object]]] = {}
+        self._slot_deferred_edges: dict[tuple[int, int], int] = {}
+        self._slot_blocked: dict[int, set[int]] = {}
 
         # Peer state.
         self._bye_from: set[int] = set()
@@ -689,7 +707,8 @@ class MPIChannel(Channel):
                                       "rndv_buffers_reused": 0, "noncontiguous_sent": 0,
                                       "pre_sent": 0, "pre_skips": 0, "pre_received": 0,
                                       "slot_sent": 0, "slot_received": 0, "slot_offers": 0,
-                                      "slots_retired": 0, "slot_waits": 0, "slot_wait_timeouts": 0}
+                                      "slots_retired": 0, "slot_waits": 0, "slot_wait_timeouts": 0,
+                                      "slot_deferred": 0, "slot_refused": 0}
 
     def _node_peers(self) -> set[int]:
         """The other ranks of the communicator on this host (collective: ``MPI_Comm_split_type``)."""
@@ -761,6 +780,12 @@ class MPIChannel(Channel):
         size = sum(v.nbytes for v in views)
         cost = size or 1
         key = (peer, edge)
+        if size <= self._eager_limit and key in self._slot_deferred_edges:
+            # a large message on this edge waits for a slot: this one may not overtake it
+            self._slot_blocked.setdefault(peer, set()).add(edge)
+            self.stats["send_refused"] += 1
+            self.stats["slot_refused"] += 1
+            return False
         inflight = self._inflight.get(key, 0)
         if not fits_credit(inflight, cost, self._credit):
             self._blocked.add(key)
@@ -776,11 +801,7 @@ class MPIChannel(Channel):
                 self.stats["eager_sent"] += 1
             else:
                 segments = _segments(views)
-                sent = peer in self._slot_peers and self._slot_send(peer, edge, segments, size, token)
-                if sent is None:            # its slot is about to come back: refused for now
-                    self.stats["send_refused"] += 1
-                    return False
-                if not sent:
+                if not (peer in self._slot_peers and self._slot_send(peer, edge, views, segments, size, token)):
                     self._send_rendezvous(peer, edge, views, segments, size, token)
         except MPI.Exception as e:
             self._lose(peer, f"MPI error sending to it: {e.Get_error_string()}")
@@ -860,7 +881,7 @@ class MPIChannel(Channel):
             if remaining <= 0:
                 return False
             idle = now - self._last_activity
-            if idle < _SPIN or self._slot_blocked or (
+            if idle < _SPIN or self._slot_deferred or (
                     (self._bulk_active or self._pending_total or self._slots_in.lent) and idle < _BUSY_SPIN):
                 # Just after activity, or while sends / rendezvous payloads are moving (MPI over
                 # shared memory, or a NIC without offload, advances them only while we poll): poll
@@ -916,6 +937,8 @@ class MPIChannel(Channel):
             # messages in order, so the goodbye can go at once: the peer sees it after all our
             # headers. Then one phase waits for our sends to complete, for every peer's goodbye and
             # for the payloads those peers announced before it.
+            for peer in list(self._slot_deferred):   # through MPI now: nothing may follow the goodbye
+                self._slot_run_deferred(peer, give_up=True)
             self._bye_sent = True
             bye = _HDR.pack(_KIND_BYE, 0, 0, 0, 0)
             for peer in self._live_peers():
@@ -1109,10 +1132,10 @@ class MPIChannel(Channel):
             completed = False
             if self._active:
                 completed = self._test_requests()
-            if self._slot_blocked:          # sends refused while waiting for a slot: wait no longer?
+            if self._slot_deferred:         # messages waiting for a slot: wait no longer?
                 now = time.monotonic()
-                for peer in [p for p in self._slot_blocked if self._slot_wait_until[p] <= now]:
-                    self._slot_unblock(peer)    # their retry finds the wait over (see _slot_send)
+                for peer in [p for p in self._slot_deferred if self._slot_wait_until[p] <= now]:
+                    self._slot_run_deferred(peer)
             if completed or self._events:
                 did = True
                 self._dispatch()
@@ -1321,7 +1344,10 @@ class MPIChannel(Channel):
             self._pre_drop(peer)
             self._slots_in.drop_peer(peer)
             self._slots_out.drop_peer(peer)
-            self._slot_unblock(peer)
+            if peer in self._slot_deferred:
+                log.warning("rank %d: rank %d said goodbye; %d messages for it were still waiting for "
+                            "a slot and are dropped", self.rank, peer, len(self._slot_deferred[peer]))
+            self._slot_drop_deferred(peer)
             self._credit_out.pop(peer, None)
             self._credit_since.pop(peer, None)
         else:
@@ -1483,18 +1509,26 @@ class MPIChannel(Channel):
     # TAG_CTRL, the sender's answers on TAG_DATA, in order with its headers. A message no granted slot
     # holds goes the usual MPI way, so nothing ever waits for a slot.
 
-    def _slot_send(self, peer: int, edge: int, segments: list[Buffer], size: int, token: object) -> bool | None:
-        """Copy a large message into a slot ``peer`` granted us and send its header (True); False if
-        no slot holds it (send it through MPI); None if the slot it would go into is expected back
-        shortly (refuse the send for now, as for missing credit: ``on_credit`` follows with the grant,
-        or after ``_SLOT_WAIT``, when the retry goes through MPI). A small first segment (the codec's
-        head) travels in the header, so the payload that follows it starts page-aligned in the slot."""
-        head: Buffer = b""
-        if (len(segments) > 1 and memoryview(segments[0]).nbytes <= _INLINE_MAX
-                and _HDR.size + _SLOT_EXT.size + memoryview(segments[0]).nbytes <= self._pool_buf_size):
-            head = segments[0]
-            segments = segments[1:]
-        need = size - memoryview(head).nbytes
+    def _slot_send(self, peer: int, edge: int, views: list[memoryview], segments: list[Buffer], size: int,
+                   token: object) -> bool:
+        """Send a large message to ``peer`` through one of its slots: at once if a slot holds it, or as
+        soon as the one it waits for comes back (deferred); False if it goes through MPI instead."""
+        if peer in self._slot_deferred:         # behind earlier ones (per-edge order, and fairness)
+            self._slot_defer(peer, edge, views, segments, size, token)
+            return True
+        head, body, need = _slot_parts(segments, self._pool_buf_size)
+        pick = self._slot_pick(peer, need, first=True)
+        if pick is None:
+            return False
+        if pick is _WAIT:
+            self._slot_defer(peer, edge, views, segments, size, token)
+        else:
+            self._slot_fill(peer, edge, pick, head, body, size, token)
+        return True
+
+    def _slot_pick(self, peer: int, need: int, first: bool) -> Any:
+        """The slot of ``peer`` a payload of ``need`` bytes goes into now; ``_WAIT`` if it should wait
+        for one to come back; None if it should go through MPI."""
         out = self._slots_out
         # Refilling the slot of our previous message keeps the copy's destination in the CPU caches
         # (alternating between two slots costs 30-90% more per 4 MB copy here than the ~0.1 ms wait
@@ -1502,56 +1536,116 @@ class MPIChannel(Channel):
         # Bigger copies run at memory speed wherever they land: those take whichever slot is free.
         last = out.last(peer)
         want_last = last is not None and not last.free and need <= last.cap and need <= _SLOT_CACHED
-        if want_last and not self._slot_prefer[peer]:
+        if want_last and not self._slot_prefer[peer] and first:
             self._slot_probes[peer] += 1
             want_last = self._slot_probes[peer] % _SLOT_PROBE == 0
-        slot = None if want_last else out.take(peer, need)
-        if slot is None and (want_last or out.waiting(peer, need)) and not self._slot_slow[peer]:
-            # A slot we filled comes back as soon as the peer's consumer releases it, usually well
-            # before a copy through MPI would be done: its grant may be here already, else wait a
-            # little for it (without holding up this process: the send is refused meanwhile).
-            if not self._in_poll:
-                self._test_once()
+        slot = out.take(peer, need, last if want_last else None)
+        if slot is None and (self._slot_slow[peer] or not (want_last or out.waiting(peer, need))):
+            return None
+        if slot is None and first and not self._slot_wait_until[peer] and not self._in_poll:
+            self._test_once()               # its grant may have arrived already
             slot = out.take(peer, need, last if want_last else None)
-            now = time.monotonic()
-            until = self._slot_wait_until[peer]
-            if slot is not None:
-                if want_last:
-                    self._slot_prefer[peer] = True
-            elif not until or now < until:
-                if not until:
-                    self._slot_wait_until[peer] = now + _SLOT_WAIT
-                    self.stats["slot_waits"] += 1
-                self._slot_blocked.setdefault(peer, set()).add(edge)
-                return None
-            else:
-                # Waited in vain: the consumer holds on to its messages.
-                self.stats["slot_wait_timeouts"] += 1
-                if want_last:
-                    self._slot_prefer[peer] = False     # take whichever slot is free from now on
-                    slot = out.take(peer, need)
-                if slot is None:
-                    self._slot_slow[peer] = True        # through MPI, without waiting, till a grant
+        until = self._slot_wait_until[peer]
+        if slot is not None:
+            if want_last and until:
+                self._slot_prefer[peer] = True      # waiting for it paid off
             self._slot_wait_until[peer] = 0.0
-            self._slot_unblock(peer)
-        if slot is None:
-            return False
+            return slot
+        now = time.monotonic()
+        if not until:
+            self._slot_wait_until[peer] = now + _SLOT_WAIT
+            self.stats["slot_waits"] += 1
+            return _WAIT
+        if now < until:
+            return _WAIT
+        # Waited in vain: the consumer holds on to its messages.
+        self.stats["slot_wait_timeouts"] += 1
+        self._slot_wait_until[peer] = 0.0
+        if want_last:
+            self._slot_prefer[peer] = False         # take whichever slot is free from now on
+            slot = out.take(peer, need)
+            if slot is not None:
+                return slot
+        self._slot_slow[peer] = True                # through MPI, without waiting, till a grant
+        return None
+
+    def _slot_fill(self, peer: int, edge: int, slot: shm_slots.MappedSlot, head: Buffer, body: list[Buffer],
+                   size: int, token: object) -> None:
+        """Copy a message's payload into ``slot`` and send the header that names it."""
         dst = slot.payload
         off = 0
-        for seg in segments:
+        for seg in body:
             n = memoryview(seg).nbytes
             if n:
                 np.copyto(dst[off:off + n], np.frombuffer(seg, np.uint8))
                 off += n
-        hdr = b"".join((_HDR.pack(_KIND_SLOT, 0, 0, edge, size), _SLOT_EXT.pack(slot.id, size - need), head))
+        hn = memoryview(head).nbytes
+        hdr = b"".join((_HDR.pack(_KIND_SLOT, 0, 0, edge, size), _SLOT_EXT.pack(slot.id, hn), head))
         self._submit(hdr, TAG_DATA, _Send(peer, hdr))
         if token is not None:   # copied: reusable now (reported by progress)
             self._events.append((self._handler.on_sent, (token,)))  # type: ignore[union-attr]
         self.stats["slot_sent"] += 1
-        return True
+
+    def _slot_defer(self, peer: int, edge: int, views: list[memoryview], segments: list[Buffer], size: int,
+                    token: object) -> None:
+        """Hold a large message for ``peer`` until the slot it waits for comes back (or the wait ends:
+        then it goes through MPI). It counts as pending; later messages on its edge wait behind it."""
+        self._slot_deferred.setdefault(peer, deque()).append((edge, views, segments, size, token))
+        key = (peer, edge)
+        self._slot_deferred_edges[key] = self._slot_deferred_edges.get(key, 0) + 1
+        self._pending_sends[peer] += 1
+        self._pending_total += 1
+        self.stats["slot_deferred"] += 1
+
+    def _slot_run_deferred(self, peer: int, give_up: bool = False) -> None:
+        """Send ``peer``'s deferred messages, in order, as far as slots allow (all through MPI if
+        ``give_up``); called when a grant comes, when the wait ends, and before a goodbye."""
+        q = self._slot_deferred.get(peer)
+        while q and peer not in self._lost:
+            edge, views, segments, size, token = q[0]
+            head, body, need = _slot_parts(segments, self._pool_buf_size)
+            pick = None if give_up else self._slot_pick(peer, need, first=False)
+            if pick is _WAIT:
+                return
+            q.popleft()
+            self._slot_undefer(peer, edge)
+            try:
+                if pick is None:
+                    self._send_rendezvous(peer, edge, views, segments, size, token)
+                else:
+                    self._slot_fill(peer, edge, pick, head, body, size, token)
+            except self._MPI.Exception as e:
+                self._lose(peer, f"MPI error sending to it: {e.Get_error_string()}")
+                return
+        if q is not None and not q:
+            del self._slot_deferred[peer]
+
+    def _slot_undefer(self, peer: int, edge: int) -> None:
+        """Bookkeeping of a deferred message that leaves the queue (sent, or dropped)."""
+        self._pending_sends[peer] -= 1
+        if peer not in self._lost:
+            self._pending_total -= 1
+        key = (peer, edge)
+        left = self._slot_deferred_edges[key] - 1
+        if left:
+            self._slot_deferred_edges[key] = left
+            return
+        del self._slot_deferred_edges[key]
+        blocked = self._slot_blocked.get(peer)
+        if blocked and edge in blocked:         # an eager send on that edge waited behind it
+            blocked.discard(edge)
+            if not blocked:
+                del self._slot_blocked[peer]
+            self._events.append((self._handler.on_credit, (peer, edge)))  # type: ignore[union-attr]
+
+    def _slot_drop_deferred(self, peer: int) -> None:
+        """``peer`` left or was lost: forget the messages held for it (their on_sent never comes)."""
+        for edge, *_ in self._slot_deferred.pop(peer, ()):
+            self._slot_undefer(peer, edge)
+        self._slot_unblock(peer)
 
     def _slot_unblock(self, peer: int) -> None:
-        """Report credit on the edges whose sends to ``peer`` were refused while waiting for a slot."""
+        """Report credit on the edges whose sends to ``peer`` were refused behind deferred messages."""
         on_credit = self._handler.on_credit  # type: ignore[union-attr]
         for edge in self._slot_blocked.pop(peer, ()):
             self._events.append((on_credit, (peer, edge)))
@@ -1614,12 +1708,12 @@ class MPIChannel(Channel):
             for slot in body:
                 out.granted(peer, slot)
             self._slot_slow[peer] = False
-            self._slot_wait_until[peer] = 0.0
-            self._slot_unblock(peer)
         else:
             for slot in body:
                 out.retire(peer, slot)
                 self._slot_answer(peer, slot, "retired")
+        if peer in self._slot_deferred:
+            self._slot_run_deferred(peer)
 
     def _slot_filled(self, peer: int, buf: bytearray, edge: int, size: int) -> None:
         """A header from ``peer``: the message is in one of our slots. Deliver it (in order on its edge)."""
@@ -1809,7 +1903,7 @@ class MPIChannel(Channel):
         self._slots_in.drop_peer(peer)
         self._slots_out.drop_peer(peer)
         if self._handler is not None:
-            self._slot_unblock(peer)
+            self._slot_drop_deferred(peer)
         log.warning("rank %d: lost rank %d: %s", self.rank, peer, reason)
         q = self._sendq[peer]
         while q:
@@ -1888,6 +1982,9 @@ class MPIChannel(Channel):
         self._spares.clear()
         self._slots_in.close()      # views handed out stay valid; the files are unlinked
         self._slots_out.close()
+        self._slot_deferred.clear()
+        self._slot_deferred_edges.clear()
+        self._slot_blocked.clear()
         self._free_comm()
         _OPEN_CHANNELS.discard(self)
         log.debug("MPI channel rank %d closed", self.rank)

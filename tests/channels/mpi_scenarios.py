@@ -526,13 +526,57 @@ def scenario_slots() -> None:
     check(len(t.kept) >= 2, f"only {len(t.kept)} views of slots kept")
     check(stats["slots_retired"] >= 2, f"no slot was retired (outgrown or kept): {stats}")
     check(stats["slot_offers"] >= 3, f"slots never grew: {stats}")
+    check(stats["slot_deferred"] >= 1, f"no message ever waited for its slot: {stats}")
     check(not ch._slots_in.slots_of(peer) and not ch._slots_out.slots_of(peer), "slots left after close")
     ch_done = time.monotonic() + 5
     while slot_files(pids[ch.rank]) and time.monotonic() < ch_done:
         time.sleep(0.05)
     check(not slot_files(pids[ch.rank]), f"slot files left behind: {slot_files(pids[ch.rank])}")
     ok(ch.rank, **{k: stats[k] for k in ("slot_sent", "slot_received", "slot_offers", "slots_retired",
-                                         "rendezvous_sent")})
+                                         "rendezvous_sent", "slot_deferred", "slot_wait_timeouts",
+                                         "send_refused")})
+
+
+def scenario_slots_deferred_then_close() -> None:
+    """A message waiting for a slot (its consumer holds the last one) is held back, a smaller message
+    on its edge is refused meanwhile (no overtaking), and a close that comes while it waits sends it
+    through MPI before the goodbye: the peer gets everything, in order."""
+    ch, rec = make_channel()
+    mb = 2 << 20
+    got: list[tuple[int, memoryview, Callable[[], None]]] = []
+    rec.on_message_hook = lambda p, e, d, r: got.append((e, d, r))
+    if ch.rank == 0:
+        for i in range(2):                        # through MPI, then the slots are offered
+            spin(ch, lambda: ch.send(1, 4, [payload(0, 1, 4, i, mb)]), f"message {i}")
+        spin(ch, lambda: len(ch._slots_out.slots_of(1)) == 2 and got, "rank 1's slots")
+        got.clear()
+        check(ch.send(1, 4, [payload(0, 1, 4, 2, mb)], token="in-slot"), "message 2 refused")
+        spin(ch, lambda: rec.sent == ["in-slot"], "message 2 to go into a slot")
+        check(ch.stats["slot_sent"] == 1, f"message 2 did not go into a slot: {ch.stats}")
+        check(ch.send(1, 4, [payload(0, 1, 4, 3, mb)], token="deferred"), "message 3 refused")
+        check(ch.stats["slot_deferred"] == 1 and ch.has_pending(1), f"message 3 is not waiting: {ch.stats}")
+        check(not ch.send(1, 4, [b"small"]), "a small message overtook the one waiting for a slot")
+        check(ch.send(1, 5, [b"other edge"]), "another edge must not wait")
+        ch.close(30)                              # message 3 goes through MPI before the goodbye
+        check("deferred" in rec.sent, "message 3 was never sent")
+        check(ch.stats["slot_refused"] == 1, f"{ch.stats}")
+        ok(0, rendezvous_sent=ch.stats["rendezvous_sent"])
+    else:
+        spin(ch, lambda: len(got) == 2, "messages 0 and 1")
+        for _, _, r in got:
+            r()
+        check(ch.send(0, 9, [b"ready"]), "ready refused")
+        got.clear()
+        spin(ch, lambda: len([g for g in got if g[0] == 4]) == 2, "messages 2 and 3")   # holds message 2 meanwhile
+        big = [(d, r) for e, d, r in got if e == 4]
+        for i, (d, _) in enumerate(big):
+            check(digest(d) == digest(payload(0, 1, 4, i + 2, mb)), f"message {i + 2} corrupt or out of order")
+        check(any(bytes(d) == b"other edge" for e, d, _ in got if e == 5), "the other edge's message is missing")
+        for _, _, r in got:
+            r()
+        ch.close(30)
+        check(ch.stats["slot_received"] == 1, f"{ch.stats}")
+        ok(1)
 
 
 def scenario_slots_refused() -> None:
