@@ -215,8 +215,6 @@ _SLOT_WAIT = 5e-4
 #: the sender's memcpy into a slot here: 32 MB 0.81-1.30x raw mpi4py through slots vs 0.84-1.13x
 #: through MPI, 64 MB 0.77-0.92x vs 0.79-1.02x (5 interleaved runs).
 _SLOT_MAX = 32 << 20
-#: Messages up to this size wait for the slot of the previous one (its memory is likely still cached).
-_SLOT_CACHED = 8 << 20
 #: While waiting for the slot of the previous message does not pay off, try it again every this many sends.
 _SLOT_PROBE = 64
 #: Seconds a poll keeps testing for the header of a payload that arrived in a pre-posted receive.
@@ -682,6 +680,7 @@ class MPIChannel(Channel):
         self._slot_slow = [False] * self.world   # a wait for a grant from that peer timed out
         self._slot_prefer = [True] * self.world  # wait for the slot of our previous message to that peer
         self._slot_probes = [0] * self.world     # sends since preferring it stopped paying off
+        self._slot_want_last = [False] * self.world  # the deferred messages wait for that slot
         self._slot_wait_until = [0.0] * self.world   # messages for that peer wait for a slot till then
         # Large messages waiting for a slot to come back, per peer, in order, and how many per (peer,
         # edge); smaller messages on such an edge are refused meanwhile (on_credit when it is clear).
@@ -1532,11 +1531,13 @@ class MPIChannel(Channel):
         out = self._slots_out
         # Refilling the slot of our previous message keeps the copy's destination in the CPU caches
         # (alternating between two slots costs 30-90% more per 4 MB copy here than the ~0.1 ms wait
-        # for the grant): wait for that one while waiting has paid off, probing now and then when not.
-        # Bigger copies run at memory speed wherever they land: those take whichever slot is free.
+        # for the grant, and 16 MB copies too run at cache speed when the machine is quiet): wait for
+        # that one while waiting has paid off, probing now and then when not.
         last = out.last(peer)
-        want_last = last is not None and not last.free and need <= last.cap and need <= _SLOT_CACHED
-        if want_last and not self._slot_prefer[peer] and first:
+        want_last = last is not None and not last.free and need <= last.cap
+        if not first:                                   # a deferred message: as decided when it was
+            want_last = want_last and self._slot_want_last[peer]
+        elif want_last and not self._slot_prefer[peer]:
             self._slot_probes[peer] += 1
             want_last = self._slot_probes[peer] % _SLOT_PROBE == 0
         slot = out.take(peer, need, last if want_last else None)
@@ -1547,11 +1548,12 @@ class MPIChannel(Channel):
             slot = out.take(peer, need, last if want_last else None)
         until = self._slot_wait_until[peer]
         if slot is not None:
-            if want_last and until:
+            if until and slot is last:
                 self._slot_prefer[peer] = True      # waiting for it paid off
             self._slot_wait_until[peer] = 0.0
             return slot
         now = time.monotonic()
+        self._slot_want_last[peer] = want_last
         if not until:
             self._slot_wait_until[peer] = now + _SLOT_WAIT
             self.stats["slot_waits"] += 1
