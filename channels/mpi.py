@@ -211,10 +211,11 @@ _MAX_SKIPS = 2
 #: when the receiver cannot release it soon, e.g. while its own thread waits for a send of its own.
 _SLOT_WAIT = 5e-4
 #: Largest message that goes through shared-memory slots. Bigger copies run at memory speed however
-#: they are made, and MPI's (the kernel copying with process_vm_readv) is then as fast or faster than
-#: the sender's memcpy into a slot here: 32 MB 0.81-1.30x raw mpi4py through slots vs 0.84-1.13x
-#: through MPI, 64 MB 0.77-0.92x vs 0.79-1.02x (5 interleaved runs).
-_SLOT_MAX = 32 << 20
+#: they are made, and MPI's (the kernel copying with process_vm_readv into memory backed by huge
+#: pages) is then as fast or faster than the sender's memcpy into a slot (tmpfs, 4 KiB pages) here:
+#: in two p2p suite runs 16 MB went 0.81x / 0.77x of raw mpi4py through slots against 0.88x / 0.93x
+#: through MPI, while 4 MB went 0.92x / 1.13x against 0.68x / 0.78x.
+_SLOT_MAX = 8 << 20
 #: While waiting for the slot of the previous message does not pay off, try it again every this many sends.
 _SLOT_PROBE = 64
 #: Seconds a poll keeps testing for the header of a payload that arrived in a pre-posted receive.

@@ -497,14 +497,14 @@ def slot_files(pid: int) -> list[str]:
 
 def scenario_slots() -> None:
     """Large messages between ranks on one host go through shared-memory slots, both directions at
-    once: sizes that outgrow the slots (bigger ones offered, the old ones retired), pairs of slots from
-    8 MB, multi-part messages, eager messages on the same edge keeping their place behind slot
+    once: sizes that outgrow the slots (bigger ones offered, the old ones retired) and then the largest
+    size slots take (those go through MPI, in order with the rest), multi-part messages, eager messages on the same edge keeping their place behind slot
     messages, a consumer holding messages (slots busy: some sends go through MPI meanwhile) and keeping
     views after release (their slots are retired, never refilled); contents checked end to end and
     up to each release; close leaves no slot file behind."""
     ch, rec = make_channel()
     mb = 1 << 20
-    big = ([2 * mb] * 8 + [100, 2 * mb + 5, 0] + [5 * mb] * 8 + [17] + [9 * mb] * 6
+    big = ([2 * mb] * 8 + [100, 2 * mb + 5, 0] + [5 * mb] * 8 + [17] + [7 * mb] * 6 + [9 * mb] * 2
            + [2 * mb, 1 * mb + 1, 4 * mb, 6] + [3 * mb] * 10)
 
     def plan(src: int, dst: int, edge: int) -> list[int]:
