@@ -174,6 +174,12 @@ _OFFER = struct.Struct("<QQ")
 #: The header continues with _SLOT_EXT (slot id, bytes of head) and the head itself.
 _KIND_SLOT = 7
 _SLOT_EXT = struct.Struct("<II")
+#: Slot header flag: the payload is split (_SLOT_SPLIT after _SLOT_EXT: where); the sender copies the
+#: part before that offset into the slot itself while the part after it comes on TAG_BULK, received
+#: straight into the slot, so both processes copy at once; _KIND_SLOT_DONE says the sender's part is in.
+_FLAG_SPLIT = 8
+_SLOT_SPLIT = struct.Struct("<Q")
+_KIND_SLOT_DONE = 12
 #: Data message: the sender's answer about one of our slots (flags: _ANSWERS; edge field: slot id).
 #: On the data tag, so it stays in order with the headers that fill the slot.
 _KIND_SLOT_ANSWER = 8
@@ -210,12 +216,15 @@ _MAX_SKIPS = 2
 #: A grant usually takes one message's handling at the receiver (0.1-0.3 ms here); the bound matters
 #: when the receiver cannot release it soon, e.g. while its own thread waits for a send of its own.
 _SLOT_WAIT = 5e-4
-#: Largest message that goes through shared-memory slots. Bigger copies run at memory speed however
-#: they are made, and MPI's (the kernel copying with process_vm_readv into memory backed by huge
-#: pages) is then as fast or faster than the sender's memcpy into a slot (tmpfs, 4 KiB pages) here:
-#: in two p2p suite runs 16 MB went 0.81x / 0.77x of raw mpi4py through slots against 0.88x / 0.93x
-#: through MPI, while 4 MB went 0.92x / 1.13x against 0.68x / 0.78x.
-_SLOT_MAX = 8 << 20
+#: Messages whose payload is bigger than this go into slots in two halves copied at once, one by each
+#: process (see _FLAG_SPLIT): once a copy runs at memory speed, two cores copying move more than one.
+_SPLIT_MIN = 8 << 20
+#: Largest message that goes through shared-memory slots (two slots of it must fit memory_limit too).
+#: A copy of 16 MB or more runs at memory speed: one process's memcpy into a slot (tmpfs, 4 KiB pages)
+#: is then no faster than MPI's (the kernel's copy into huge-page memory; in two p2p suite runs 16 MB
+#: went 0.81x / 0.77x of raw mpi4py through whole-slot copies against 0.88x / 0.93x through MPI),
+#: which is why those messages are split (_SPLIT_MIN) and copied by both processes at once.
+_SLOT_MAX = (64 << 20) + _INLINE_MAX
 #: While waiting for the slot of the previous message does not pay off, try it again every this many sends.
 _SLOT_PROBE = 64
 #: Seconds a poll keeps testing for the header of a payload that arrived in a pre-posted receive.
@@ -688,6 +697,7 @@ class MPIChannel(Channel):
         self._slot_deferred: dict[int, deque[tuple[int, list[memoryview], list[Buffer], int, object]]] = {}
         self._slot_deferred_edges: dict[tuple[int, int], int] = {}
         self._slot_blocked: dict[int, set[int]] = {}
+        self._split_in: dict[tuple[int, int], _Incoming] = {}   # (peer, slot): split message being copied in
 
         # Peer state.
         self._bye_from: set[int] = set()
@@ -708,7 +718,7 @@ class MPIChannel(Channel):
                                       "pre_sent": 0, "pre_skips": 0, "pre_received": 0,
                                       "slot_sent": 0, "slot_received": 0, "slot_offers": 0,
                                       "slots_retired": 0, "slot_waits": 0, "slot_wait_timeouts": 0,
-                                      "slot_deferred": 0, "slot_refused": 0}
+                                      "slot_deferred": 0, "slot_refused": 0, "slot_split": 0}
 
     def _node_peers(self) -> set[int]:
         """The other ranks of the communicator on this host (collective: ``MPI_Comm_split_type``)."""
@@ -1329,7 +1339,10 @@ class MPIChannel(Channel):
             elif bulk:
                 self._pre_offer(peer, bulk, (page + first) % _PAGE)
         elif kind == _KIND_SLOT:
-            self._slot_filled(peer, buf, edge, size)
+            self._slot_filled(peer, buf, flags, edge, size)
+        elif kind == _KIND_SLOT_DONE:
+            self._post_data_recv(peer, buf)
+            self._slot_half_done(peer, edge)
         elif kind == _KIND_SLOT_ANSWER:
             self._post_data_recv(peer, buf)
             answer = _ANSWERS.get(flags)
@@ -1574,15 +1587,37 @@ class MPIChannel(Channel):
 
     def _slot_fill(self, peer: int, edge: int, slot: shm_slots.MappedSlot, head: Buffer, body: list[Buffer],
                    size: int, token: object) -> None:
-        """Copy a message's payload into ``slot`` and send the header that names it."""
+        """Copy a message's payload into ``slot`` and send the header that names it. A large payload is
+        split: the header goes first, the part from the cut on (within the last segment) follows on
+        TAG_BULK for the receiver to copy into the slot while we copy the part before it, and a done
+        marker follows our part."""
         dst = slot.payload
+        hn = memoryview(head).nbytes
+        need = size - hn
+        cut = 0
+        if need > _SPLIT_MIN:
+            last = memoryview(body[-1])
+            tail = need - last.nbytes                       # where the last segment starts
+            cut = max((need // 2) & ~(_PAGE - 1), tail)     # what goes through MPI: one contiguous part
+        if 0 < cut < need:
+            hdr = b"".join((_HDR.pack(_KIND_SLOT, _FLAG_SPLIT, 0, edge, size), _SLOT_EXT.pack(slot.id, hn),
+                            _SLOT_SPLIT.pack(cut), head))
+            self._submit(hdr, TAG_DATA, _Send(peer, hdr))
+            rest = last[cut - tail:]
+            self._submit([rest, self._MPI.BYTE], TAG_BULK, _Send(peer, rest, None, _SendGroup(token, 1), True))
+            body = [*body[:-1], last[:cut - tail]]
         off = 0
         for seg in body:
             n = memoryview(seg).nbytes
             if n:
                 np.copyto(dst[off:off + n], np.frombuffer(seg, np.uint8))
                 off += n
-        hn = memoryview(head).nbytes
+        if cut:
+            done = _HDR.pack(_KIND_SLOT_DONE, 0, 0, slot.id, 0)
+            self._submit(done, TAG_DATA, _Send(peer, done))
+            self.stats["slot_sent"] += 1
+            self.stats["slot_split"] += 1
+            return
         hdr = b"".join((_HDR.pack(_KIND_SLOT, 0, 0, edge, size), _SLOT_EXT.pack(slot.id, hn), head))
         self._submit(hdr, TAG_DATA, _Send(peer, hdr))
         if token is not None:   # copied: reusable now (reported by progress)
@@ -1718,11 +1753,18 @@ class MPIChannel(Channel):
         if peer in self._slot_deferred:
             self._slot_run_deferred(peer)
 
-    def _slot_filled(self, peer: int, buf: bytearray, edge: int, size: int) -> None:
-        """A header from ``peer``: the message is in one of our slots. Deliver it (in order on its edge)."""
+    def _slot_filled(self, peer: int, buf: bytearray, flags: int, edge: int, size: int) -> None:
+        """A header from ``peer``: the message is in one of our slots (or, split, is being copied in:
+        then it waits for its second half and the sender's done marker). Deliver it in order on its edge."""
         mv = memoryview(buf)
         start = _HDR.size + _SLOT_EXT.size
         slot_id, head = _SLOT_EXT.unpack_from(mv, _HDR.size)
+        cut = 0
+        if flags & _FLAG_SPLIT:
+            (cut,) = _SLOT_SPLIT.unpack_from(mv, start)
+            start += _SLOT_SPLIT.size
+            if not 0 < cut < size - head:
+                raise ProtocolError(f"split slot header from rank {peer} cuts {size - head} bytes at {cut}")
         if head > size or start + head > mv.nbytes:
             raise ProtocolError(f"slot header from rank {peer} with a bad head ({head} of {size} bytes)")
         target, slot = self._slots_in.fill(peer, slot_id, head, size - head)
@@ -1731,14 +1773,33 @@ class MPIChannel(Channel):
         self._post_data_recv(peer, buf)
         data = memoryview(target)
         rel = _Release(self, peer, edge, size or 1, None, False, slot)
+        self.stats["slot_received"] += 1
+        key = (peer, edge)
+        q = self._order.get(key)
+        if cut:
+            inc = _Incoming(peer, edge, data, rel, False, 2)    # the second half, and the done marker
+            if q is None:
+                q = self._order[key] = deque()
+            q.append(inc)
+            self._split_in[(peer, slot_id)] = inc
+            self._post(self._comm.Irecv([target[head + cut:], self._MPI.BYTE], peer, TAG_BULK), _BulkRecv(peer, inc))
+            self._bulk_pending[peer] += 1
+            return
         self.stats["msgs_received"] += 1
         self.stats["bytes_received"] += size
-        self.stats["slot_received"] += 1
-        q = self._order.get((peer, edge))
         if q:
             q.append(_Incoming(peer, edge, data, rel, True))
         else:
             self._events.append((self._handler.on_message, (peer, edge, data, rel)))  # type: ignore[union-attr]
+
+    def _slot_half_done(self, peer: int, slot_id: int) -> None:
+        """The sender's half of a split slot message is in."""
+        inc = self._split_in.pop((peer, slot_id), None)
+        if inc is None:
+            raise ProtocolError(f"rank {peer} finished slot {slot_id}, which holds no split message")
+        inc.left -= 1
+        if not inc.left:
+            self._ready(inc)
 
     def _bulk_done(self, op: _BulkRecv) -> None:
         inc = op.incoming
@@ -1913,6 +1974,8 @@ class MPIChannel(Channel):
             self._unaccount_send(q.popleft()[2], False)
         self._credit_out.pop(peer, None)
         self._credit_since.pop(peer, None)
+        for key in [k for k in self._split_in if k[0] == peer]:
+            del self._split_in[key]
         for key in [k for k in self._order if k[0] == peer]:
             del self._order[key]
         if self._handler is not None:
@@ -1987,6 +2050,7 @@ class MPIChannel(Channel):
         self._slots_out.close()
         self._slot_deferred.clear()
         self._slot_deferred_edges.clear()
+        self._split_in.clear()
         self._slot_blocked.clear()
         self._free_comm()
         _OPEN_CHANNELS.discard(self)

@@ -504,8 +504,8 @@ def scenario_slots() -> None:
     up to each release; close leaves no slot file behind."""
     ch, rec = make_channel()
     mb = 1 << 20
-    big = ([2 * mb] * 8 + [100, 2 * mb + 5, 0] + [5 * mb] * 8 + [17] + [7 * mb] * 6 + [9 * mb] * 2
-           + [2 * mb, 1 * mb + 1, 4 * mb, 6] + [3 * mb] * 10)
+    big = ([2 * mb] * 8 + [100, 2 * mb + 5, 0] + [5 * mb] * 8 + [17] + [7 * mb] * 6 + [9 * mb] * 4
+           + [2 * mb, 1 * mb + 1, 4 * mb, 6] + [3 * mb] * 6 + [70 * mb, 5] + [9 * mb + 3] * 3)
 
     def plan(src: int, dst: int, edge: int) -> list[int]:
         return big if edge == 5 else [int(x) for x in np.random.default_rng([src, dst]).integers(0, 300 << 10, 30)]
@@ -527,6 +527,7 @@ def scenario_slots() -> None:
     check(stats["slots_retired"] >= 2, f"no slot was retired (outgrown or kept): {stats}")
     check(stats["slot_offers"] >= 3, f"slots never grew: {stats}")
     check(stats["slot_deferred"] >= 1, f"no message ever waited for its slot: {stats}")
+    check(stats["slot_split"] >= 1, f"no message was copied in two halves: {stats}")
     check(not ch._slots_in.slots_of(peer) and not ch._slots_out.slots_of(peer), "slots left after close")
     ch_done = time.monotonic() + 5
     while slot_files(pids[ch.rank]) and time.monotonic() < ch_done:
@@ -534,7 +535,27 @@ def scenario_slots() -> None:
     check(not slot_files(pids[ch.rank]), f"slot files left behind: {slot_files(pids[ch.rank])}")
     ok(ch.rank, **{k: stats[k] for k in ("slot_sent", "slot_received", "slot_offers", "slots_retired",
                                          "rendezvous_sent", "slot_deferred", "slot_wait_timeouts",
-                                         "send_refused")})
+                                         "send_refused", "slot_split")})
+
+
+def scenario_slots_split() -> None:
+    """Messages over 8 MB go into a slot in two parts copied at once (the sender's memcpy and MPI's
+    copy by the receiver), one-part and multi-part, both directions in step: every byte arrives, in
+    order, and the sender gets on_sent only once both parts are in."""
+    ch, rec = make_channel()
+    mb = 1 << 20
+
+    def plan(src: int, dst: int, edge: int) -> list[int]:
+        return [9 * mb] * 2 + [12 * mb] * 6 + [20 * mb + 5] * 3 + [7, 12 * mb - 1]
+
+    t = Traffic(ch, rec, [8], plan, hold=0, seed=7, lead=0)
+    t.run()
+    stats = dict(ch.stats)
+    ch.close(30)
+    t.check_tokens()
+    check(not rec.lost, f"peers reported lost: {rec.lost}")
+    check(stats["slot_split"] >= 6, f"messages were hardly split: {stats}")
+    ok(ch.rank, **{k: stats[k] for k in ("slot_split", "slot_sent", "rendezvous_sent")})
 
 
 def scenario_slots_deferred_then_close() -> None:

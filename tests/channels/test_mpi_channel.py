@@ -95,6 +95,11 @@ def test_shared_memory_slots_grow_retire_keep_views_and_leave_no_files() -> None
 
 
 @pytest.mark.timeout(120)
+def test_large_slot_messages_are_copied_in_two_parts_at_once() -> None:
+    assert_all_ok(2, "slots_split")
+
+
+@pytest.mark.timeout(120)
 def test_a_message_waiting_for_a_slot_keeps_its_place_and_leaves_before_the_goodbye() -> None:
     assert_all_ok(2, "slots_deferred_then_close")
 
