@@ -1526,9 +1526,12 @@ class MPIChannel(Channel):
                    token: object) -> bool:
         """Send a large message to ``peer`` through one of its slots: at once if a slot holds it, or as
         soon as the one it waits for comes back (deferred); False if it goes through MPI instead."""
-        if peer in self._slot_deferred:         # behind earlier ones (per-edge order, and fairness)
-            self._slot_defer(peer, edge, views, segments, size, token)
-            return True
+        if peer in self._slot_deferred:
+            # A second large message while one waits for its slot: a burst (isend), which MPI, with
+            # any number of transfers in flight, moves better than two slots do. The waiting ones go
+            # through MPI now, and this one after them.
+            self._slot_run_deferred(peer, give_up=True)
+            return False
         head, body, need = _slot_parts(segments, self._pool_buf_size)
         pick = self._slot_pick(peer, need, first=True)
         if pick is None:
@@ -1555,7 +1558,10 @@ class MPIChannel(Channel):
             self._slot_probes[peer] += 1
             want_last = self._slot_probes[peer] % _SLOT_PROBE == 0
         slot = out.take(peer, need, last if want_last else None)
-        if slot is None and (self._slot_slow[peer] or not (want_last or out.waiting(peer, need))):
+        if slot is None and (self._slot_slow[peer] or not (want_last or out.waiting(peer, need))
+                             or self._slots_in.holding(peer)):
+            # (nothing to wait for; or we hold a message of that peer's ourselves: it may be waiting
+            # for us to release it, while our thread waits for this send, so neither would move)
             return None
         if slot is None and first and not self._slot_wait_until[peer] and not self._in_poll:
             self._test_once()               # its grant may have arrived already

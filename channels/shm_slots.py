@@ -220,6 +220,10 @@ class SlotOwner:
         """Whether ``peer`` has slots for payloads of ``n`` bytes (offered, maybe not yet answered)."""
         return peer not in self._disabled and self._best.get(peer, 0) >= n
 
+    def holding(self, peer: int) -> bool:
+        """Whether a message of ``peer``'s is in one of its slots here, not yet released."""
+        return any(s.full for s in self._slots.values() if s.peer == peer)
+
     def disabled(self, peer: int) -> bool:
         """Whether ``peer`` refused a slot (it gets no more offers)."""
         return peer in self._disabled
