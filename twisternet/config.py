@@ -99,8 +99,10 @@ class Config:
     channel: str = "auto"
     #: Use TCP sockets even between peers on one host (default: Unix-domain sockets there).
     force_tcp: bool = False
-    #: MPI channel, ranks on one host: large messages go through shared-memory slots the receiver
-    #: grants (one copy by the sender, see channels.shm_slots) instead of MPI's rendezvous.
+    #: MPI channel, ranks on one host: messages from ``buffer_size`` up to 64 MB go through
+    #: shared-memory slots the receiver grants (copied in by the sender, the bigger ones by both sides
+    #: at once; see channels.shm_slots) instead of MPI's rendezvous. The slots a rank offers take at
+    #: most ``memory_limit`` bytes of /dev/shm, two per sending peer.
     mpi_shared_memory: bool = True
     #: Socket send/receive buffer sizes requested from the kernel (0 = kernel default).
     socket_buffer: int = 4 << 20
