@@ -685,6 +685,8 @@ class MPIChannel(Channel):
         shared = bool(config.mpi_shared_memory) and shm_slots.supported()
         on_host = self._node_peers()   # collective: every rank calls it, whatever its own config says
         self._slot_peers = on_host if shared else set()
+        if self._slot_peers:
+            shm_slots.sweep_stale()
         self._slots_in = shm_slots.SlotOwner(budget=config.memory_limit, max_cap=config.memory_limit // 2)
         self._slots_out = shm_slots.SlotUser(enabled=shared)
         self._slot_slow = [False] * self.world   # a wait for a grant from that peer timed out

@@ -33,7 +33,7 @@ Slot files are reserved with ``posix_fallocate`` before anyone maps them: touchi
 page of a full tmpfs kills the process with SIGBUS, a reservation that fails is a plain error (and the
 peer just keeps using MPI). Files are created ``0600`` under a ``twisternet-slot-<pid>-`` name and
 unlinked once mapped (or at close); only a process killed between creating a file and the peer's
-answer leaves one behind.
+answer leaves one behind, and the next MPI channel on the machine removes it (:func:`sweep_stale`).
 
 Memory: the receiver's slots take at most ``budget`` bytes in total, a slot at most ``max_cap``.
 """
@@ -161,6 +161,33 @@ def unlink(path: str) -> None:
         os.unlink(path)
     except FileNotFoundError:
         pass
+
+
+def sweep_stale() -> list[str]:
+    """Remove slot files whose creating process is gone (one killed between creating a file and the
+    peer's answer leaves it behind); returns their paths. Files of live processes are left alone."""
+    removed = []
+    try:
+        names = os.listdir(SHM_DIR)
+    except OSError:
+        return removed
+    for name in names:
+        if not name.startswith(PREFIX):
+            continue
+        pid_text = name[len(PREFIX):].split("-", 1)[0]
+        if not pid_text.isdigit():
+            continue
+        try:
+            os.kill(int(pid_text), 0)
+        except ProcessLookupError:
+            path = os.path.join(SHM_DIR, name)
+            unlink(path)
+            removed.append(path)
+        except (PermissionError, OverflowError):
+            pass                # alive, another user's (or not a pid at all): not ours to remove
+    if removed:
+        log.info("removed %d shared-memory slot files left by processes that are gone", len(removed))
+    return removed
 
 
 @dataclass(frozen=True)
@@ -491,4 +518,4 @@ class SlotUser:
 
 __all__ = ["SHM_DIR", "PREFIX", "PAYLOAD_START", "HEAD_ROOM", "Offer", "Segment", "SlotOwner", "SlotUser",
            "OwnedSlot", "MappedSlot", "create_segment", "attach_segment", "check_path", "slot_file_size",
-           "supported", "unlink"]
+           "supported", "sweep_stale", "unlink"]

@@ -92,6 +92,23 @@ def test_attach_checks_path_size_and_nonce() -> None:
         S.unlink(seg.path)
 
 
+def test_files_of_processes_that_are_gone_are_swept() -> None:
+    import subprocess
+    import sys
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    stale = os.path.join(S.SHM_DIR, f"{S.PREFIX}{gone}-0123456789abcdef")
+    mine = S.create_segment(4096)
+    open(stale, "wb").close()
+    try:
+        assert S.sweep_stale() == [stale]
+        assert not os.path.exists(stale) and os.path.exists(mine.path), "only the dead process's file goes"
+    finally:
+        S.unlink(stale)
+        mine.close()
+        S.unlink(mine.path)
+
+
 def test_a_full_tmpfs_is_an_error_not_a_sigbus(monkeypatch: pytest.MonkeyPatch) -> None:
     def full(fd: int, offset: int, length: int) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
