@@ -694,11 +694,11 @@ class MPIChannel(Channel):
         self._slot_probes = [0] * self.world     # sends since preferring it stopped paying off
         self._slot_want_last = [False] * self.world  # the deferred messages wait for that slot
         self._slot_wait_until = [0.0] * self.world   # messages for that peer wait for a slot till then
-        # Large messages waiting for a slot to come back, per peer, in order, and how many per (peer,
-        # edge); smaller messages on such an edge are refused meanwhile (on_credit when it is clear).
-        self._slot_deferred: dict[int, deque[tuple[int, list[memoryview], list[Buffer], int, object]]] = {}
-        self._slot_deferred_edges: dict[tuple[int, int], int] = {}
-        self._slot_blocked: dict[int, set[int]] = {}
+        # The large message waiting for a slot to come back, per peer (at most one: a second one sends
+        # both through MPI, see _slot_send); smaller messages on its edge are refused meanwhile, and
+        # the peers for which one was get on_credit once it has left (_slot_blocked).
+        self._slot_deferred: dict[int, tuple[int, list[memoryview], list[Buffer], int, object]] = {}
+        self._slot_blocked: set[int] = set()
         self._split_in: dict[tuple[int, int], _Incoming] = {}   # (peer, slot): split message being copied in
 
         # Peer state.
@@ -792,9 +792,10 @@ class MPIChannel(Channel):
         size = sum(v.nbytes for v in views)
         cost = size or 1
         key = (peer, edge)
-        if size <= self._eager_limit and key in self._slot_deferred_edges:
+        held = self._slot_deferred.get(peer)
+        if held is not None and held[0] == edge and size <= self._eager_limit:
             # a large message on this edge waits for a slot: this one may not overtake it
-            self._slot_blocked.setdefault(peer, set()).add(edge)
+            self._slot_blocked.add(peer)
             self.stats["send_refused"] += 1
             self.stats["slot_refused"] += 1
             return False
@@ -1360,8 +1361,8 @@ class MPIChannel(Channel):
             self._slots_in.drop_peer(peer)
             self._slots_out.drop_peer(peer)
             if peer in self._slot_deferred:
-                log.warning("rank %d: rank %d said goodbye; %d messages for it were still waiting for "
-                            "a slot and are dropped", self.rank, peer, len(self._slot_deferred[peer]))
+                log.warning("rank %d: rank %d said goodbye; a message for it was still waiting for a "
+                            "slot and is dropped", self.rank, peer)
             self._slot_drop_deferred(peer)
             self._credit_out.pop(peer, None)
             self._credit_since.pop(peer, None)
@@ -1636,65 +1637,46 @@ class MPIChannel(Channel):
                     token: object) -> None:
         """Hold a large message for ``peer`` until the slot it waits for comes back (or the wait ends:
         then it goes through MPI). It counts as pending; later messages on its edge wait behind it."""
-        self._slot_deferred.setdefault(peer, deque()).append((edge, views, segments, size, token))
-        key = (peer, edge)
-        self._slot_deferred_edges[key] = self._slot_deferred_edges.get(key, 0) + 1
+        self._slot_deferred[peer] = (edge, views, segments, size, token)
         self._pending_sends[peer] += 1
         self._pending_total += 1
         self.stats["slot_deferred"] += 1
 
     def _slot_run_deferred(self, peer: int, give_up: bool = False) -> None:
-        """Send ``peer``'s deferred messages, in order, as far as slots allow (all through MPI if
-        ``give_up``); called when a grant comes, when the wait ends, and before a goodbye."""
-        q = self._slot_deferred.get(peer)
-        while q and peer not in self._lost:
-            edge, views, segments, size, token = q[0]
-            head, body, need = _slot_parts(segments, self._pool_buf_size)
-            pick = None if give_up else self._slot_pick(peer, need, first=False)
-            if pick is _WAIT:
-                return
-            q.popleft()
-            self._slot_undefer(peer, edge)
-            try:
-                if pick is None:
-                    self._send_rendezvous(peer, edge, views, segments, size, token)
-                else:
-                    self._slot_fill(peer, edge, pick, head, body, size, token)
-            except self._MPI.Exception as e:
-                self._lose(peer, f"MPI error sending to it: {e.Get_error_string()}")
-                return
-        if q is not None and not q:
-            del self._slot_deferred[peer]
+        """Send ``peer``'s held message if a slot takes it now (through MPI if ``give_up`` or the wait
+        is over); called when a grant comes, when the wait ends, and before a goodbye."""
+        held = self._slot_deferred.get(peer)
+        if held is None or peer in self._lost:
+            return
+        edge, views, segments, size, token = held
+        head, body, need = _slot_parts(segments, self._pool_buf_size)
+        pick = None if give_up else self._slot_pick(peer, need, first=False)
+        if pick is _WAIT:
+            return
+        self._slot_undefer(peer)
+        try:
+            if pick is None:
+                self._send_rendezvous(peer, edge, views, segments, size, token)
+            else:
+                self._slot_fill(peer, edge, pick, head, body, size, token)
+        except self._MPI.Exception as e:
+            self._lose(peer, f"MPI error sending to it: {e.Get_error_string()}")
 
-    def _slot_undefer(self, peer: int, edge: int) -> None:
-        """Bookkeeping of a deferred message that leaves the queue (sent, or dropped)."""
+    def _slot_undefer(self, peer: int) -> None:
+        """``peer``'s held message leaves (sent, or dropped): its bookkeeping, and credit for a smaller
+        message refused behind it."""
+        edge = self._slot_deferred.pop(peer)[0]
         self._pending_sends[peer] -= 1
         if peer not in self._lost:
             self._pending_total -= 1
-        key = (peer, edge)
-        left = self._slot_deferred_edges[key] - 1
-        if left:
-            self._slot_deferred_edges[key] = left
-            return
-        del self._slot_deferred_edges[key]
-        blocked = self._slot_blocked.get(peer)
-        if blocked and edge in blocked:         # an eager send on that edge waited behind it
-            blocked.discard(edge)
-            if not blocked:
-                del self._slot_blocked[peer]
+        if peer in self._slot_blocked:
+            self._slot_blocked.discard(peer)
             self._events.append((self._handler.on_credit, (peer, edge)))  # type: ignore[union-attr]
 
     def _slot_drop_deferred(self, peer: int) -> None:
-        """``peer`` left or was lost: forget the messages held for it (their on_sent never comes)."""
-        for edge, *_ in self._slot_deferred.pop(peer, ()):
-            self._slot_undefer(peer, edge)
-        self._slot_unblock(peer)
-
-    def _slot_unblock(self, peer: int) -> None:
-        """Report credit on the edges whose sends to ``peer`` were refused behind deferred messages."""
-        on_credit = self._handler.on_credit  # type: ignore[union-attr]
-        for edge in self._slot_blocked.pop(peer, ()):
-            self._events.append((on_credit, (peer, edge)))
+        """``peer`` left or was lost: forget the message held for it (its on_sent never comes)."""
+        if peer in self._slot_deferred:
+            self._slot_undefer(peer)
 
     def _slot_grow(self, peer: int, size: int) -> bool:
         """A message of ``size`` bytes came from ``peer`` through MPI: make sure it has slots that hold
@@ -1712,19 +1694,16 @@ class MPIChannel(Channel):
         """Send ``peer`` the offers, grants and retirements a SlotOwner call returned."""
         if not actions or peer in self._lost or peer in self._bye_from:
             return
-        if len(actions) == 1 and actions[0][0] == "grant":     # the usual case, on the sender's path
-            msgs = [_CTRL_HDR.pack(_KIND_SLOT_GRANT, 1) + _U32.pack(actions[0][1])]
-        else:
-            msgs = []
-            grants = [x for kind, x in actions if kind == "grant"]
-            retires = [x for kind, x in actions if kind == "retire"]
-            for kind, x in actions:
-                if kind == "offer":
-                    msgs.append(_encode_slot_offer(x))
-                    self.stats["slot_offers"] += 1
-            # a retirement goes after the offers of the slots that replace the retired ones
-            msgs += _encode_slot_ids(_KIND_SLOT_GRANT, grants) if grants else []
-            msgs += _encode_slot_ids(_KIND_SLOT_RETIRE, retires) if retires else []
+        msgs = []
+        grants = [x for kind, x in actions if kind == "grant"]
+        retires = [x for kind, x in actions if kind == "retire"]
+        for kind, x in actions:
+            if kind == "offer":
+                msgs.append(_encode_slot_offer(x))
+                self.stats["slot_offers"] += 1
+        # a retirement goes after the offers of the slots that replace the retired ones
+        msgs += _encode_slot_ids(_KIND_SLOT_GRANT, grants) if grants else []
+        msgs += _encode_slot_ids(_KIND_SLOT_RETIRE, retires) if retires else []
         for msg in msgs:
             try:
                 self._submit(msg, TAG_CTRL, _Send(peer, msg), urgent=True)
@@ -1880,10 +1859,8 @@ class MPIChannel(Channel):
         while released:
             rel = released.popleft()
             if rel.slot is not None:
-                slot = rel.slot
+                news = self._slots_in.released(rel.slot)
                 rel.slot = None
-                news = self._slots_in.released(slot)
-                del slot
                 if news:
                     slot_news.setdefault(rel.peer, []).extend(news)
             elif rel.buf is not None:
@@ -2057,7 +2034,6 @@ class MPIChannel(Channel):
         self._slots_in.close()      # views handed out stay valid; the files are unlinked
         self._slots_out.close()
         self._slot_deferred.clear()
-        self._slot_deferred_edges.clear()
         self._split_in.clear()
         self._slot_blocked.clear()
         self._free_comm()

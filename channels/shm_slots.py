@@ -411,8 +411,13 @@ class MappedSlot:
         self.cap = cap
         self.seg = seg
         assert seg.array is not None
-        self.payload = seg.array[PAYLOAD_START:PAYLOAD_START + cap]
+        self.payload: np.ndarray | None = seg.array[PAYLOAD_START:PAYLOAD_START + cap]
         self.free = True
+
+    def close(self) -> None:
+        """Unmap it (the payload view first: it holds the mapping)."""
+        self.payload = None
+        self.seg.close()
 
 
 class SlotUser:
@@ -496,14 +501,11 @@ class SlotUser:
             self._free[peer].remove(slot)
         else:
             self._held[peer] -= 1
-        slot.payload = None  # type: ignore[assignment]
-        slot.seg.close()
+        slot.close()
 
     def drop_peer(self, peer: int) -> None:
         for key in [k for k in self._slots if k[0] == peer]:
-            slot = self._slots.pop(key)
-            slot.payload = None  # type: ignore[assignment]
-            slot.seg.close()
+            self._slots.pop(key).close()
         self._free.pop(peer, None)
         self._held.pop(peer, None)
         self._last.pop(peer, None)
