@@ -24,6 +24,10 @@ else:  # pragma: no cover - exercised only on 3.10
 ENV_PREFIX = "TWISTERNET_"
 #: Environment variable naming a TOML file to read (not itself a config key).
 ENV_CONFIG_FILE = "TWISTERNET_CONFIG"
+#: ``TWISTERNET_*`` variables that describe how a job was launched rather than configure it (read by
+#: :mod:`twisternet.launch_env` and :mod:`twisternet.rendezvous`), so they are not configuration keys.
+ENV_LAUNCH_VARS = frozenset({"TWISTERNET_TOKEN_FILE", "TWISTERNET_TOKEN_DIR", "TWISTERNET_MASTER_PORT",
+                             "TWISTERNET_K8S_SERVICE"})
 
 _UNITS = {
     "": 1, "b": 1,
@@ -314,7 +318,7 @@ def load_config(path: str | os.PathLike[str] | None = None, *, env: Mapping[str,
         for k, v in table.items():
             values[k] = _coerce(k, v, f"file {p}")
     for name, text in env.items():
-        if not name.startswith(ENV_PREFIX) or name == ENV_CONFIG_FILE:
+        if not name.startswith(ENV_PREFIX) or name == ENV_CONFIG_FILE or name in ENV_LAUNCH_VARS:
             continue
         key = name[len(ENV_PREFIX):].lower()
         values[key] = _coerce(key, text, f"environment variable {name}")

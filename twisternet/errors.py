@@ -72,3 +72,11 @@ class ClosedError(TwisternetError):
 
 class LaunchError(TwisternetError, RuntimeError):
     """The launcher could not start the job (a missing extra, a helper process that did not start)."""
+
+
+class LaunchEnvError(ConfigError):
+    """A launcher's environment variables are incomplete or contradict each other; names the variable."""
+
+    def __init__(self, variable: str, message: str) -> None:
+        TwisternetError.__init__(self, f"environment variable {variable}: {message}")
+        self.key = variable
