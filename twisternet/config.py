@@ -132,7 +132,7 @@ class Config:
     #: Logging level for the ``twisternet`` loggers ("" leaves logging alone).
     log_level: str = ""
 
-    # --- coflow scheduling (design.md section 6; twisternet.coflow.live) -------------------------
+    # --- coflow scheduling (docs/design.md section 6; twisternet.coflow.live) -------------------------
     #: Order pending sends by coflow priority: "none" (off: plain per-stream order, no cost), or a
     #: registered policy name ("fifo", "fair", "sebf", "deadline", "dag", ...).
     coflow_policy: str = "none"
@@ -152,7 +152,7 @@ class Config:
     #: job-wide order it pushes; without it (or when it goes silent) each rank orders locally.
     coflow_coordinator: bool = True
 
-    # --- in-network aggregation (design.md section 8; AllReduce(via="innet")) ---------------------
+    # --- in-network aggregation (docs/design.md section 8; AllReduce(via="innet")) ---------------------
     #: Address the ATP worker sockets (and a switch/PS this job starts) bind and advertise.
     innet_host: str = "127.0.0.1"
     #: UDP HOST:PORT of a running ATP switch to use instead of starting one per operation ("" = start
