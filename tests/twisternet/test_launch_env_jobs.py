@@ -104,3 +104,16 @@ def test_announced_world_that_resolves_to_one_is_an_error():
     res = _start([env])[0]
     assert res.returncode != 0
     assert "WORLD_SIZE" in res.stderr and "started 4 processes" in res.stderr, res.stderr[-2000:]
+
+
+def test_torchrun_itself_starts_one_job():
+    """The README's torchrun recipe, on one node: torchrun sets the variables, twisternet joins."""
+    pytest.importorskip("torch", reason="torch is in the dev extra (pip install '.[dev]')")
+    port = _free_port()
+    env = _clean_env(TWISTERNET_TOKEN=TOKEN, TWISTERNET_MASTER_PORT=str(_free_port()), OMP_NUM_THREADS="1")
+    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
+                          "--master-addr", "127.0.0.1", "--master-port", str(port), str(SCRIPT)],
+                         env=env, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    for r in range(2):
+        assert f"RESULT rank={r} world=2 total=3" in res.stdout, res.stdout + res.stderr[-2000:]
