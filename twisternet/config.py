@@ -104,10 +104,16 @@ class Config:
     #: at once; see channels.shm_slots) instead of MPI's rendezvous. The slots a rank offers take at
     #: most ``memory_limit`` bytes of /dev/shm, two per sending peer.
     mpi_shared_memory: bool = True
+    #: MPI channel: an exception no handler caught (on the main thread) ends the whole job with
+    #: ``MPI_Abort`` after its traceback is printed, instead of leaving the other ranks waiting for this
+    #: one until their operation timeout (and ``mpiexec`` waiting for them).
+    mpi_abort_on_error: bool = True
     #: Socket send/receive buffer sizes requested from the kernel (0 = kernel default).
     socket_buffer: int = 4 << 20
-    #: Address the TCP listener binds (peers connect to the advertised address).
-    bind_host: str = "0.0.0.0"
+    #: Address the TCP listener binds (default: the address this host uses to reach the bootstrap
+    #: master, so the data port listens on that interface alone; "0.0.0.0" listens on all of them).
+    #: Peers connect to the advertised address.
+    bind_host: str | None = None
     #: Address advertised to peers for TCP (default: the address used to reach the master).
     advertise_host: str | None = None
 
