@@ -229,8 +229,11 @@ def _validate(c: Config) -> None:
                           "through its P4Runtime server)")
     if not c.innet_host:
         raise ConfigError("innet_host", "must not be empty")
-    if c.token is not None and len(c.token) < 8:
-        raise ConfigError("token", "must be at least 8 characters")
+    if c.token is not None:
+        from .tokens import HOW_TO_MAKE_ONE, token_problem
+        problem = token_problem(c.token)
+        if problem is not None:
+            raise ConfigError("token", f"too weak: {problem}; {HOW_TO_MAKE_ONE}")
     if c.coflow_policy not in _BUILTIN_COFLOW_POLICIES:
         from .coflow.scheduler import policy_names  # lazily: user-registered policies are allowed too
         if c.coflow_policy not in policy_names():
@@ -259,7 +262,7 @@ def _coerce(key: str, value: Any, source: str) -> Any:
     kind = type(default) if default is not None else None
     if key in ("rank", "world"):
         kind = int
-    elif key in ("spill_dir", "advertise_host", "token", "master"):
+    elif key in ("spill_dir", "advertise_host", "token", "master", "bind_host"):
         kind = str
     try:
         if kind is bool:
