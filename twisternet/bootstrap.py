@@ -218,6 +218,7 @@ class Master:
         self._lock = threading.Lock()
         self._commands: collections.deque[Callable[[], None]] = collections.deque()
         self._services: dict[str, _Service] = {}
+        self._lost_hooks: list[Callable[[int], Iterable[tuple[str, int, dict]]]] = []
         self._handshakes = threading.BoundedSemaphore(MAX_PENDING_HANDSHAKES)
         self._accept_backoff = 0.0
         self._accept_resume: float | None = None   # while accept rests after an error: when it resumes
@@ -311,6 +312,12 @@ class Master:
                 log.warning("service %r replaced", name)
             self._services[name] = svc
         self._post(install)
+
+    def on_peer_lost(self, hook: Callable[[int], Iterable[tuple[str, int, dict]]]) -> None:
+        """Call ``hook(rank)`` on the master's thread when a running worker is lost; it returns
+        ``(service, rank, msg)`` replies to send (as :meth:`add_service` replies are), e.g. a barrier
+        released without the lost rank."""
+        self._post(lambda: self._lost_hooks.append(hook))
 
     def report_lost(self, rank: int, reason: str) -> None:
         """Declare ``rank`` lost (e.g. its process died): every other worker gets ``peer_lost`` at once."""
@@ -794,6 +801,16 @@ class Master:
         frame = encode_message({"type": "peer_lost", "rank": rank, "reason": reason})
         for other in list(self._by_rank.values()):
             self._send_raw(other, frame)
+        for hook in list(self._lost_hooks):
+            try:
+                replies = list(hook(rank) or ())
+            except Exception:
+                log.exception("bootstrap master: peer-lost hook failed for rank %d", rank)
+                continue
+            for name, to, msg in replies:
+                conn = self._by_rank.get(to)
+                if conn is not None and isinstance(msg, dict):
+                    self._send(conn, {**msg, "type": "service", "service": name})
 
 
 def install_job_services(master: Master) -> None:
