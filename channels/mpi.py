@@ -99,6 +99,18 @@ nothing hangs; the survivors never see an MPI error. With ``mpiexec -disable-aut
 survivors keep running but the ch4 device of this build does not report the dead rank (its
 fault-tolerance mode, ``MPIR_CVAR_ENABLE_FT``, aborts in ``MPI_Init``), so sends to it simply never
 complete; do not use that flag with this channel.
+
+Liveness. A rank that is alive but stuck (SIGSTOPped, hung in a system call, its host swapping) is
+no MPI error, so hydra never notices it. Like the TCP channel, every rank sends each live peer a
+heartbeat (a ``TAG_CTRL`` message, at most one in MPI per peer) every ``heartbeat_interval`` seconds,
+and reports a peer from which no receive of any kind completed for ``peer_timeout`` seconds lost
+(``on_peer_lost``, so waiting operations raise PeerLostError naming it). Heartbeats stop once our
+goodbye is out; peers that said goodbye are not checked.
+
+Ending the job. With ``mpi_abort_on_error`` (on by default) the channel installs a ``sys.excepthook``
+that prints the traceback and then calls ``MPI_Abort(COMM_WORLD, 1)``: an exception no handler caught
+(e.g. that PeerLostError) ends every rank at once, the frozen one included, instead of leaving the
+others waiting until their operation timeout and ``mpiexec`` waiting for a process that never exits.
 """
 
 from __future__ import annotations
@@ -190,6 +202,13 @@ _ANSWER_CODES = {v: k for k, v in _ANSWERS.items()}
 _KIND_SLOT_OFFER = 9
 _KIND_SLOT_GRANT = 10
 _KIND_SLOT_RETIRE = 11
+#: Control message: a heartbeat (no body). Every rank sends one to each live peer every
+#: ``heartbeat_interval`` seconds; a peer heard from neither by data nor by heartbeat for
+#: ``peer_timeout`` seconds is reported lost (the same keys and meaning as the TCP channel).
+_KIND_HEARTBEAT = 13
+_HEARTBEAT_MSG = struct.Struct("<BxxxI").pack(_KIND_HEARTBEAT, 0)
+#: Most seconds between two liveness checks (the heartbeat interval, when shorter).
+_LIVENESS_TICK = 0.5
 _SLOT_OFFER = struct.Struct(f"<IQQ{shm_slots.NONCE}s")
 _CTRL_BUF_SIZE = 4096
 _SLOT_IDS_MAX = (_CTRL_BUF_SIZE - _CTRL_HDR.size) // 4
@@ -307,6 +326,43 @@ def _import_mpi() -> "_MPIModule":
     return MPI
 
 
+_ABORT_HOOK_INSTALLED = False
+
+
+def _install_abort_hook(MPI: Any) -> None:
+    """Make an uncaught exception end the whole MPI job (``MPI_Abort``) once its traceback is printed.
+
+    Without it the failed rank's interpreter exits (or hangs in ``MPI_Finalize``) while the others
+    wait for it until their operation timeout, and ``mpiexec`` waits for all of them. With it, hydra
+    kills every rank at once and ``mpiexec`` exits non-zero (1). Installed once per process."""
+    global _ABORT_HOOK_INSTALLED
+    if _ABORT_HOOK_INSTALLED:
+        return
+    _ABORT_HOOK_INSTALLED = True
+    previous = sys.excepthook
+
+    def abort_on_uncaught(exc_type: Any, exc: Any, tb: Any) -> None:
+        try:
+            previous(exc_type, exc, tb)
+        finally:
+            try:
+                sys.stdout.flush()
+                sys.stderr.flush()
+            except Exception:  # noqa: BLE001 - exiting anyway
+                pass
+            if MPI.Is_initialized() and not MPI.Is_finalized():
+                try:
+                    rank = MPI.COMM_WORLD.Get_rank()
+                    sys.stderr.write(f"twisternet: rank {rank}: uncaught {exc_type.__name__}; "
+                                     "ending the MPI job (MPI_Abort)\n")
+                    sys.stderr.flush()
+                except Exception:  # noqa: BLE001
+                    pass
+                MPI.COMM_WORLD.Abort(1)
+
+    sys.excepthook = abort_on_uncaught
+
+
 def _level_name(MPI: Any, level: int) -> str:
     names = {MPI.THREAD_SINGLE: "THREAD_SINGLE", MPI.THREAD_FUNNELED: "THREAD_FUNNELED",
              MPI.THREAD_SERIALIZED: "THREAD_SERIALIZED", MPI.THREAD_MULTIPLE: "THREAD_MULTIPLE"}
@@ -393,6 +449,8 @@ def _decode_ctrl(buf: Buffer) -> tuple[int, Any]:
         if _CTRL_HDR.size + n > mv.nbytes:
             raise ProtocolError("abort notice longer than its message")
         return kind, bytes(mv[_CTRL_HDR.size:_CTRL_HDR.size + n]).decode("utf-8", "replace")
+    if kind == _KIND_HEARTBEAT:
+        return kind, ()
     if kind == _KIND_OFFER:
         if _CTRL_HDR.size + _OFFER.size > mv.nbytes:
             raise ProtocolError("truncated pre-post offer")
@@ -558,6 +616,12 @@ class _Send:
         self.bulk = bulk
 
 
+class _Heartbeat(_Send):
+    """A heartbeat in MPI: at most one per peer at a time (a frozen peer must not collect them)."""
+
+    __slots__ = ()
+
+
 class _Release:
     """The ``release`` callable handed out with a message: returns its credit (and buffer) once.
 
@@ -701,6 +765,15 @@ class MPIChannel(Channel):
         self._slot_blocked: set[int] = set()
         self._split_in: dict[tuple[int, int], _Incoming] = {}   # (peer, slot): split message being copied in
 
+        # Liveness (as the TCP channel): when each peer was last heard from (any completed receive),
+        # when we last sent it a heartbeat, and whether that heartbeat is still in MPI.
+        self._peer_timeout = config.peer_timeout
+        self._hb_interval = config.heartbeat_interval
+        self._heard = [0.0] * self.world
+        self._beat_sent = [0.0] * self.world
+        self._beat_busy = [False] * self.world
+        self._next_liveness = float("inf")
+
         # Peer state.
         self._bye_from: set[int] = set()
         self._bye_sent = False
@@ -771,6 +844,10 @@ class MPIChannel(Channel):
                 self._post_data_recv(peer, bytearray(self._pool_buf_size))
             for _ in range(_CTRL_RECVS_PER_PEER):
                 self._post_ctrl_recv(peer, bytearray(_CTRL_BUF_SIZE))
+        now = time.monotonic()
+        self._heard = [now] * self.world
+        self._beat_sent = [now] * self.world
+        self._next_liveness = now + min(self._hb_interval, _LIVENESS_TICK)
         self._started = True
         log.debug("MPI channel rank %d/%d started (thread level %s, %d eager receives per peer)",
                   self.rank, self.world, _level_name(MPI, self.thread_level), self._recvs_per_peer)
@@ -1156,6 +1233,12 @@ class MPIChannel(Channel):
                     self._drain_released()
             if self._credit_out:
                 self._flush_credit(quiet=not completed)
+            now = time.monotonic()
+            if now >= self._next_liveness:
+                self._liveness(now)
+                if self._events:
+                    did = True
+                    self._dispatch()
             if did:
                 self._last_activity = time.monotonic()
             return did
@@ -1202,12 +1285,20 @@ class MPIChannel(Channel):
             elif cls is _Send:
                 self._send_done(op)
             elif cls is _BulkRecv:
+                self._heard[op.peer] = time.monotonic()
                 self._bulk_done(op)
             elif cls is _PreRecv:
+                self._heard[op.peer] = time.monotonic()
                 self._pre_done(op)
             elif cls is _CtrlRecv:
                 op.done = True
                 ctrl_peers.add(op.peer)
+            elif cls is _Heartbeat:
+                self._beat_busy[op.peer] = False
+        if data_peers or ctrl_peers:
+            now = time.monotonic()
+            for peer in data_peers | ctrl_peers:
+                self._heard[peer] = now
         for peer in ctrl_peers:
             q = self._ctrl_recvs[peer]
             while q and q[0].done:
@@ -1966,6 +2057,33 @@ class MPIChannel(Channel):
         if self._handler is not None:
             self._events.append((self._handler.on_peer_lost, (peer, reason)))
 
+    def _liveness(self, now: float) -> None:
+        """Send each live peer its heartbeat when due; report peers silent for ``peer_timeout`` lost.
+
+        A peer that said goodbye is neither checked nor sent to, and once our own goodbye is out we
+        send no more heartbeats (a peer may free its communicator right after it has all goodbyes)
+        and check nobody (close() bounds that wait itself)."""
+        self._next_liveness = now + min(self._hb_interval, _LIVENESS_TICK)
+        for peer in range(self.world):
+            if peer == self.rank or peer in self._lost or peer in self._bye_from:
+                continue
+            if self._bye_sent:
+                continue
+            silent = now - self._heard[peer]
+            if silent > self._peer_timeout:
+                self._lose(peer, f"no message or heartbeat for {silent:.1f}s (peer_timeout "
+                                 f"{self._peer_timeout:g}s): the process is stopped, hung or unreachable")
+                continue
+            if not self._beat_busy[peer] and now - self._beat_sent[peer] >= self._hb_interval:
+                try:
+                    req = self._comm.Isend(_HEARTBEAT_MSG, peer, TAG_CTRL)
+                except self._MPI.Exception as e:
+                    self._lose(peer, f"MPI error sending a heartbeat: {e.Get_error_string()}")
+                    continue
+                self._post(req, _Heartbeat(peer, _HEARTBEAT_MSG))
+                self._beat_busy[peer] = True
+                self._beat_sent[peer] = now
+
     def _live_peers(self) -> list[int]:
         return [p for p in range(self.world) if p != self.rank and p not in self._lost]
 
@@ -2063,6 +2181,8 @@ def create_channel(config: "Config", *, comm: Any = None, rank: int | None = Non
         import atexit
         atexit.register(_close_leftover_channels)
         _ATEXIT_REGISTERED = True
+    if config.mpi_abort_on_error:
+        _install_abort_hook(MPI)
     if comm is None:
         comm = MPI.COMM_WORLD
     if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:

@@ -34,6 +34,7 @@ from twisternet.auth import handshake
 from twisternet.channel import Buffer, Channel, ChannelHandler, fits_credit
 from twisternet.config import Config
 from twisternet.errors import AuthError, ConfigError, OperationTimeout, ProtocolError
+from twisternet.logthrottle import LogThrottle
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,14 @@ _BULK_WAIT = 1e-3
 #: A queue holding at least this many bytes counts as a large payload being written.
 _BULK_BYTES = 1 << 20
 _MAX_FRAME = 1 << 48
+#: Connections to a listening port that may be in their handshake at once (one thread each). Once the
+#: mesh is built nobody may connect any more, so more than this are closed at once, unread.
+MAX_PENDING_HANDSHAKES = 16
+#: Seconds a listener rests after ``accept`` failed (EMFILE at the descriptor limit, ENOBUFS, ...),
+#: doubling up to the maximum while it keeps failing: the connection stays in the kernel's queue and
+#: the listener stays readable, so retrying at once spins a core and writes a log line per round.
+_ACCEPT_BACKOFF_MIN = 0.05
+_ACCEPT_BACKOFF_MAX = 1.0
 
 
 class _RecvBuffers:
@@ -207,6 +216,13 @@ class TCPChannel(Channel):
             self._poller.register(p.fd, _IN, p)
         # Idle large buffers kept for reuse are bounded by twice the memory limit (512 MiB by default).
         self._recv_buffers = _RecvBuffers(max(4 * self.credit, 2 * config.memory_limit))
+        # Late connections (after the mesh): bounded handshakes, accept backoff, rate-limited logs.
+        self._vetting = threading.BoundedSemaphore(MAX_PENDING_HANDSHAKES)
+        self._accept_backoff = 0.0
+        self._accept_paused: dict[int, tuple[socket.socket, float]] = {}   # fd -> (listener, resume at)
+        self._noise = LogThrottle(log)
+        #: Late connections closed unread because MAX_PENDING_HANDSHAKES were already running.
+        self.dropped_connections = 0
         if session is not None:
             session.on_event(self._on_session_event)
 
@@ -248,6 +264,8 @@ class TCPChannel(Channel):
         did = self._send_credit_returns() or did
         if did:
             timeout = 0.0
+        if self._accept_paused:
+            timeout = self._resume_accept(timeout)
         events = self._poller.poll(self._credit_wait(timeout) if timeout > 0 else 0.0)
         for obj, mask in events:
             if obj is None:
@@ -730,15 +748,54 @@ class TCPChannel(Channel):
 
     # ------------------------------------------------------------------------------ late connections
     def _accept(self, ls: socket.socket) -> None:
-        try:
-            sock, addr = ls.accept()
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError as e:
-            log.warning("rank %d: accept failed: %s", self.rank, e)
-            return
-        threading.Thread(target=self._vet_late, args=(sock, addr), daemon=True,
-                         name=f"twisternet-vet-{self.rank}").start()
+        """Take the connections waiting on ``ls``: each gets a bounded handshake (and is then refused:
+        every peer is connected already), or is closed at once while MAX_PENDING_HANDSHAKES run."""
+        for _ in range(64):     # a bounded batch per round: the engine has other work
+            try:
+                sock, addr = ls.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:
+                self._pause_accept(ls, e)
+                return
+            self._accept_backoff = 0.0
+            if not self._vetting.acquire(blocking=False):
+                self.dropped_connections += 1
+                self._noise.warning("busy", "rank %d: closed a connection from %s unread: %d handshakes "
+                                    "already running", self.rank, addr or "a local socket",
+                                    MAX_PENDING_HANDSHAKES)
+                sock.close()
+                continue
+            try:
+                threading.Thread(target=self._vet_late, args=(sock, addr), daemon=True,
+                                 name=f"twisternet-vet-{self.rank}").start()
+            except RuntimeError as e:   # cannot start a thread (resource limit)
+                self._vetting.release()
+                sock.close()
+                self._pause_accept(ls, e)
+                return
+
+    def _pause_accept(self, ls: socket.socket, error: BaseException) -> None:
+        """``accept`` failed: stop watching ``ls`` for a while (backing off while it keeps failing)."""
+        self._accept_backoff = min(_ACCEPT_BACKOFF_MAX, max(_ACCEPT_BACKOFF_MIN, 2 * self._accept_backoff))
+        self._noise.warning("accept", "rank %d: accept failed (%s); not accepting for %.2fs",
+                            self.rank, error, self._accept_backoff)
+        fd = ls.fileno()
+        if fd >= 0 and fd not in self._accept_paused:
+            self._poller.unregister(fd)
+            self._accept_paused[fd] = (ls, time.monotonic() + self._accept_backoff)
+
+    def _resume_accept(self, timeout: float) -> float:
+        """Watch paused listeners again once their rest is over; ``timeout`` cut to the next resume."""
+        now = time.monotonic()
+        for fd, (ls, at) in list(self._accept_paused.items()):
+            if at <= now:
+                del self._accept_paused[fd]
+                if ls.fileno() >= 0 and not self._closed_sel:
+                    self._poller.register(fd, _IN, ls)
+            else:
+                timeout = min(timeout, at - now)
+        return timeout
 
     def _vet_late(self, sock: socket.socket, addr: Any) -> None:
         """A connection after the mesh was built: prove it, then refuse it (every peer is connected)."""
@@ -746,11 +803,13 @@ class TCPChannel(Channel):
             sock.setblocking(True)
             hello = handshake(sock, self._token, initiator=False, hello={"rank": self.rank},
                               timeout=self.config.handshake_timeout)
-            log.warning("rank %d: refused an authenticated late connection claiming rank %r from %s",
-                        self.rank, hello.get("rank"), addr or "a local socket")
+            self._noise.warning("late", "rank %d: refused an authenticated late connection claiming "
+                                "rank %r from %s", self.rank, hello.get("rank"), addr or "a local socket")
         except (AuthError, ProtocolError, OSError) as e:
-            log.warning("rank %d: dropped a connection from %s: %s", self.rank, addr or "a local socket", e)
+            self._noise.warning("dropped", "rank %d: dropped a connection from %s: %s", self.rank,
+                                addr or "a local socket", e)
         finally:
+            self._vetting.release()
             try:
                 sock.close()
             except OSError:
@@ -763,6 +822,7 @@ class TCPChannel(Channel):
             if ls.fileno() >= 0:
                 self._poller.unregister(ls.fileno())
             ls.close()
+        self._accept_paused.clear()
         for s in (self._wake_r, self._wake_w):
             try:
                 s.close()
@@ -784,10 +844,11 @@ def _tune(sock: socket.socket, config: Config, tcp: bool) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
-def _listeners(config: Config) -> tuple[list[socket.socket], dict]:
-    tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+def _listeners(config: Config, bind_host: str) -> tuple[list[socket.socket], dict]:
+    family = socket.AF_INET6 if ":" in bind_host else socket.AF_INET
+    tcp = socket.socket(family, socket.SOCK_STREAM)
     tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    tcp.bind((config.bind_host, 0))
+    tcp.bind((bind_host, 0))
     tcp.listen(256)
     out = [tcp]
     listen: dict[str, Any] = {"tcp_port": tcp.getsockname()[1]}
@@ -859,6 +920,9 @@ def build_mesh(rank: int, world: int, table: list[dict], listeners: list[socket.
         ls.setblocking(False)
         sel.register(ls, selectors.EVENT_READ)
     vetting: list[threading.Thread] = []
+    # Handshakes at once: enough for every expected peer plus some strangers; more are closed at once.
+    slots = threading.BoundedSemaphore(MAX_PENDING_HANDSHAKES + world)
+    noise = LogThrottle(log)
 
     def vet(sock: socket.socket, addr: Any, kind: str) -> None:
         try:
@@ -871,14 +935,17 @@ def build_mesh(rank: int, world: int, table: list[dict], listeners: list[socket.
                     _tune(sock, config, tcp=kind == "tcp")
                     peers[j] = _Peer(j, sock, kind)
             if not ok:
-                log.warning("rank %d: refused a connection claiming rank %r", rank, j)
+                noise.warning("refused", "rank %d: refused a connection claiming rank %r", rank, j)
                 sock.close()
         except (AuthError, ProtocolError, OSError) as e:
-            log.warning("rank %d: dropped a connection from %s: %s", rank, addr or "a local socket", e)
+            noise.warning("dropped", "rank %d: dropped a connection from %s: %s", rank,
+                          addr or "a local socket", e)
             try:
                 sock.close()
             except OSError:
                 pass
+        finally:
+            slots.release()
 
     try:
         while True:
@@ -893,9 +960,19 @@ def build_mesh(rank: int, world: int, table: list[dict], listeners: list[socket.
                     sock, addr = key.fileobj.accept()  # type: ignore[union-attr]
                 except (BlockingIOError, InterruptedError):
                     continue
+                except OSError as e:   # e.g. EMFILE: the connection waits in the queue; rest a little
+                    noise.warning("accept", "rank %d: accept failed while building the mesh: %s", rank, e)
+                    time.sleep(_ACCEPT_BACKOFF_MIN)
+                    continue
+                if not slots.acquire(blocking=False):
+                    noise.warning("busy", "rank %d: closed a connection from %s unread: too many "
+                                  "handshakes at once", rank, addr or "a local socket")
+                    sock.close()
+                    continue
                 kind = "uds" if sock.family == getattr(socket, "AF_UNIX", None) else "tcp"
                 t = threading.Thread(target=vet, args=(sock, addr, kind), daemon=True)
                 t.start()
+                vetting = [v for v in vetting if v.is_alive()]
                 vetting.append(t)
     finally:
         sel.close()
@@ -919,8 +996,11 @@ def create_channel(config: Config, **_: Any) -> TCPChannel:
     token = config.token_bytes
     if token is None:
         raise ConfigError("token", "the tcp channel needs the job token (TWISTERNET_TOKEN)")
-    listeners, listen = _listeners(config)
-    listen["tcp_host"] = config.advertise_host or local_address_for(config.master)
+    # Listen only on the interface this host reaches the master through (the one the master sees),
+    # unless bind_host says otherwise.
+    seen_by_master = local_address_for(config.master)
+    listeners, listen = _listeners(config, config.bind_host or seen_by_master)
+    listen["tcp_host"] = config.advertise_host or seen_by_master
     try:
         session = join(config.master, token, listen=listen, rank=config.rank, world=config.world,
                        timeout=config.connect_timeout, handshake_timeout=config.handshake_timeout,

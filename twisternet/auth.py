@@ -30,7 +30,7 @@ import msgpack
 
 from .errors import AuthError, ProtocolError
 
-__all__ = ["handshake", "MAGIC", "VERSION", "MAX_HELLO", "NONCE_SIZE"]
+__all__ = ["handshake", "PeerClosedDuringHandshake", "MAGIC", "VERSION", "MAX_HELLO", "NONCE_SIZE"]
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,11 @@ NONCE_SIZE = 32
 MAX_HELLO = 64 * 1024
 #: Domain-separation string mixed into every MAC.
 CONTEXT = b"twisternet-auth-v1\x00"
+
+class PeerClosedDuringHandshake(ProtocolError):
+    """The peer closed the connection (or reset it) before the handshake was over: a busy acceptor
+    drops connections beyond its handshake limit that way, so an initiator may try again."""
+
 
 _OPENING = struct.Struct(f"!4sB{NONCE_SIZE}s")
 _PROOF = struct.Struct("!32sI")
@@ -69,9 +74,10 @@ def _recv_exact(sock: socket.socket, n: int, deadline: float, what: str) -> byte
         except (socket.timeout, TimeoutError):
             raise AuthError(f"handshake timed out waiting for the peer's {what}") from None
         except ConnectionError as e:
-            raise ProtocolError(f"connection failed during the handshake ({what}): {e}") from None
+            raise PeerClosedDuringHandshake(f"connection failed during the handshake ({what}): {e}") from None
         if not chunk:
-            raise ProtocolError(f"peer closed the connection during the handshake (expected its {what})")
+            raise PeerClosedDuringHandshake(f"peer closed the connection during the handshake (expected "
+                                            f"its {what})")
         buf += chunk
     return bytes(buf)
 
@@ -86,7 +92,7 @@ def _send_all(sock: socket.socket, data: bytes, deadline: float, what: str) -> N
     except (socket.timeout, TimeoutError):
         raise AuthError(f"handshake timed out sending our {what}") from None
     except ConnectionError as e:
-        raise ProtocolError(f"connection failed during the handshake ({what}): {e}") from None
+        raise PeerClosedDuringHandshake(f"connection failed during the handshake ({what}): {e}") from None
 
 
 def handshake(sock: socket.socket, token: bytes, *, initiator: bool, hello: dict,

@@ -34,9 +34,10 @@ from typing import Any, Callable, Iterable
 
 import msgpack
 
-from .auth import handshake
+from .auth import PeerClosedDuringHandshake, handshake
 from .errors import (AuthError, ClosedError, ConfigError, OperationTimeout, PeerLostError,
                      ProtocolError, TwisternetError)
+from .logthrottle import LogThrottle
 
 __all__ = ["Master", "MasterSession", "join", "host_id", "parse_address", "local_address_for",
            "install_job_services", "MAX_MESSAGE", "SERVICES_ENTRY"]
@@ -47,8 +48,13 @@ log = logging.getLogger(__name__)
 MAX_MESSAGE = 16 << 20
 #: Bytes the master may queue for one worker that does not read before declaring it lost.
 _MAX_OUTBUF = 64 << 20
-#: Handshakes the master runs at once; further connections are dropped until one finishes.
-_MAX_HANDSHAKES = 1024
+#: Handshakes the master runs at once (one thread each); further connections are closed unread until
+#: one finishes (a joining worker whose connection is closed that way retries).
+MAX_PENDING_HANDSHAKES = 64
+#: Seconds the listener rests after ``accept`` failed (EMFILE, ENOBUFS, ...), doubling up to the
+#: maximum while it keeps failing (retrying at once would spin on the still-readable listener).
+_ACCEPT_BACKOFF_MIN = 0.05
+_ACCEPT_BACKOFF_MAX = 1.0
 _LEN = struct.Struct("!I")
 
 ServiceHandle = Callable[[int, dict], "list[tuple[int, dict]]"]
@@ -212,7 +218,13 @@ class Master:
         self._lock = threading.Lock()
         self._commands: collections.deque[Callable[[], None]] = collections.deque()
         self._services: dict[str, _Service] = {}
-        self._handshakes = threading.BoundedSemaphore(_MAX_HANDSHAKES)
+        self._lost_hooks: list[Callable[[int], Iterable[tuple[str, int, dict]]]] = []
+        self._handshakes = threading.BoundedSemaphore(MAX_PENDING_HANDSHAKES)
+        self._accept_backoff = 0.0
+        self._accept_resume: float | None = None   # while accept rests after an error: when it resumes
+        self._noise = LogThrottle(log)
+        #: Connections closed unread because MAX_PENDING_HANDSHAKES were already running.
+        self.dropped_connections = 0
         self._conns: dict[socket.socket, _Conn] = {}
         self._joining: list[_Conn] = []          # authenticated, waiting for the table
         self._by_rank: dict[int, _Conn] = {}     # running connections
@@ -301,6 +313,12 @@ class Master:
             self._services[name] = svc
         self._post(install)
 
+    def on_peer_lost(self, hook: Callable[[int], Iterable[tuple[str, int, dict]]]) -> None:
+        """Call ``hook(rank)`` on the master's thread when a running worker is lost; it returns
+        ``(service, rank, msg)`` replies to send (as :meth:`add_service` replies are), e.g. a barrier
+        released without the lost rank."""
+        self._post(lambda: self._lost_hooks.append(hook))
+
     def report_lost(self, rank: int, reason: str) -> None:
         """Declare ``rank`` lost (e.g. its process died): every other worker gets ``peer_lost`` at once."""
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.world:
@@ -350,6 +368,12 @@ class Master:
                 timeout = min(timeout, max(0.0, self._started_at + self.join_timeout - now))
             if self._phase == "failed":
                 timeout = min(timeout, max(0.0, self._failed_at + self._fail_linger - now))
+            if self._accept_resume is not None:
+                if now >= self._accept_resume:
+                    self._accept_resume = None
+                    self._sel.register(self._listener, selectors.EVENT_READ, "listen")
+                else:
+                    timeout = min(timeout, self._accept_resume - now)
             for key, mask in self._sel.select(timeout):
                 if key.data == "listen":
                     self._accept()
@@ -428,6 +452,7 @@ class Master:
             self._close(conn)
         if self.exit_code is None:
             self.exit_code = 1 if ("lost" in self._status or self._phase == "failed") else 0
+        self._accept_resume = None
         for s in (self._listener, self._wake_r, self._wake_w):
             try:
                 self._sel.unregister(s)
@@ -441,23 +466,43 @@ class Master:
 
     # ---------------------------------------------------------------- connections
     def _accept(self) -> None:
-        while True:
+        for _ in range(64):     # a bounded batch per round: running workers have messages too
             try:
                 sock, addr = self._listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as e:
-                log.warning("bootstrap master: accept failed: %s", e)
+                self._pause_accept(e)
                 return
+            self._accept_backoff = 0.0
             peer = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr)
             if not self._handshakes.acquire(blocking=False):
-                log.warning("bootstrap master: dropping connection from %s (too many handshakes at once)",
-                            peer)
+                self.dropped_connections += 1
+                self._noise.warning("busy", "bootstrap master: closed the connection from %s unread "
+                                    "(%d handshakes already running)", peer, MAX_PENDING_HANDSHAKES)
                 sock.close()
                 continue
             sock.setblocking(True)
-            threading.Thread(target=self._authenticate, args=(sock, peer), daemon=True,
-                             name="twisternet-master-handshake").start()
+            try:
+                threading.Thread(target=self._authenticate, args=(sock, peer), daemon=True,
+                                 name="twisternet-master-handshake").start()
+            except RuntimeError as e:   # cannot start a thread (resource limit)
+                self._handshakes.release()
+                sock.close()
+                self._pause_accept(e)
+                return
+
+    def _pause_accept(self, error: BaseException) -> None:
+        """``accept`` failed: stop watching the listener for a while, backing off while it fails."""
+        self._accept_backoff = min(_ACCEPT_BACKOFF_MAX, max(_ACCEPT_BACKOFF_MIN, 2 * self._accept_backoff))
+        self._noise.warning("accept", "bootstrap master: accept failed (%s); not accepting for %.2fs",
+                            error, self._accept_backoff)
+        if self._accept_resume is None:
+            try:
+                self._sel.unregister(self._listener)
+            except (KeyError, ValueError):
+                pass
+        self._accept_resume = time.monotonic() + self._accept_backoff
 
     def _authenticate(self, sock: socket.socket, peer: str) -> None:
         """Runs in a short-lived thread per connection, bounded by handshake_timeout."""
@@ -465,7 +510,7 @@ class Master:
             hello = handshake(sock, self._token, initiator=False, timeout=self.handshake_timeout,
                               hello={"kind": "master", "world": self.world})
         except (AuthError, ProtocolError) as e:
-            log.warning("bootstrap master: rejected connection from %s: %s", peer, e)
+            self._noise.warning("rejected", "bootstrap master: rejected connection from %s: %s", peer, e)
             sock.close()
             return
         except Exception:
@@ -756,6 +801,16 @@ class Master:
         frame = encode_message({"type": "peer_lost", "rank": rank, "reason": reason})
         for other in list(self._by_rank.values()):
             self._send_raw(other, frame)
+        for hook in list(self._lost_hooks):
+            try:
+                replies = list(hook(rank) or ())
+            except Exception:
+                log.exception("bootstrap master: peer-lost hook failed for rank %d", rank)
+                continue
+            for name, to, msg in replies:
+                conn = self._by_rank.get(to)
+                if conn is not None and isinstance(msg, dict):
+                    self._send(conn, {**msg, "type": "service", "service": name})
 
 
 def install_job_services(master: Master) -> None:
@@ -1022,15 +1077,26 @@ def join(master: str, token: bytes, *, listen: dict, rank: int | None = None, wo
                                    operation="bootstrap join", timeout=timeout)
         try:
             sock = socket.create_connection((host, port), timeout=min(remaining, 5.0))
-            break
         except OSError as e:
             last_error = e
             time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
             delay = min(delay * 2, 0.5)
+            continue
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            peer = handshake(sock, token, initiator=True, hello=hello,
+                             timeout=max(0.001, min(handshake_timeout, deadline - time.monotonic())))
+            break
+        except PeerClosedDuringHandshake as e:
+            # a busy master closes connections beyond its handshake limit unread: try again
+            sock.close()
+            last_error = e
+            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+            delay = min(delay * 2, 0.5)
+        except BaseException:
+            sock.close()
+            raise
     try:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        peer = handshake(sock, token, initiator=True, hello=hello,
-                         timeout=max(0.001, min(handshake_timeout, deadline - time.monotonic())))
         if peer.get("kind") != "master":
             raise ProtocolError(f"{master} is not a bootstrap master (hello kind {peer.get('kind')!r})")
         frames = _FrameReader()

@@ -2,7 +2,7 @@
 
 ``twisternet run -n N script.py`` launches a whole job on this machine; on a plain cluster start
 ``twisternet master --world N`` on one host and ``twisternet worker --master HOST:PORT script.py`` on
-each node. ``switch``, ``coflow-sim``, ``coflow-gen`` and ``bench`` hand their arguments to the modules
+each node; ``twisternet token [--file F]`` prints (or writes, mode 0600) a fresh job token. ``switch``, ``coflow-sim``, ``coflow-gen`` and ``bench`` hand their arguments to the modules
 that implement them, imported only when asked for.
 """
 
@@ -12,14 +12,13 @@ import argparse
 import importlib
 import logging
 import os
-import secrets
 import signal
-import stat
 import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
 from .errors import TwisternetError
+from .tokens import check_token, check_token_file, new_token
 
 __all__ = ["main", "read_or_create_token"]
 
@@ -43,7 +42,8 @@ def _fail(message: str, code: int = 2) -> int:
 def read_or_create_token(path: str | os.PathLike[str]) -> tuple[str, bool]:
     """Read the job token from ``path``, or create the file (mode 0600) with a fresh random token.
 
-    Returns (token, created). Raises TwisternetError if the file is unreadable or the token too short.
+    Returns (token, created). Raises TwisternetError if the file is unreadable, WeakTokenError if other
+    users may read or write it or the token in it is too weak (see :mod:`twisternet.tokens`).
     """
     p = Path(path)
     try:
@@ -53,16 +53,11 @@ def read_or_create_token(path: str | os.PathLike[str]) -> tuple[str, bool]:
             token = p.read_text().strip()
         except OSError as e:
             raise TwisternetError(f"cannot read token file {p}: {e}") from None
-        if len(token) < 8:
-            raise TwisternetError(f"token file {p} holds no token of at least 8 characters")
-        mode = p.stat().st_mode
-        if mode & (stat.S_IRWXG | stat.S_IRWXO):
-            log.warning("token file %s is accessible by other users (mode %o); chmod 600 it",
-                        p, stat.S_IMODE(mode))
-        return token, False
+        check_token_file(p)
+        return check_token(token, f"token file {p}"), False
     except OSError as e:
         raise TwisternetError(f"cannot create token file {p}: {e}") from None
-    token = secrets.token_hex(32)
+    token = new_token()
     with os.fdopen(fd, "w") as f:
         f.write(token + "\n")
     return token, True
@@ -80,9 +75,7 @@ def _token(token_file: str | None, *, create: bool) -> str:
     token = os.environ.get("TWISTERNET_TOKEN")
     if not token:
         raise TwisternetError("no job token: pass --token-file FILE or set TWISTERNET_TOKEN")
-    if len(token) < 8:
-        raise TwisternetError("TWISTERNET_TOKEN must be at least 8 characters")
-    return token
+    return check_token(token, "TWISTERNET_TOKEN")
 
 
 def _key_value(text: str) -> tuple[str, str]:
@@ -140,6 +133,10 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument("--world", type=_positive_int, default=None, help="expected number of workers")
     worker.add_argument("script", help="Python script to run")
     worker.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
+
+    tok = sub.add_parser("token", help="print a fresh random job token (or write it to a private file)")
+    tok.add_argument("--file", default=None,
+                     help="write the token to this new file (mode 0600) instead of printing it")
 
     for name, (_, what) in DELEGATES.items():
         sub.add_parser(name, help=what, add_help=False)
@@ -239,6 +236,17 @@ def _cmd_worker(ns: argparse.Namespace) -> int:
     return 127  # pragma: no cover - execve does not return
 
 
+def _cmd_token(ns: argparse.Namespace) -> int:
+    if ns.file is None:
+        sys.stdout.write(new_token() + "\n")
+        return 0
+    if Path(ns.file).exists():
+        return _fail(f"{ns.file} exists already; not overwriting a token file", 1)
+    read_or_create_token(ns.file)
+    sys.stderr.write(f"twisternet: wrote a new job token to {ns.file} (mode 0600)\n")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``twisternet`` console script; returns the process exit status."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -266,6 +274,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_master(ns)
         if ns.command == "worker":
             return _cmd_worker(ns)
+        if ns.command == "token":
+            return _cmd_token(ns)
     except TwisternetError as e:
         return _fail(str(e), 1)
     except OSError as e:

@@ -108,10 +108,16 @@ class Config:
     #: at once; see channels.shm_slots) instead of MPI's rendezvous. The slots a rank offers take at
     #: most ``memory_limit`` bytes of /dev/shm, two per sending peer.
     mpi_shared_memory: bool = True
+    #: MPI channel: an exception no handler caught (on the main thread) ends the whole job with
+    #: ``MPI_Abort`` after its traceback is printed, instead of leaving the other ranks waiting for this
+    #: one until their operation timeout (and ``mpiexec`` waiting for them).
+    mpi_abort_on_error: bool = True
     #: Socket send/receive buffer sizes requested from the kernel (0 = kernel default).
     socket_buffer: int = 4 << 20
-    #: Address the TCP listener binds (peers connect to the advertised address).
-    bind_host: str = "0.0.0.0"
+    #: Address the TCP listener binds (default: the address this host uses to reach the bootstrap
+    #: master, so the data port listens on that interface alone; "0.0.0.0" listens on all of them).
+    #: Peers connect to the advertised address.
+    bind_host: str | None = None
     #: Address advertised to peers for TCP (default: the address used to reach the master).
     advertise_host: str | None = None
 
@@ -227,8 +233,11 @@ def _validate(c: Config) -> None:
                           "through its P4Runtime server)")
     if not c.innet_host:
         raise ConfigError("innet_host", "must not be empty")
-    if c.token is not None and len(c.token) < 8:
-        raise ConfigError("token", "must be at least 8 characters")
+    if c.token is not None:
+        from .tokens import HOW_TO_MAKE_ONE, token_problem
+        problem = token_problem(c.token)
+        if problem is not None:
+            raise ConfigError("token", f"too weak: {problem}; {HOW_TO_MAKE_ONE}")
     if c.coflow_policy not in _BUILTIN_COFLOW_POLICIES:
         from .coflow.scheduler import policy_names  # lazily: user-registered policies are allowed too
         if c.coflow_policy not in policy_names():
@@ -257,7 +266,7 @@ def _coerce(key: str, value: Any, source: str) -> Any:
     kind = type(default) if default is not None else None
     if key in ("rank", "world"):
         kind = int
-    elif key in ("spill_dir", "advertise_host", "token", "master"):
+    elif key in ("spill_dir", "advertise_host", "token", "master", "bind_host"):
         kind = str
     try:
         if kind is bool:

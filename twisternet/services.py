@@ -2,7 +2,8 @@
 in one place and talk to every rank by messages.
 
 Under the TCP channel the bootstrap master hosts them (see :func:`install_on_master`); under MPI and
-the local channel rank 0 hosts them, reached over two reserved control edges. Either way a rank uses
+the local channel rank 0 hosts them, reached over two reserved control edges. Both run the same
+:class:`ServiceHost` (one instance per service name), so a job sees the same services either way. Either way a rank uses
 ``ctx.services.send(name, msg)`` and ``ctx.services.subscribe(name, callback)``; messages are
 msgpack-able dicts. A service object implements::
 
@@ -15,6 +16,7 @@ with ``now`` from ``time.monotonic()`` of the hosting process. Services are crea
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 import threading
@@ -56,91 +58,149 @@ def create_service(name: str) -> Any:
     return f()
 
 
-class _Host:
-    """Runs services on the coordinator: creates them on first use, serialises calls, drives ticks."""
+class ServiceHost:
+    """The job's coordinator services in the one process that hosts them (the bootstrap master under TCP,
+    rank 0 under MPI and the local channel): one instance per service name, created on first use,
+    called one at a time. It reads the clock but starts no thread and sends nothing: the transport
+    delivers requests to :meth:`handle`, runs :meth:`tick` when :meth:`next_deadline` has come, and
+    sends the ``(rank, msg)`` replies both return."""
 
-    def __init__(self, deliver: Callable[[int, str, dict], None]) -> None:
-        self._deliver = deliver
+    def __init__(self) -> None:
         self._services: dict[str, Any] = {}
-        self._lock = threading.Lock()
-        self._cond = threading.Condition(self._lock)
-        self._stop = False
-        self._thread: threading.Thread | None = None
+        self._lock = threading.RLock()
 
-    def handle(self, src: int, name: str, msg: dict) -> None:
+    def service(self, name: str) -> Any:
+        """The instance of service ``name`` (created now if this is its first use)."""
         with self._lock:
             svc = self._services.get(name)
             if svc is None:
                 svc = self._services[name] = create_service(name)
-            replies = svc.handle(src, msg, time.monotonic())
+            return svc
+
+    def names(self) -> list[str]:
+        """The services created so far."""
+        with self._lock:
+            return list(self._services)
+
+    def handle(self, src: int, name: str, msg: dict) -> list[tuple[int, dict]]:
+        """Feed rank ``src``'s request to service ``name``; its replies, by rank."""
+        with self._lock:
+            return list(self.service(name).handle(src, msg, time.monotonic()) or ())
+
+    def next_deadline(self, name: str) -> float | None:
+        """When service ``name`` wants :meth:`tick` (None: not created, or no timer)."""
+        with self._lock:
+            svc = self._services.get(name)
+            return None if svc is None else svc.next_deadline()
+
+    def tick(self, name: str) -> list[tuple[int, dict]]:
+        """Run service ``name``'s timers; its replies, by rank."""
+        with self._lock:
+            svc = self._services.get(name)
+            return [] if svc is None else list(svc.tick(time.monotonic()) or ())
+
+    def peer_lost(self, rank: int) -> list[tuple[str, int, dict]]:
+        """Tell every service that wants to know (``peer_lost(rank, now)``) that ``rank`` is gone;
+        their replies as ``(service, rank, msg)``."""
+        out: list[tuple[str, int, dict]] = []
+        with self._lock:
+            for name, svc in self._services.items():
+                hook = getattr(svc, "peer_lost", None)
+                if hook is not None:
+                    out.extend((name, r, m) for r, m in hook(rank, time.monotonic()) or ())
+        return out
+
+
+class _RankZeroHost:
+    """A :class:`ServiceHost` on rank 0 (MPI, local channel): replies go out through ``deliver`` and a
+    thread runs the timers."""
+
+    def __init__(self, deliver: Callable[[int, str, dict], None]) -> None:
+        self.host = ServiceHost()
+        self._deliver = deliver
+        self._cond = threading.Condition()
+        self._stop = False
+        self._thread: threading.Thread | None = None
+
+    def handle(self, src: int, name: str, msg: dict) -> None:
+        replies = self.host.handle(src, name, msg)
+        with self._cond:
             self._cond.notify()
         self._send_all(name, replies)
         self._ensure_ticker()
+
+    def peer_lost(self, rank: int) -> None:
+        for name, r, m in self.host.peer_lost(rank):
+            if r != rank:
+                self._safe_deliver(name, r, m)
 
     def _send_all(self, name: str, replies: Any) -> None:
         for rank, reply in replies or ():
             self._deliver(rank, name, reply)
 
+    def _safe_deliver(self, name: str, rank: int, msg: dict) -> None:
+        try:
+            self._deliver(rank, name, msg)
+        except TwisternetError as e:
+            log.warning("coordinator service %s: could not deliver to rank %d: %s", name, rank, e)
+
     def _ensure_ticker(self) -> None:
-        if self._thread is None:
+        with self._cond:
+            if self._thread is not None or self._stop:
+                return
             self._thread = threading.Thread(target=self._tick_loop, name="twisternet-services", daemon=True)
-            self._thread.start()
+        self._thread.start()
 
     def _tick_loop(self) -> None:
         while True:
-            with self._lock:
+            with self._cond:
                 if self._stop:
                     return
-                now = time.monotonic()
-                due: list[tuple[str, Any]] = []
-                wait = 0.5
-                for name, svc in self._services.items():
-                    d = svc.next_deadline()
-                    if d is not None and d <= now:
-                        due.append((name, svc.tick(now)))
-                    elif d is not None:
-                        wait = min(wait, d - now)
-                if not due:
-                    self._cond.wait(max(wait, 0.001))
+            now = time.monotonic()
+            due: list[tuple[str, list[tuple[int, dict]]]] = []
+            wait = 0.5
+            for name in self.host.names():
+                d = self.host.next_deadline(name)
+                if d is not None and d <= now:
+                    due.append((name, self.host.tick(name)))
+                elif d is not None:
+                    wait = min(wait, d - now)
             for name, replies in due:
-                try:
-                    self._send_all(name, replies)
-                except TwisternetError as e:
-                    log.warning("coordinator service %s: could not deliver: %s", name, e)
+                for rank, reply in replies:
+                    self._safe_deliver(name, rank, reply)
+            if not due:
+                with self._cond:
+                    if not self._stop:
+                        self._cond.wait(max(wait, 0.001))
 
     def stop(self) -> None:
-        with self._lock:
+        with self._cond:
             self._stop = True
             self._cond.notify()
 
 
-def install_on_master(master: Any, names: list[str] | None = None) -> None:
-    """Host the named services (default: all registered) in a bootstrap ``Master``."""
+def install_on_master(master: Any, names: list[str] | None = None) -> ServiceHost:
+    """Host the named services (default: all registered) in a bootstrap ``Master``, through one
+    :class:`ServiceHost` (the master's loop thread calls it; ranks it reports lost are passed on)."""
+    host = ServiceHost()
     for name in names or list(_FACTORIES):
-        holder: dict[str, Any] = {}
-        lock = threading.Lock()
+        master.add_service(name, functools.partial(_master_handle, host, name),
+                           functools.partial(_master_tick, host, name),
+                           functools.partial(host.next_deadline, name))
+    if hasattr(master, "on_peer_lost"):
+        master.on_peer_lost(lambda rank: [(n, r, {"payload": m}) for n, r, m in host.peer_lost(rank)])
+    return host
 
-        def svc(name: str = name) -> Any:
-            if "s" not in holder:
-                holder["s"] = create_service(name)
-            return holder["s"]
 
-        def handle(src: int, msg: dict, svc: Callable[[], Any] = svc) -> list[tuple[int, dict]]:
-            payload = msg.get("payload")
-            if not isinstance(payload, dict):
-                return [(src, {"error": "service message without a payload"})]
-            with lock:
-                return [(r, {"payload": m}) for r, m in svc().handle(src, payload, time.monotonic())]
+def _master_handle(host: ServiceHost, name: str, src: int, msg: dict) -> list[tuple[int, dict]]:
+    payload = msg.get("payload")
+    if not isinstance(payload, dict):
+        return [(src, {"error": "service message without a payload"})]
+    return [(r, {"payload": m}) for r, m in host.handle(src, name, payload)]
 
-        def tick(svc: Callable[[], Any] = svc) -> list[tuple[int, dict]]:
-            with lock:
-                return [(r, {"payload": m}) for r, m in svc().tick(time.monotonic())]
 
-        def next_deadline(svc: Callable[[], Any] = svc) -> float | None:
-            with lock:
-                return svc().next_deadline() if "s" in holder else None
-
-        master.add_service(name, handle, tick, next_deadline)
+def _master_tick(host: ServiceHost, name: str) -> list[tuple[int, dict]]:
+    return [(r, {"payload": m}) for r, m in host.tick(name)]
 
 
 class ServiceLink:
@@ -150,13 +210,13 @@ class ServiceLink:
         self.ctx = ctx
         self._subs: dict[str, Callable[[dict], None]] = {}
         self._session = getattr(ctx.channel, "session", None)
-        self._host: _Host | None = None
+        self._host: _RankZeroHost | None = None
         self.cache: dict[str, Any] = {}   # per-context clients built on this link (e.g. the barrier client)
         if self._session is not None:
             ctx.channel.service_handlers = _Router(self)  # type: ignore[attr-defined]
         else:
             if ctx.rank == 0:
-                self._host = _Host(self._reply)
+                self._host = _RankZeroHost(self._reply)
                 ctx._register_control(REQUEST_EDGE, self._on_request)
             ctx._register_control(REPLY_EDGE, self._on_reply)
 
@@ -170,11 +230,7 @@ class ServiceLink:
         Lets the hosting rank install Python callbacks, which cannot travel to another process."""
         if self._host is None:
             return None
-        with self._host._lock:
-            svc = self._host._services.get(name)
-            if svc is None:
-                svc = self._host._services[name] = create_service(name)
-            return svc
+        return self._host.host.service(name)
 
     def subscribe(self, name: str, callback: Callable[[dict], None]) -> None:
         """Deliver the replies of service ``name`` to ``callback`` (on the progress thread)."""

@@ -276,3 +276,69 @@ def test_random_garbage_never_hangs_and_never_passes(garbage: bytes, valid_openi
         assert time.monotonic() - t0 < 1.15
     finally:
         a.close(), b.close()
+
+
+# --- token rules (twisternet.tokens): weak tokens and readable token files are refused ---------------
+
+from twisternet import cli  # noqa: E402
+from twisternet.config import load_config  # noqa: E402
+from twisternet.errors import ConfigError  # noqa: E402
+from twisternet.tokens import WeakTokenError, new_token, token_problem  # noqa: E402
+
+
+@pytest.mark.parametrize("weak", ["password", "password1234", "Password!2024", "aaaaaaaaaaaaaaaaaaaa",
+                                  "abababababababab", "hunter2", "letmein-letmein", "changeme12345",
+                                  "1234567890123"])
+def test_a_weak_token_in_the_environment_is_refused_with_the_reason_and_the_remedy(weak):
+    with pytest.raises(ConfigError) as e:
+        load_config(env={"TWISTERNET_TOKEN": weak})
+    assert e.value.key == "token"
+    text = str(e.value)
+    assert "too weak" in text and "twisternet token" in text and "secrets.token_hex(32)" in text
+
+
+def test_the_launchers_tokens_and_the_tests_tokens_are_good_enough():
+    for good in (new_token(), "correct horse battery staple", "bootstrap-test-token",
+                 "worker-command-token", "env-token-12345", "wrong-token-0123456789"):
+        assert token_problem(good) is None, good
+        assert load_config(env={"TWISTERNET_TOKEN": good}).token == good
+
+
+def test_the_worker_command_refuses_a_weak_token(monkeypatch, capsys, tmp_path):
+    script = tmp_path / "w.py"
+    script.write_text("print('ran')\n")
+    monkeypatch.setenv("TWISTERNET_TOKEN", "password")
+    assert cli.main(["worker", "--master", "127.0.0.1:9", str(script)]) == 1
+    err = capsys.readouterr().err
+    assert "TWISTERNET_TOKEN is too weak" in err and "twisternet token" in err
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o660])
+def test_a_token_file_others_may_read_is_refused(tmp_path, mode):
+    path = tmp_path / "token"
+    path.write_text(new_token() + "\n")
+    path.chmod(mode)
+    with pytest.raises(WeakTokenError) as e:
+        cli.read_or_create_token(path)
+    assert f"chmod 600 {path}" in str(e.value)
+    path.chmod(0o600)
+    assert cli.read_or_create_token(path)[1] is False
+
+
+def test_a_weak_token_in_a_private_file_is_refused(tmp_path):
+    path = tmp_path / "token"
+    path.write_text("password12\n")
+    path.chmod(0o600)
+    with pytest.raises(WeakTokenError, match="too weak"):
+        cli.read_or_create_token(path)
+
+
+def test_twisternet_token_prints_or_writes_a_fresh_private_token(tmp_path, capsys):
+    assert cli.main(["token"]) == 0
+    printed = capsys.readouterr().out.strip()
+    assert len(printed) == 64 and int(printed, 16) >= 0 and token_problem(printed) is None
+    path = tmp_path / "job.token"
+    assert cli.main(["token", "--file", str(path)]) == 0
+    assert (path.stat().st_mode & 0o777) == 0o600
+    assert token_problem(path.read_text().strip()) is None
+    assert cli.main(["token", "--file", str(path)]) == 1      # never overwrites

@@ -1,0 +1,58 @@
+"""A twisternet job under ``mpiexec`` (3 ranks) for the MPI channel's liveness and abort tests.
+
+``freeze OUTDIR``: ranks exchange messages, then the last rank SIGSTOPs itself. Each survivor waits for
+a message that never comes (the operation timeout is the default 300 s) and must get PeerLostError
+naming the frozen rank from the heartbeat timeout instead; it writes what it caught to
+``OUTDIR/lost-<rank>``, waits (bounded) until every survivor did, and lets the error go uncaught, which
+must end the whole job (MPI_Abort) although the frozen rank never exits by itself.
+
+``uncaught``: rank 1 raises ValueError while the others wait for a message from it: the job must end
+at once with a non-zero exit.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import twisternet as tn
+from twisternet.errors import PeerLostError
+
+mode = sys.argv[1]
+ctx = tn.init()
+got: list[tuple[int, object]] = []
+ctx.register(1, lambda src, obj: got.append((src, obj)) or True)
+for peer in range(ctx.world):
+    if peer != ctx.rank:
+        ctx.send(peer, 1, ("hello", ctx.rank))
+ctx.wait_until(lambda: len(got) == ctx.world - 1, timeout=60)
+print(f"READY rank={ctx.rank}", flush=True)
+
+if mode == "freeze":
+    outdir = Path(sys.argv[2])
+    victim = ctx.world - 1
+    if ctx.rank == victim:
+        os.kill(os.getpid(), signal.SIGSTOP)
+        time.sleep(600)   # not reached until someone continues us; the abort kills us first
+        sys.exit("the frozen rank was never killed")
+    t0 = time.monotonic()
+    try:
+        ctx.wait_until(lambda: len(got) > ctx.world - 1)   # nobody sends again: default 300 s timeout
+    except PeerLostError as e:
+        (outdir / f"lost-{ctx.rank}").write_text(f"rank={e.rank} after={time.monotonic() - t0:.2f} {e}")
+        limit = time.monotonic() + 30
+        while len(list(outdir.glob("lost-*"))) < ctx.world - 1 and time.monotonic() < limit:
+            time.sleep(0.05)
+        raise
+    print(f"NOT LOST rank={ctx.rank}", flush=True)
+elif mode == "uncaught":
+    if ctx.rank == 1:
+        raise ValueError("deliberate failure on rank 1")
+    ctx.wait_until(lambda: len(got) > ctx.world - 1)
+    print(f"SURVIVED rank={ctx.rank}", flush=True)
+else:
+    sys.exit(f"unknown mode {mode!r}")
+ctx.close()

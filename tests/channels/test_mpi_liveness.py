@@ -1,0 +1,80 @@
+"""The MPI channel notices a frozen rank by heartbeats (peer_timeout, as TCP does), and an error no
+handler caught ends the whole MPI job (MPI_Abort) instead of leaving it to the operation timeout."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import mpi4py  # noqa: F401  (in the dev extra, with the mpich wheel)
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = Path(__file__).with_name("mpi_liveness_job.py")
+MPIEXEC = Path(sys.executable).parent / "mpiexec"
+PEER_TIMEOUT = 4.0
+
+
+def run_job(args: list[str], timeout: float, **env_extra: str) -> tuple[int, str, str, float]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TWISTERNET_")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(env_extra)
+    cmd = [str(MPIEXEC), "-n", "3", sys.executable, str(SCRIPT), *args]
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"mpiexec still running after {timeout}s (the operation timeout is 300 s):\n"
+                    f"stdout:\n{out}\nstderr:\n{err[-4000:]}")
+    return proc.returncode, out, err, time.monotonic() - start
+
+
+@pytest.mark.timeout(150)
+def test_a_frozen_rank_is_lost_by_heartbeat_and_the_job_ends(tmp_path: Path) -> None:
+    rc, out, err, took = run_job(["freeze", str(tmp_path)], timeout=120,
+                                 TWISTERNET_PEER_TIMEOUT=str(PEER_TIMEOUT),
+                                 TWISTERNET_HEARTBEAT_INTERVAL="0.5")
+    assert out.count("READY") == 3, out + err[-3000:]
+    reports = {p.name: p.read_text() for p in tmp_path.glob("lost-*")}
+    assert sorted(reports) == ["lost-0", "lost-1"], f"{reports}\n{out}\n{err[-3000:]}"
+    for text in reports.values():
+        assert text.startswith("rank=2 "), text
+        assert "heartbeat" in text, text
+        after = float(re.search(r"after=([\d.]+)", text).group(1))
+        # peer_timeout, plus a liveness tick, plus a loaded machine's scheduling delays
+        assert after < PEER_TIMEOUT + 10, text
+    assert rc != 0, f"mpiexec exited 0\n{out}\n{err[-3000:]}"
+    assert "NOT LOST" not in out
+    assert "MPI_Abort" in err, err[-3000:]
+    assert took < 90, f"the job took {took:.0f}s to end"
+
+
+@pytest.mark.timeout(120)
+def test_an_uncaught_exception_on_one_rank_ends_the_job_promptly() -> None:
+    rc, out, err, took = run_job(["uncaught"], timeout=90)
+    assert rc != 0, f"mpiexec exited 0\n{out}\n{err[-3000:]}"
+    assert "ValueError: deliberate failure on rank 1" in err, err[-3000:]
+    assert "SURVIVED" not in out
+    assert took < 60, f"the job took {took:.0f}s to end after the exception"
+
+
+@pytest.mark.timeout(120)
+def test_abort_on_error_can_be_switched_off() -> None:
+    """mpi_abort_on_error=false: the failed rank's error does not end the job by itself (the others
+    then wait for it; here a short operation timeout ends them)."""
+    rc, out, err, took = run_job(["uncaught"], timeout=90, TWISTERNET_MPI_ABORT_ON_ERROR="false",
+                                 TWISTERNET_TIMEOUT="8")
+    assert "ValueError: deliberate failure on rank 1" in err, err[-3000:]
+    assert "MPI_Abort" not in err
+    assert took >= 7, f"the job ended after {took:.1f}s, before the others' operation timeout"
