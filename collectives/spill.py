@@ -6,7 +6,9 @@ reading merges the runs and the in-memory tail with :func:`heapq.merge`, which i
 records with equal keys come out in the order they were added. Run files are a sequence of blocks, each
 ``u64 length | u32 crc32 | pickle(list of records)``; a checksum mismatch or a truncated block raises
 :class:`SpillCorruptionError`. Files live in a private directory under ``spill_dir`` that is removed by
-:meth:`SpillStore.close` (and, as a last resort, when the store is garbage collected).
+:meth:`SpillStore.close` (and, as a last resort, when the store is garbage collected). Its name,
+``twisternet-spill-<pid>-<random>``, names the owner, so the directory of a killed process is removed
+by the next Context started with the same ``spill_dir`` (:mod:`twisternet.leftovers`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Any, BinaryIO, Iterable, Iterator
 import numpy as np
 
 from twisternet.errors import TwisternetError
+from twisternet.leftovers import spill_dir_prefix
 
 log = logging.getLogger(__name__)
 
@@ -288,7 +291,7 @@ class SpillStore:
             base = self.spill_dir
             if base is not None:
                 os.makedirs(base, exist_ok=True)
-            self._dir = tempfile.mkdtemp(prefix="twisternet-spill-", dir=base)
+            self._dir = tempfile.mkdtemp(prefix=spill_dir_prefix(), dir=base)
             self._finalizer = weakref.finalize(self, shutil.rmtree, self._dir, True)
         self._next_run += 1
         return os.path.join(self._dir, f"run-{self._next_run:06d}.bin")
