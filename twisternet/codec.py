@@ -105,14 +105,18 @@ class _Encoder:
     def encode(self, obj: Any) -> list[Buffer]:
         t = type(obj)
         try:
-            body = self._packer.pack(obj)
-        except OverflowError:  # an int beyond 64 bits inside a container msgpack tried natively
-            self._packer.reset()
-            body = self._pack_bigints(obj)
+            try:
+                body = self._packer.pack(obj)
+            except (OverflowError, BufferError):
+                # An int beyond 64 bits, or a memoryview that is not contiguous, inside a container
+                # msgpack tried natively: pack a converted copy of the containers.
+                self._packer.reset()
+                self.oob = []
+                body = self._pack_converted(obj)
         except CodecError:
             self._packer.reset()
             raise
-        except (TypeError, ValueError) as e:
+        except (TypeError, ValueError, OverflowError, BufferError, RecursionError) as e:
             self._packer.reset()
             raise CodecError(f"cannot encode a value of type {t.__qualname__}: {e}") from e
         if not self.oob:
@@ -121,11 +125,15 @@ class _Encoder:
         lens = b"".join(_U64.pack(memoryview(b).nbytes) for b in self.oob)
         return [head, lens, body, *self.oob]
 
-    def _pack_bigints(self, obj: Any) -> bytes:
+    def _pack_converted(self, obj: Any) -> bytes:
+        """Pack ``obj`` with the values msgpack refuses natively (big ints, non-contiguous
+        memoryviews) already converted, walking lists, tuples and dicts."""
         def conv(o: Any) -> Any:
             t = type(o)
             if t is int and not -(1 << 63) <= o < (1 << 64):
                 return msgpack.ExtType(_EXT_BIGINT, str(o).encode())
+            if t is memoryview:
+                return self._default(o)
             if t is list:
                 return [conv(x) for x in o]
             if t is tuple:
