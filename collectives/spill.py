@@ -7,7 +7,7 @@ records with equal keys come out in the order they were added. Run files are a s
 ``u64 length | u32 crc32 | pickle(list of records)``; a checksum mismatch or a truncated block raises
 :class:`SpillCorruptionError`. Files live in a private directory under ``spill_dir`` that is removed by
 :meth:`SpillStore.close` (and, as a last resort, when the store is garbage collected). Its name,
-``twisternet-spill-<pid>-<random>``, names the owner, so the directory of a killed process is removed
+``twisternet-spill-<pid>-<tag>-<random>``, names the owner, so the directory of a killed process is removed
 by the next Context started with the same ``spill_dir`` (:mod:`twisternet.leftovers`).
 """
 

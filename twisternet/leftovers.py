@@ -5,10 +5,12 @@ unlinked once every peer has them mapped, spill directories (:mod:`collectives.s
 store closes. A rank killed at the wrong moment (SIGKILL, or SIGTERM, whose default action skips every
 clean-up) cannot; so every file name carries its owner's pid, and :func:`sweep` — called when a
 Context is created — removes the segments and spill directories whose owner process is gone and that
-belong to this user. Files of live processes, of other users, and names of any other pattern are
-never touched.
+belong to this user. Files of live processes, of other hosts or pid namespaces, of other users, and
+names of any other pattern are never touched.
 
-Spill directories are named ``twisternet-spill-<pid>-<random>`` (:func:`spill_dir_prefix`) and live in
+Spill directories are named ``twisternet-spill-<pid>-<tag>-<random>`` (:func:`spill_dir_prefix`; the
+namespace tag of :mod:`twisternet.owner` keeps a sweep from judging pids of another host or container
+that shares the directory) and live in
 ``spill_dir`` (default: the system temp directory); the sweep looks in the ``spill_dir`` of the Context
 being created, which is where this job's killed ranks left theirs.
 """
@@ -24,7 +26,7 @@ import tempfile
 
 from typing import TYPE_CHECKING
 
-from . import shm
+from . import owner, shm
 
 if TYPE_CHECKING:
     from .config import Config
@@ -33,12 +35,13 @@ log = logging.getLogger(__name__)
 
 #: Name prefix of spill directories (followed by ``<pid>-`` and a random suffix).
 SPILL_PREFIX = "twisternet-spill-"
-_SPILL_NAME = re.compile(re.escape(SPILL_PREFIX) + r"(\d+)-[A-Za-z0-9_]+")
+_SPILL_NAME = re.compile(re.escape(SPILL_PREFIX) + r"(\d+)-([0-9a-f]{8})-[A-Za-z0-9_]+")
 
 
 def spill_dir_prefix() -> str:
-    """The name prefix of this process's spill directories (``mkdtemp(prefix=...)``)."""
-    return f"{SPILL_PREFIX}{os.getpid()}-"
+    """The name prefix of this process's spill directories (``mkdtemp(prefix=...)``): its pid and
+    namespace tag (twisternet.owner)."""
+    return f"{SPILL_PREFIX}{os.getpid()}-{owner.namespace_tag()}-"
 
 
 def spill_base(spill_dir: str | None) -> str:
@@ -58,7 +61,7 @@ def sweep_spill_dirs(spill_dir: str | None = None) -> list[str]:
     me = os.geteuid()
     for name in names:
         m = _SPILL_NAME.fullmatch(name)
-        if m is None or shm.pid_alive(int(m.group(1))):
+        if m is None or not owner.owner_gone(int(m.group(1)), m.group(2)):
             continue
         path = os.path.join(base, name)
         try:

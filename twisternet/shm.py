@@ -4,8 +4,9 @@ Both users of shared memory, the MPI channel's landing slots (:mod:`channels.shm
 shared-memory allreduce (:mod:`collectives.shm_allreduce`), get their segments here, so they share one
 set of rules:
 
-* one name pattern, ``twisternet-shm-<pid>-<kind>-<16 hex>``: the owner's pid in the name lets the
-  start-up sweep (:func:`sweep_stale`) find the segments of processes that are gone;
+* one name pattern, ``twisternet-shm-<pid>-<tag>-<kind>-<16 hex>``: the owner's pid and namespace tag
+  (:mod:`twisternet.owner`) in the name let the start-up sweep (:func:`sweep_stale`) find the
+  segments of processes that are gone;
 * created with ``O_CREAT | O_EXCL | O_NOFOLLOW`` and mode ``0600`` (never someone else's file, never
   through a symlink, readable by this user only);
 * reserved in full with ``posix_fallocate`` before anything maps them: a page a full tmpfs cannot
@@ -32,15 +33,17 @@ import sys
 
 import numpy as np
 
+from . import owner
+
 log = logging.getLogger(__name__)
 
 #: Where segments live (a tmpfs on Linux).
 SHM_DIR = "/dev/shm"
-#: Name prefix of every segment (followed by ``<pid>-<kind>-<16 hex>``).
+#: Name prefix of every segment (followed by ``<pid>-<tag>-<kind>-<16 hex>``).
 PREFIX = "twisternet-shm-"
 #: Kinds of segment: landing slots of the MPI channel, shared-memory allreduce.
 KINDS = ("slot", "ar")
-_NAME = re.compile(r"twisternet-shm-(\d+)-(" + "|".join(KINDS) + r")-[0-9a-f]{16}")
+_NAME = re.compile(r"twisternet-shm-(\d+)-([0-9a-f]{8})-(" + "|".join(KINDS) + r")-[0-9a-f]{16}")
 #: Names older versions used (``twisternet-<pid>-…``, ``twisternet-slot-<pid>-…``): swept the same way.
 _LEGACY = re.compile(r"twisternet-(?:slot-)?(\d+)-[0-9a-f]{16}")
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)
@@ -88,13 +91,18 @@ def segment_name(kind: str, pid: int | None = None) -> str:
     """A new random file name for a segment of ``kind`` owned by ``pid`` (default: this process)."""
     if kind not in KINDS:
         raise ValueError(f"unknown shared-memory segment kind {kind!r} (one of {KINDS})")
-    return f"{PREFIX}{os.getpid() if pid is None else pid}-{kind}-{secrets.token_hex(8)}"
+    pid = os.getpid() if pid is None else pid
+    return f"{PREFIX}{pid}-{owner.namespace_tag()}-{kind}-{secrets.token_hex(8)}"
 
 
-def owner_pid(name: str) -> int | None:
-    """The pid in a segment's file name (new or legacy pattern), or None if ``name`` is not one."""
-    m = _NAME.fullmatch(name) or _LEGACY.fullmatch(name)
-    return int(m.group(1)) if m else None
+def owner_of(name: str) -> tuple[int, str | None] | None:
+    """``(pid, namespace tag)`` from a segment's file name (tag None for the older, untagged names), or
+    None if ``name`` is not a segment's."""
+    m = _NAME.fullmatch(name)
+    if m:
+        return int(m.group(1)), m.group(2)
+    m = _LEGACY.fullmatch(name)
+    return (int(m.group(1)), None) if m else None
 
 
 def create(kind: str, size: int, *, nonce_at: int = 0, nonce_bytes: int = 16,
@@ -124,7 +132,7 @@ def check_path(path: object, kind: str) -> None:
     """ValueError unless ``path`` names a segment of ``kind`` directly in :data:`SHM_DIR`."""
     name = path[len(SHM_DIR) + 1:] if isinstance(path, str) and path.startswith(SHM_DIR + "/") else ""
     m = _NAME.fullmatch(name)
-    if m is None or m.group(2) != kind:
+    if m is None or m.group(3) != kind:
         raise ValueError(f"not a twisternet shared-memory segment of kind {kind!r}: {path!r}")
 
 
@@ -160,23 +168,11 @@ def unlink(path: str) -> None:
         pass
 
 
-def pid_alive(pid: int) -> bool:
-    """Whether a process ``pid`` exists (of any user: one we may not signal is alive too)."""
-    if pid <= 0:
-        return True                  # not a real owner: never treat it as gone
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError):
-        return True
-    return True
-
-
 def sweep_stale(directory: str = SHM_DIR) -> list[str]:
     """Remove the segments in ``directory`` whose owner process is gone and that belong to this user
     (a process killed before it unlinked its segment leaves one behind); returns their paths. Segments
-    of live processes and other users' files are left alone."""
+    of live processes, of other hosts or pid namespaces (see twisternet.owner) and other users' files
+    are left alone."""
     removed: list[str] = []
     try:
         names = os.listdir(directory)
@@ -184,8 +180,8 @@ def sweep_stale(directory: str = SHM_DIR) -> list[str]:
         return removed
     me = os.geteuid()
     for name in names:
-        pid = owner_pid(name)
-        if pid is None or pid_alive(pid):
+        who = owner_of(name)
+        if who is None or not owner.owner_gone(*who):
             continue
         path = os.path.join(directory, name)
         try:
@@ -202,5 +198,5 @@ def sweep_stale(directory: str = SHM_DIR) -> list[str]:
     return removed
 
 
-__all__ = ["SHM_DIR", "PREFIX", "KINDS", "Segment", "supported", "segment_name", "owner_pid", "create",
-           "attach", "check_path", "unlink", "pid_alive", "sweep_stale"]
+__all__ = ["SHM_DIR", "PREFIX", "KINDS", "Segment", "supported", "segment_name", "owner_of", "create",
+           "attach", "check_path", "unlink", "sweep_stale"]

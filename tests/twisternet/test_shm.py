@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 from tests.jobs import job_env, ROOT
-from twisternet import shm
+from twisternet import owner, shm
 
 pytestmark = pytest.mark.skipif(not shm.supported(), reason="needs Linux with a tmpfs at /dev/shm")
 
@@ -35,7 +35,8 @@ def test_created_with_one_name_pattern_mode_0600_whatever_the_umask(segments) ->
         os.umask(old)
     segments.append(seg)
     name = os.path.basename(seg.path)
-    assert name.startswith(f"{shm.PREFIX}{os.getpid()}-ar-") and shm.owner_pid(name) == os.getpid()
+    tag = owner.namespace_tag()
+    assert name.startswith(f"{shm.PREFIX}{os.getpid()}-{tag}-ar-") and shm.owner_of(name) == (os.getpid(), tag)
     st = os.stat(seg.path)
     assert st.st_mode & 0o777 == 0o600 and st.st_size == 3 * 4096
     assert st.st_blocks * 512 >= 3 * 4096, "every page is reserved (posix_fallocate), not sparse"
@@ -55,7 +56,7 @@ def test_attach_maps_the_same_memory_and_checks_everything(segments) -> None:
         shm.attach(seg.path, 4096, seg.nonce, kind="slot")
     with pytest.raises(ValueError, match="of kind 'ar'"):
         shm.attach(seg.path, 8192, seg.nonce, kind="ar")
-    for bad in ("/etc/passwd", "/dev/shm/other", "/dev/shm/" + shm.PREFIX + "1-slot-../../etc/passwd",
+    for bad in ("/etc/passwd", "/dev/shm/other", "/dev/shm/" + shm.PREFIX + "1-00000000-slot-../../etc/passwd",
                 "/dev/shm/sub/" + os.path.basename(seg.path), 17, None):
         with pytest.raises(ValueError, match="not a twisternet shared-memory segment"):
             shm.attach(bad, 8192, seg.nonce, kind="slot")
@@ -96,11 +97,14 @@ def test_sweep_removes_only_dead_owners_segments_of_this_user(segments) -> None:
                               text=True, check=True).stdout)
     live = shm.create("slot", 4096)
     segments.append(live)
+    tag = owner.namespace_tag()
+    other_ns = "0" * 8 if tag != "0" * 8 else "1" * 8
     names = {
-        "dead_new": f"{shm.PREFIX}{gone}-ar-0123456789abcdef",
+        "dead_new": f"{shm.PREFIX}{gone}-{tag}-ar-0123456789abcdef",
         "dead_legacy_ar": f"twisternet-{gone}-0123456789abcdef",
         "dead_legacy_slot": f"twisternet-slot-{gone}-0123456789abcdef",
-        "dead_other_user": f"{shm.PREFIX}{gone}-slot-fedcba9876543210",
+        "dead_other_user": f"{shm.PREFIX}{gone}-{tag}-slot-fedcba9876543210",
+        "other_namespace": f"{shm.PREFIX}{gone}-{other_ns}-slot-0123456789abcdef",
         "not_ours": f"something-{gone}-0123456789abcdef",
     }
     paths = {k: os.path.join(shm.SHM_DIR, v) for k, v in names.items()}
@@ -112,6 +116,7 @@ def test_sweep_removes_only_dead_owners_segments_of_this_user(segments) -> None:
         assert {paths["dead_new"], paths["dead_legacy_ar"], paths["dead_legacy_slot"]} <= removed
         assert paths["dead_other_user"] not in removed and os.path.exists(paths["dead_other_user"])
         assert os.path.exists(paths["not_ours"]) and os.path.exists(live.path)
+        assert os.path.exists(paths["other_namespace"]), "a pid of another host/container is not judged"
     finally:
         for p in paths.values():
             shm.unlink(p)

@@ -13,7 +13,7 @@ import pytest
 
 from collectives.spill import SpillStore
 from tests.jobs import ROOT, job_env
-from twisternet import leftovers, shm
+from twisternet import leftovers, owner, shm
 from twisternet.testing import run_local
 
 pytestmark = pytest.mark.skipif(not shm.supported(), reason="needs Linux with a tmpfs at /dev/shm")
@@ -81,19 +81,22 @@ def test_sweep_stale_off_keeps_them(tmp_path) -> None:
 def test_spill_sweep_leaves_other_names_users_and_live_owners(tmp_path) -> None:
     gone = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                               text=True, check=True).stdout)
-    dead = tmp_path / f"twisternet-spill-{gone}-abc123"
-    other_user = tmp_path / f"twisternet-spill-{gone}-def456"
-    live = tmp_path / f"twisternet-spill-{os.getpid()}-ghi789"
+    tag = owner.namespace_tag()
+    other_ns = "0" * 8 if tag != "0" * 8 else "1" * 8
+    dead = tmp_path / f"twisternet-spill-{gone}-{tag}-abc123"
+    other_user = tmp_path / f"twisternet-spill-{gone}-{tag}-def456"
+    other_host = tmp_path / f"twisternet-spill-{gone}-{other_ns}-abc123"   # e.g. a shared NFS spill_dir
+    live = tmp_path / f"twisternet-spill-{os.getpid()}-{tag}-ghi789"
     old_style = tmp_path / "twisternet-spill-k2j3h4g5"           # no pid: nobody can tell its owner
     unrelated = tmp_path / f"my-data-{gone}-abc123"
-    for d in (dead, other_user, live, old_style, unrelated):
+    for d in (dead, other_user, other_host, live, old_style, unrelated):
         d.mkdir()
         (d / "run-000001.bin").write_bytes(b"x")
     os.chown(other_user, 4242, 4242)
-    link = tmp_path / f"twisternet-spill-{gone}-link00"
+    link = tmp_path / f"twisternet-spill-{gone}-{tag}-link00"
     link.symlink_to(unrelated)
     assert leftovers.sweep_spill_dirs(str(tmp_path)) == [str(dead)]
-    assert all(d.exists() for d in (other_user, live, old_style, unrelated)) and link.is_symlink()
+    assert all(d.exists() for d in (other_user, other_host, live, old_style, unrelated)) and link.is_symlink()
     assert (unrelated / "run-000001.bin").exists()
 
 
@@ -101,5 +104,5 @@ def test_spill_directories_name_their_owner(tmp_path) -> None:
     store = SpillStore(1024, str(tmp_path))
     for i in range(500):
         store.add(i, "z" * 40)
-    assert os.path.basename(store.directory).startswith(f"twisternet-spill-{os.getpid()}-")
+    assert os.path.basename(store.directory).startswith(f"twisternet-spill-{os.getpid()}-{owner.namespace_tag()}-")
     store.close()
