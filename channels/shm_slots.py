@@ -29,11 +29,11 @@ the data headers. That order is what makes reuse safe:
 * ``retire(slot)`` / ``retired(slot)``: the receiver takes a slot back (outgrown by bigger messages,
   or still viewed); the sender unmaps it and confirms, after any header that still names it.
 
-Slot files are reserved with ``posix_fallocate`` before anyone maps them: touching an unreserved
-page of a full tmpfs kills the process with SIGBUS, a reservation that fails is a plain error (and the
-peer just keeps using MPI). Files are created ``0600`` under a ``twisternet-slot-<pid>-`` name and
-unlinked once mapped (or at close); only a process killed between creating a file and the peer's
-answer leaves one behind, and the next MPI channel on the machine removes it (:func:`sweep_stale`).
+Slot files are segments of :mod:`twisternet.shm` (kind ``slot``): reserved with ``posix_fallocate``
+before anyone maps them (a full tmpfs is a plain error, and the peer just keeps using MPI), created
+``0600`` with ``O_EXCL | O_NOFOLLOW`` under a ``twisternet-shm-<pid>-slot-`` name, and unlinked once
+mapped (or at close); only a process killed between creating a file and the peer's answer leaves one
+behind, and the next Context started on the machine removes it (:func:`twisternet.shm.sweep_stale`).
 
 Memory: the receiver's slots take at most ``budget`` bytes in total, a slot at most ``max_cap``.
 """
@@ -41,23 +41,22 @@ Memory: the receiver's slots take at most ``budget`` bytes in total, a slot at m
 from __future__ import annotations
 
 import logging
-import mmap
-import os
-import secrets
-import sys
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from twisternet import shm
 from twisternet.errors import ProtocolError
 
 log = logging.getLogger(__name__)
 
 #: Where slot files live (a tmpfs on Linux).
-SHM_DIR = "/dev/shm"
-#: File name prefix of slot files (followed by the creating pid and a random token).
-PREFIX = "twisternet-slot-"
+SHM_DIR = shm.SHM_DIR
+#: File name prefix of slot files (followed by the creating pid, ``slot`` and a random token).
+PREFIX = shm.PREFIX
+#: The kind of shared-memory segment a slot file is (see twisternet.shm).
+KIND = "slot"
 #: Bytes of the random nonce at the start of every slot file.
 NONCE = 16
 #: Where a slot's payload starts: page-aligned, with room before it for a small first part of the
@@ -66,12 +65,14 @@ PAYLOAD_START = 8192
 #: Most bytes of such a head.
 HEAD_ROOM = PAYLOAD_START - NONCE
 _PAGE = 4096
-_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
+
+Segment = shm.Segment
+unlink = shm.unlink
 
 
 def supported() -> bool:
     """Whether this machine can offer slots at all: Linux with a tmpfs at :data:`SHM_DIR`."""
-    return sys.platform.startswith("linux") and os.path.isdir(SHM_DIR)
+    return shm.supported()
 
 
 def slot_file_size(cap: int) -> int:
@@ -79,62 +80,15 @@ def slot_file_size(cap: int) -> int:
     return PAYLOAD_START + -(-cap // _PAGE) * _PAGE
 
 
-class Segment:
-    """One mapped slot file: ``array`` is the whole mapping as uint8."""
-
-    __slots__ = ("path", "size", "nonce", "mm", "array", "_refs")
-
-    def __init__(self, path: str, size: int, nonce: bytes, mm: mmap.mmap) -> None:
-        self.path = path
-        self.size = size
-        self.nonce = nonce
-        self.mm: mmap.mmap | None = mm
-        self.array: np.ndarray | None = np.frombuffer(mm, dtype=np.uint8)
-        # What getrefcount says with no view alive, measured the way viewed() asks (so it holds
-        # whether or not the interpreter counts the argument).
-        self._refs = sys.getrefcount(self.array)
-
-    def viewed(self) -> bool:
-        """Whether anything but this segment refers to its memory (a view handed out and still alive:
-        every numpy slice or memoryview of it keeps a reference to ``array``)."""
-        return self.array is not None and sys.getrefcount(self.array) > self._refs
-
-    def close(self) -> None:
-        """Drop this mapping. Views still alive keep the memory mapped until they go away."""
-        self.array = None
-        mm, self.mm = self.mm, None
-        if mm is not None:
-            try:
-                mm.close()
-            except BufferError:     # a view outlives us: the mapping goes when it does
-                pass
-
-
 def create_segment(cap: int) -> Segment:
     """A new slot file for ``cap`` payload bytes, reserved in full and mapped; OSError if the tmpfs
     cannot hold it (nothing is left behind then)."""
-    size = slot_file_size(cap)
-    nonce = secrets.token_bytes(NONCE)
-    path = os.path.join(SHM_DIR, f"{PREFIX}{os.getpid()}-{secrets.token_hex(8)}")
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        # Reserve every page now: a page the tmpfs cannot supply later would be a SIGBUS on touch.
-        os.posix_fallocate(fd, 0, size)
-        mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | _POPULATE)
-    except BaseException:
-        os.close(fd)
-        unlink(path)
-        raise
-    os.close(fd)
-    mm[:NONCE] = nonce
-    return Segment(path, size, nonce, mm)
+    return shm.create(KIND, slot_file_size(cap), nonce_at=0, nonce_bytes=NONCE, populate=True)
 
 
 def check_path(path: str) -> None:
     """ValueError unless ``path`` names a slot file directly in :data:`SHM_DIR`."""
-    name = path[len(SHM_DIR) + 1:] if isinstance(path, str) and path.startswith(SHM_DIR + "/") else ""
-    if not name.startswith(PREFIX) or "/" in name or "\0" in name or ".." in name:
-        raise ValueError(f"not a twisternet slot file: {path!r}")
+    shm.check_path(path, KIND)
 
 
 def attach_segment(path: str, size: int, nonce: bytes) -> Segment:
@@ -142,52 +96,13 @@ def attach_segment(path: str, size: int, nonce: bytes) -> Segment:
     check_path(path)
     if size < PAYLOAD_START or size % _PAGE:
         raise ValueError(f"slot file size {size} is not a valid slot size")
-    fd = os.open(path, os.O_RDWR | getattr(os, "O_NOFOLLOW", 0))
-    try:
-        actual = os.fstat(fd).st_size
-        if actual != size:
-            raise ValueError(f"{path} has {actual} bytes, the offer says {size}")
-        mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | _POPULATE)
-    finally:
-        os.close(fd)
-    if mm[:NONCE] != nonce:
-        mm.close()
-        raise ValueError(f"{path} is not the file offered (its nonce differs)")
-    return Segment(path, size, nonce, mm)
-
-
-def unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
+    return shm.attach(path, size, nonce, kind=KIND, nonce_at=0, populate=True)
 
 
 def sweep_stale() -> list[str]:
-    """Remove slot files whose creating process is gone (one killed between creating a file and the
-    peer's answer leaves it behind); returns their paths. Files of live processes are left alone."""
-    removed = []
-    try:
-        names = os.listdir(SHM_DIR)
-    except OSError:
-        return removed
-    for name in names:
-        if not name.startswith(PREFIX):
-            continue
-        pid_text = name[len(PREFIX):].split("-", 1)[0]
-        if not pid_text.isdigit():
-            continue
-        try:
-            os.kill(int(pid_text), 0)
-        except ProcessLookupError:
-            path = os.path.join(SHM_DIR, name)
-            unlink(path)
-            removed.append(path)
-        except (PermissionError, OverflowError):
-            pass                # alive, another user's (or not a pid at all): not ours to remove
-    if removed:
-        log.info("removed %d shared-memory slot files left by processes that are gone", len(removed))
-    return removed
+    """Remove shared-memory segments (slot files and others) whose creating process is gone; returns
+    their paths. The same sweep runs whenever a Context starts (twisternet.leftovers)."""
+    return shm.sweep_stale()
 
 
 @dataclass(frozen=True)

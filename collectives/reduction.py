@@ -14,6 +14,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from twisternet.errors import CodecError
+
 ReduceFn = Callable[[Any, Any], Any]
 
 _NAMED: dict[str, tuple[Any, Callable[[Any, Any], Any]]] = {
@@ -50,7 +52,10 @@ def snapshot(value: Any) -> Any:
             return [x.copy() for x in value]       # a table of flat records
     elif isinstance(value, np.ndarray):
         return value.copy()
-    return copy.deepcopy(value)
+    try:
+        return copy.deepcopy(value)
+    except (TypeError, copy.Error) as e:     # what cannot be copied cannot be serialized either
+        raise CodecError(f"cannot copy a value of type {t.__qualname__}: {e}") from e
 
 
 def _flat(items: Any) -> bool:

@@ -1,11 +1,14 @@
 """``allreduce`` through shared memory, for ranks that share one host (``via="shm"``, chosen by "auto").
 
 Sockets cost two kernel copies and a wake-up per message; ranks on one host can instead see each
-other's memory. The operation's first rank creates a file in ``/dev/shm`` and tells the others its path
-and a random nonce over the operation's own edges; each one maps it and checks the nonce (so ranks that
-do not really share the file, e.g. on other hosts or in other containers, are found out), and only if
-every rank succeeded does the operation use it; the file is unlinked as soon as everyone has it mapped,
-so nothing is left behind even if the job is killed. Otherwise the operation keeps its ring/tree.
+other's memory. The operation's first rank creates a segment in ``/dev/shm`` (:mod:`twisternet.shm`, kind
+``ar``: reserved in full, ``0600``, the owner's pid in its name) and tells the others its path and a
+random nonce over the operation's own edges; each one maps it and checks the nonce (so ranks that do
+not really share the file, e.g. on other hosts or in other containers, are found out), and only if
+every rank succeeded does the operation use it. The first rank unlinks the file when set-up ends, in
+every case (all mapped it, one refused, one timed out or was lost): from then on it lives only in the
+mappings. A first rank killed during set-up leaves it behind, and the next Context started on the
+machine removes it (:func:`twisternet.shm.sweep_stale`). Otherwise the operation keeps its ring/tree.
 
 The segment holds, per rank, a 64-byte header (``in_seq``, ``out_seq``, the call's byte count and
 dtype character) and two input slots of ``chunk`` bytes, plus two shared output slots. An array is reduced one
@@ -34,12 +37,12 @@ import logging
 import mmap
 import os
 import platform
-import secrets
 import time
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from twisternet import shm
 from twisternet.errors import ClosedError, OperationTimeout, PeerLostError, ProtocolError
 
 from .edges import AR_DOWN, AR_UP
@@ -50,7 +53,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 #: Where segments live (a tmpfs on Linux). Without it the shared-memory path is not offered.
-SHM_DIR = "/dev/shm"
+SHM_DIR = shm.SHM_DIR
+#: The kind of twisternet.shm segment this path uses (in its file name).
+KIND = "ar"
 #: Chunks up to this size are reduced by every rank from all inputs (one wait per chunk); larger
 #: ones are split among the ranks (two waits, but each rank combines only its share).
 DIRECT_BYTES = 64 << 10
@@ -66,7 +71,7 @@ _YIELD = 0.002                 # seconds of yield-polling before sleeping
 
 def supported() -> bool:
     """Whether this machine can offer the path at all (a tmpfs at SHM_DIR, a TSO CPU)."""
-    return os.path.isdir(SHM_DIR) and platform.machine().lower() in ("x86_64", "amd64")
+    return shm.supported() and platform.machine().lower() in ("x86_64", "amd64")
 
 
 def _round_up(n: int, k: int = _ALIGN) -> int:
@@ -83,6 +88,7 @@ class ShmAllReduce:
         self.i = rar.ranks.index(self.op.rank)
         self.path = path
         self.mm = mm
+        self._seg: shm.Segment | None = None     # the twisternet.shm segment mm belongs to (set by setup)
         self.chunk = chunk
         self.round = 0                  # rounds done (the next one is round + 1)
         self.failed: BaseException | None = None
@@ -107,41 +113,46 @@ class ShmAllReduce:
         root = ranks[0]
         me = op.rank
         size = cls.size_for(len(ranks), chunk)
-        mm: mmap.mmap | None = None
-        path = ""
-        if me == root:
-            nonce = secrets.token_bytes(_NONCE)
-            try:
-                path, mm = _create(size, nonce, len(ranks))
-            except OSError as e:
-                log.info("%s: no shared-memory allreduce: cannot create a segment: %s", op.describe(), e)
-            offer = (path, nonce, size) if mm is not None else None
-            for r in ranks[1:]:
-                rar._send(r, AR_DOWN, ("s", call, 0, 0, offer), timeout)
-            oks = [mm is not None] + [bool(rar._take(("s", call, 1, 0, r), timeout)) for r in ranks[1:]]
-            agreed = all(oks)
-            for r in ranks[1:]:
-                rar._send(r, AR_DOWN, ("s", call, 2, 0, agreed), timeout)
-            if path:
-                _unlink(path)       # every rank that could map it has: it lives on until all unmap it
-        else:
-            offer = rar._take(("s", call, 0, 0, root), timeout)
-            if offer is not None:
+        seg: shm.Segment | None = None
+        agreed = False
+        try:
+            if me == root:
                 try:
-                    path, nonce, size = offer
-                    mm = _attach(path, size, nonce, len(ranks))
-                except (OSError, ValueError, TypeError) as e:
-                    log.info("%s: no shared-memory allreduce: rank %d cannot map rank %d's segment: %s",
-                             op.describe(), me, root, e)
-                    mm = None
-            rar._send(root, AR_UP, ("s", call, 1, 0, mm is not None), timeout)
-            agreed = bool(rar._take(("s", call, 2, 0, root), timeout))
+                    seg = _create(size, len(ranks))
+                except OSError as e:
+                    log.info("%s: no shared-memory allreduce: cannot create a segment: %s", op.describe(), e)
+                offer = (seg.path, seg.nonce, size) if seg is not None else None
+                for r in ranks[1:]:
+                    rar._send(r, AR_DOWN, ("s", call, 0, 0, offer), timeout)
+                oks = [seg is not None] + [bool(rar._take(("s", call, 1, 0, r), timeout)) for r in ranks[1:]]
+                agreed = all(oks)
+                for r in ranks[1:]:
+                    rar._send(r, AR_DOWN, ("s", call, 2, 0, agreed), timeout)
+            else:
+                offer = rar._take(("s", call, 0, 0, root), timeout)
+                if offer is not None:
+                    try:
+                        path, nonce, size = offer
+                        seg = _attach(path, size, nonce, len(ranks))
+                    except (OSError, ValueError, TypeError) as e:
+                        log.info("%s: no shared-memory allreduce: rank %d cannot map rank %d's segment: %s",
+                                 op.describe(), me, root, e)
+                        seg = None
+                rar._send(root, AR_UP, ("s", call, 1, 0, seg is not None), timeout)
+                agreed = bool(rar._take(("s", call, 2, 0, root), timeout))
+        finally:
+            # The root's file goes in every case: once every rank has it mapped it lives on in the
+            # mappings alone; if set-up failed (a rank timed out, was lost, refused) nobody needs it.
+            if me == root and seg is not None:
+                shm.unlink(seg.path)
+            if not agreed and seg is not None:
+                seg.close()
         if not agreed:
-            if mm is not None:
-                mm.close()
             return None
-        assert mm is not None
-        return cls(rar, path, mm, chunk)
+        assert seg is not None and seg.mm is not None
+        state = cls(rar, seg.path, seg.mm, chunk)
+        state._seg = seg
+        return state
 
     def close(self) -> None:
         """Unmap the segment (views made from it must be gone: they are dropped first)."""
@@ -150,8 +161,12 @@ class ShmAllReduce:
             self.seq.release()
         except (ValueError, BufferError):
             pass
+        seg = self._seg
         try:
-            self.mm.close()
+            if seg is not None:
+                seg.close()     # its own view of the mapping first, then the mapping
+            else:
+                self.mm.close()
         except BufferError:     # a result view escaped (cannot happen: results are copied out)
             log.debug("shared-memory segment %s still referenced at close", self.path)
 
@@ -271,42 +286,16 @@ class ShmAllReduce:
         return got
 
 
-def _create(size: int, nonce: bytes, n: int) -> tuple[str, mmap.mmap]:
-    path = os.path.join(SHM_DIR, f"twisternet-{os.getpid()}-{secrets.token_hex(8)}")
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        os.ftruncate(fd, size)
-        mm = mmap.mmap(fd, size)
-    except BaseException:
-        os.close(fd)
-        _unlink(path)
-        raise
-    os.close(fd)
-    mm[n * _HDR: n * _HDR + _NONCE] = nonce
-    return path, mm
+def _create(size: int, n: int) -> shm.Segment:
+    """A new segment for ``n`` ranks (twisternet.shm, kind "ar"): its nonce sits after the headers."""
+    return shm.create(KIND, size, nonce_at=n * _HDR, nonce_bytes=_NONCE)
 
 
-def _attach(path: str, size: int, nonce: bytes, n: int) -> mmap.mmap:
-    if not isinstance(path, str) or not path.startswith(SHM_DIR + "/twisternet-") or "/" in path[len(SHM_DIR) + 1:]:
-        raise ValueError(f"not a twisternet segment path: {path!r}")
-    fd = os.open(path, os.O_RDWR)
-    try:
-        if os.fstat(fd).st_size != size:
-            raise ValueError(f"{path} has {os.fstat(fd).st_size} bytes, expected {size}")
-        mm = mmap.mmap(fd, size)
-    finally:
-        os.close(fd)
-    if mm[n * _HDR: n * _HDR + _NONCE] != nonce:
-        mm.close()
-        raise ValueError(f"{path} is not the segment offered (nonce differs)")
-    return mm
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
+def _attach(path: str, size: int, nonce: bytes, n: int) -> shm.Segment:
+    """Map the segment the first rank offered; ValueError/OSError unless it is that very file."""
+    if not isinstance(nonce, bytes) or len(nonce) != _NONCE or not isinstance(size, int):
+        raise ValueError("malformed shared-memory allreduce offer")
+    return shm.attach(path, size, nonce, kind=KIND, nonce_at=n * _HDR)
 
 
 __all__ = ["ShmAllReduce", "supported", "DIRECT_BYTES"]

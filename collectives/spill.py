@@ -6,11 +6,14 @@ reading merges the runs and the in-memory tail with :func:`heapq.merge`, which i
 records with equal keys come out in the order they were added. Run files are a sequence of blocks, each
 ``u64 length | u32 crc32 | pickle(list of records)``; a checksum mismatch or a truncated block raises
 :class:`SpillCorruptionError`. Files live in a private directory under ``spill_dir`` that is removed by
-:meth:`SpillStore.close` (and, as a last resort, when the store is garbage collected).
+:meth:`SpillStore.close` (and, as a last resort, when the store is garbage collected). Its name,
+``twisternet-spill-<pid>-<tag>-<random>``, names the owner, so the directory of a killed process is removed
+by the next Context started with the same ``spill_dir`` (:mod:`twisternet.leftovers`).
 """
 
 from __future__ import annotations
 
+import errno
 import heapq
 import io
 import logging
@@ -28,7 +31,8 @@ from typing import Any, BinaryIO, Iterable, Iterator
 
 import numpy as np
 
-from twisternet.errors import TwisternetError
+from twisternet.errors import CodecError, TwisternetError
+from twisternet.leftovers import spill_base, spill_dir_prefix
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +45,11 @@ _NO_KEY = object()
 
 class SpillCorruptionError(TwisternetError):
     """A spill file does not read back as written (checksum mismatch, truncation, bad header)."""
+
+
+class SpillWriteError(TwisternetError, OSError):
+    """A spill file or directory could not be written (no space left, quota, permissions); the message
+    names the directory, and ``errno`` / ``strerror`` are the operating system's."""
 
 
 _SAMPLED = (dict, list, tuple)
@@ -96,7 +105,10 @@ def _dump(records: list) -> bytes:
             return pickle.dumps(records, protocol=5)
     except (pickle.PicklingError, AttributeError, TypeError):
         import cloudpickle
-        return cloudpickle.dumps(records, protocol=5)
+        try:
+            return cloudpickle.dumps(records, protocol=5)
+        except Exception as e:  # noqa: BLE001 - whatever pickling raises, the record cannot be stored
+            raise CodecError(f"cannot write a record to a spill file: {e}") from e
 
 
 class _RunWriter:
@@ -141,6 +153,13 @@ def _blocks(path: str) -> Iterator[list]:
                 raise SpillCorruptionError(f"spill file {path}: block {index} does not decode: {e}") from e
             yield block
             index += 1
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def read_run(path: str) -> Iterator[tuple]:
@@ -285,13 +304,24 @@ class SpillStore:
 
     def _new_path(self) -> str:
         if self._dir is None:
-            base = self.spill_dir
-            if base is not None:
+            base = spill_base(self.spill_dir)
+            try:
                 os.makedirs(base, exist_ok=True)
-            self._dir = tempfile.mkdtemp(prefix="twisternet-spill-", dir=base)
+                self._dir = tempfile.mkdtemp(prefix=spill_dir_prefix(), dir=base)
+            except OSError as e:
+                raise self._write_error(e, base) from e
             self._finalizer = weakref.finalize(self, shutil.rmtree, self._dir, True)
         self._next_run += 1
         return os.path.join(self._dir, f"run-{self._next_run:06d}.bin")
+
+    def _write_error(self, e: OSError, where: str) -> SpillWriteError:
+        """``e`` (raised writing under ``where``) as an error that names the directory and what to do."""
+        hint = ""
+        if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            hint = ("; free space there, point config spill_dir at a larger filesystem, or raise "
+                    f"memory_limit (now {self.memory_limit} bytes for this store)")
+        return SpillWriteError(e.errno or 0, f"{self.name}: cannot write spill files in {where}: "
+                                             f"{e.strerror or e}{hint}")
 
     def _sort_mem(self) -> None:
         self._open = None
@@ -307,20 +337,28 @@ class SpillStore:
         """Write ``records`` as a new run file, in blocks of about ``block_bytes`` (the records per block
         set from the sampled size of the first ones)."""
         path = self._new_path()
-        w = _RunWriter(path)
-        it = iter(records)
         try:
-            block = list(islice(it, 64))
-            if block:
-                sample = block[::max(1, len(block) // 16)]
-                per = sum(estimate_size(r[1]) + 72 for r in sample) // len(sample)
-                count = max(1, self.block_bytes // max(1, per))
-                block += islice(it, max(0, count - len(block)))
-                while block:
-                    w.write_block(block)
-                    block = list(islice(it, count))
-        finally:
-            w.close()
+            w = _RunWriter(path)
+            it = iter(records)
+            try:
+                block = list(islice(it, 64))
+                if block:
+                    sample = block[::max(1, len(block) // 16)]
+                    per = sum(estimate_size(r[1]) + 72 for r in sample) // len(sample)
+                    count = max(1, self.block_bytes // max(1, per))
+                    block += islice(it, max(0, count - len(block)))
+                    while block:
+                        w.write_block(block)
+                        block = list(islice(it, count))
+            finally:
+                w.close()
+        except BaseException as e:
+            _remove(path)                    # a partial run is of no use, and takes the space
+            if isinstance(e, OSError) and not isinstance(e, TwisternetError):
+                raise self._write_error(e, self._dir or os.path.dirname(path)) from e
+            if isinstance(e, CodecError):
+                raise CodecError(f"{self.name}: {e}") from e
+            raise
         self.spilled_bytes += os.path.getsize(path)
         return path
 

@@ -10,8 +10,11 @@ Record layout (all lengths little-endian u64, so objects over 2 GiB and 4 GiB wo
 msgpack carries None, bool, int (64-bit), float, str, bytes, list and dict; bytes-like values
 (bytes, bytearray, memoryview) arrive as ``bytes``. Extension types keep what
 msgpack would lose: tuples stay tuples, numpy arrays and scalars keep dtype and shape, ints beyond 64
-bits keep their value. Anything else goes through cloudpickle, but only when ``allow_pickle`` is true
-(it is refused on decode too, so a process that forbids pickle never unpickles peer bytes).
+bits keep their value. Anything else goes through cloudpickle (:mod:`twisternet.pickling`: the job
+script's own classes arrive as the receiver's classes, large buffers inside, such as a dataclass's numpy
+arrays, travel out of band like a bare array's), but only when ``allow_pickle`` is true (it is refused
+on decode too, so a process that forbids pickle never unpickles peer bytes). A value that cannot be
+encoded raises :class:`~twisternet.errors.CodecError`.
 
 Keys of keyed operations use :class:`KeyCodec`: fixed-size keys (int, float) carry no length, variable
 keys (str, bytes, object) carry a u64 length.
@@ -19,6 +22,7 @@ keys (str, bytes, object) carry a u64 length.
 
 from __future__ import annotations
 
+import pickle
 import struct
 import threading
 from typing import Any, Callable, Sequence
@@ -26,6 +30,7 @@ from typing import Any, Callable, Sequence
 import msgpack
 import numpy as np
 
+from . import pickling
 from .errors import CodecError
 
 Buffer = bytes | bytearray | memoryview
@@ -37,6 +42,7 @@ _EXT_BYTES_OOB = 4      # out of band: [index, kind]  kind 0 bytes, 1 bytearray
 _EXT_PICKLE = 5
 _EXT_BIGINT = 6
 _EXT_NPSCALAR = 7       # [dtype, bytes]
+_EXT_PICKLE_OOB = 8     # [pickle, [index, ...]]: a pickle whose large buffers travel out of band
 
 _U64 = struct.Struct("<Q")
 _OOB_HEAD = struct.Struct("<BIQ")
@@ -96,23 +102,43 @@ class _Encoder:
         if not self.allow_pickle:
             raise CodecError(f"cannot encode a value of type {t.__module__}.{t.__qualname__} without "
                              "pickle (config allow_pickle is false)")
-        import cloudpickle
+        first = len(self.oob)
         try:
-            return msgpack.ExtType(_EXT_PICKLE, cloudpickle.dumps(obj, protocol=5))
+            data = pickling.dumps(obj, buffer_callback=self._pickle_buffer)
         except Exception as e:  # noqa: BLE001 - surface any pickling failure as a codec error
+            del self.oob[first:]
             raise CodecError(f"cannot encode a value of type {t.__qualname__}: {e}") from e
+        if len(self.oob) == first:
+            return msgpack.ExtType(_EXT_PICKLE, data)
+        return msgpack.ExtType(_EXT_PICKLE_OOB, self._sub([data, list(range(first, len(self.oob)))]))
+
+    def _pickle_buffer(self, buf: pickle.PickleBuffer) -> bool:
+        """pickle's ``buffer_callback``: a large buffer (an array's data inside a pickled object) goes
+        out of band like a bare array's (False); a small one stays in the pickle (True)."""
+        try:
+            raw = buf.raw()
+        except BufferError:      # not contiguous: pickle copies it in band
+            return True
+        if raw.nbytes < self.threshold:
+            return True
+        self.oob.append(raw)
+        return False
 
     def encode(self, obj: Any) -> list[Buffer]:
         t = type(obj)
         try:
-            body = self._packer.pack(obj)
-        except OverflowError:  # an int beyond 64 bits inside a container msgpack tried natively
-            self._packer.reset()
-            body = self._pack_bigints(obj)
+            try:
+                body = self._packer.pack(obj)
+            except (OverflowError, BufferError):
+                # An int beyond 64 bits, or a memoryview that is not contiguous, inside a container
+                # msgpack tried natively: pack a converted copy of the containers.
+                self._packer.reset()
+                self.oob = []
+                body = self._pack_converted(obj)
         except CodecError:
             self._packer.reset()
             raise
-        except (TypeError, ValueError) as e:
+        except (TypeError, ValueError, OverflowError, BufferError, RecursionError) as e:
             self._packer.reset()
             raise CodecError(f"cannot encode a value of type {t.__qualname__}: {e}") from e
         if not self.oob:
@@ -121,11 +147,15 @@ class _Encoder:
         lens = b"".join(_U64.pack(memoryview(b).nbytes) for b in self.oob)
         return [head, lens, body, *self.oob]
 
-    def _pack_bigints(self, obj: Any) -> bytes:
+    def _pack_converted(self, obj: Any) -> bytes:
+        """Pack ``obj`` with the values msgpack refuses natively (big ints, non-contiguous
+        memoryviews) already converted, walking lists, tuples and dicts."""
         def conv(o: Any) -> Any:
             t = type(o)
             if t is int and not -(1 << 63) <= o < (1 << 64):
                 return msgpack.ExtType(_EXT_BIGINT, str(o).encode())
+            if t is memoryview:
+                return self._default(o)
             if t is list:
                 return [conv(x) for x in o]
             if t is tuple:
@@ -170,11 +200,21 @@ class _Decoder:
         if code == _EXT_NPSCALAR:
             dt, raw = self._unpack(data)
             return np.frombuffer(raw, dtype=_dtype(dt))[0]
-        if code == _EXT_PICKLE:
+        if code == _EXT_PICKLE or code == _EXT_PICKLE_OOB:
             if not self.allow_pickle:
                 raise CodecError("received a pickled value but config allow_pickle is false")
-            import cloudpickle
-            return cloudpickle.loads(data)
+            if code == _EXT_PICKLE:
+                return pickling.loads(data)
+            data, indexes = self._unpack(data)
+            buffers = []
+            for idx in indexes:
+                buf = self._oob(idx)
+                if self.copy or buf.readonly:   # a writable copy, as for out-of-band arrays
+                    buffers.append(bytearray(buf))
+                else:
+                    buffers.append(buf)
+                    self.views = True
+            return pickling.loads(data, buffers)
         raise CodecError(f"unknown codec extension type {code}")
 
     def _oob(self, idx: int) -> memoryview:

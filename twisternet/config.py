@@ -82,6 +82,9 @@ class Config:
     memory_limit: int = 256 << 20
     #: Directory for spill files (default: the system temp directory).
     spill_dir: str | None = None
+    #: When a Context starts, remove the /dev/shm segments and the spill directories (in ``spill_dir``)
+    #: that this user's twisternet processes left behind when they were killed (see twisternet.leftovers).
+    sweep_stale: bool = True
 
     # --- timing ---------------------------------------------------------------------------------
     #: Default timeout (seconds) for blocking operations: a batch result, a blocked send.

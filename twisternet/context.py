@@ -25,6 +25,7 @@ import time
 from collections import deque
 from typing import Any, Callable
 
+from . import leftovers
 from .channel import CONTROL_EDGE_BASE, MAX_EDGE, Channel
 from .codec import Codec, join, record_size
 from .config import Config
@@ -164,6 +165,7 @@ class Context:
         self.plan = plan if plan is not None else TaskPlan(self.world)
         if self.plan.world != self.world:
             raise TwisternetError(f"task plan is for {self.plan.world} ranks but the job has {self.world}")
+        leftovers.sweep_at_start(config)     # files of killed processes (twisternet.leftovers)
         self.codec = Codec(allow_pickle=config.allow_pickle,
                            oob_threshold=min(config.zero_copy_threshold, config.buffer_size))
         self.pool = BufferPool(config.buffer_size, config.pool_buffers)

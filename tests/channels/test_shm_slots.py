@@ -12,6 +12,7 @@ import pytest
 
 from channels import shm_slots as S
 from twisternet.errors import ProtocolError
+from twisternet.owner import namespace_tag
 
 pytestmark = pytest.mark.skipif(not S.supported(), reason="needs Linux with a tmpfs at /dev/shm")
 
@@ -83,10 +84,10 @@ def test_attach_checks_path_size_and_nonce() -> None:
             S.attach_segment(seg.path, seg.size + 4096, seg.nonce)
         for bad in ("/etc/passwd", S.SHM_DIR + "/other-file", S.SHM_DIR + "/" + S.PREFIX + "../x",
                     S.SHM_DIR + "/" + S.PREFIX + "a/b", "relative-" + S.PREFIX):
-            with pytest.raises(ValueError, match="not a twisternet slot file"):
+            with pytest.raises(ValueError, match="not a twisternet shared-memory segment of kind 'slot'"):
                 S.attach_segment(bad, seg.size, seg.nonce)
         with pytest.raises(FileNotFoundError):
-            S.attach_segment(S.SHM_DIR + "/" + S.PREFIX + "1-gone", seg.size, seg.nonce)
+            S.attach_segment(S.SHM_DIR + "/" + S.PREFIX + "1-00000000-slot-" + "0" * 16, seg.size, seg.nonce)
     finally:
         seg.close()
         S.unlink(seg.path)
@@ -97,7 +98,7 @@ def test_files_of_processes_that_are_gone_are_swept() -> None:
     import sys
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True, check=True).stdout.strip()
-    stale = os.path.join(S.SHM_DIR, f"{S.PREFIX}{gone}-0123456789abcdef")
+    stale = os.path.join(S.SHM_DIR, f"{S.PREFIX}{gone}-{namespace_tag()}-slot-0123456789abcdef")
     mine = S.create_segment(4096)
     open(stale, "wb").close()
     try:

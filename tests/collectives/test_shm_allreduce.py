@@ -40,7 +40,11 @@ def reference(world: int, reduce: str, calls: list) -> list:
 
 
 def segments() -> set[str]:
-    return {f for f in os.listdir(shm_allreduce.SHM_DIR) if f.startswith("twisternet-")}
+    """Segments of this process (its pid in the name), whichever naming made them: other jobs on the
+    machine create and remove theirs at any time."""
+    pid = os.getpid()
+    return {f for f in os.listdir(shm_allreduce.SHM_DIR)
+            if f.startswith((f"twisternet-{pid}-", f"twisternet-shm-{pid}-"))}
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
@@ -88,6 +92,39 @@ def test_a_rank_that_never_calls_is_named_in_the_timeout() -> None:
 
     msg = run_local(2, body, timeout=60)[0]
     assert "ranks [1]" in msg and "edge=1" in msg
+
+
+def test_a_set_up_that_times_out_leaves_no_segment() -> None:
+    """The first rank created the segment, the other never came: the timeout removes the file."""
+    before = segments()
+
+    def body(ctx):
+        if ctx.rank == 1:
+            return "skipped"
+        op = C.AllReduce(ctx, edge=1, op="sum", via="shm")
+        with pytest.raises(OperationTimeout):
+            op.allreduce(np.ones(4), timeout=1.0)
+        return segments() - before
+
+    assert run_local(2, body, timeout=60)[0] == set()
+    assert segments() == before
+
+
+def test_a_set_up_whose_peer_is_lost_leaves_no_segment() -> None:
+    before = segments()
+
+    def body(ctx):
+        if ctx.rank == 1:
+            raise RuntimeError("rank 1 dies before its first allreduce")
+        op = C.AllReduce(ctx, edge=1, op="sum", via="shm")
+        try:
+            op.allreduce(np.ones(4), timeout=30.0)
+        finally:
+            assert segments() == before
+
+    with pytest.raises(RuntimeError, match="rank 1 dies"):
+        run_local(2, body, timeout=60)
+    assert segments() == before
 
 
 def test_ranks_that_cannot_map_the_segment_fall_back(monkeypatch: pytest.MonkeyPatch) -> None:

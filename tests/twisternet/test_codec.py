@@ -196,3 +196,21 @@ def test_lone_array_fast_paths_keep_their_checks():
     assert same(c.decode(join(c.encode(a[::2]))), a[::2].copy())
     s = np.zeros(512, dtype=[("x", "<i4"), ("y", "<f8")])
     assert np.array_equal(c.decode(join(c.encode(s))), s)
+
+
+def test_non_contiguous_memoryviews_round_trip_as_bytes() -> None:
+    """msgpack refuses them natively (a BufferError used to escape encode): they travel as bytes."""
+    c = Codec(oob_threshold=16)
+    strided = memoryview(bytes(range(200)))[::3]
+    nested = {"a": [memoryview(b"abcdef")[::2], 2**70], "b": (np.arange(10)[::2].data,)}
+    assert c.decode(c.encode_bytes(strided)) == bytes(range(200))[::3]
+    out = c.decode(c.encode_bytes(nested))
+    assert out["a"] == [b"ace", 2**70] and out["b"] == (np.arange(10)[::2].tobytes(),)
+
+
+def test_unserializable_values_are_codec_errors_that_name_the_type() -> None:
+    import threading
+
+    for bad in (threading.Lock(), {"k": [threading.Lock()]}, (x for x in range(3))):
+        with pytest.raises(CodecError, match="cannot encode a value of type"):
+            codec.encode(bad)

@@ -2,7 +2,7 @@
 
 import importlib.util
 import re
-import time
+import threading
 from pathlib import Path
 
 import pytest
@@ -50,19 +50,33 @@ def test_knee_releases_fast_workers_mpi(late):
 
 
 def test_enter_callback_installed_on_the_hosting_rank_forces_the_fire():
+    """The callback vetoes the first entry and forces the fire on the second (2 of max=3); the third
+    rank enters only after both were released, so it is late. Ordered by events, not sleeps: the other
+    ranks enter once the callback is installed, the third once the fire reached both."""
     from collectives.barrier.distributed import set_enter_callback
+
+    installed = threading.Event()
+    released = [threading.Event(), threading.Event()]
+    seen: list = []
+
+    def callback(label, rank, default):
+        seen.append((label, default))
+        return default or len(seen) >= 2          # veto the first entry, force the fire on the second
 
     def job(ctx):
         if ctx.rank == 0:
-            # force the fire as soon as two labels are in, whatever the rules say
-            set_enter_callback(ctx, "cb", lambda label, rank, default: default or len(seen) >= 1 or
-                               seen.append(label) and False)
-        b = PartialBarrier(ctx, "cb", max=ctx.world, timeout=30)
+            set_enter_callback(ctx, "cb", callback)
+            installed.set()
+        b = PartialBarrier(ctx, "cb", max=ctx.world, timeout=60)
+        assert installed.wait(30), "rank 0 never installed the callback"
         if ctx.rank == 2:
-            time.sleep(1.5)
-        rel = b.enter(f"t{ctx.rank}", wait=10)
-        return rel.status.name, sorted(rel.fire.passed)
-    seen: list = []
-    out = run_local(3, job, timeout=30)
-    assert out[0][1] == out[1][1] and len(out[0][1]) == 2 and "t2" not in out[0][1]
-    assert out[2][0] == "LATE_FIRE"
+            assert all(e.wait(30) for e in released), "ranks 0 and 1 were never released"
+        rel = b.enter(f"t{ctx.rank}", wait=30)
+        if ctx.rank < 2:
+            released[ctx.rank].set()
+        return rel.status.name, sorted(rel.fire.passed), rel.fire.reason.name
+
+    out = run_local(3, job, timeout=60)
+    assert out[0] == out[1] == ("FIRE", ["t0", "t1"], "CALLBACK")
+    assert out[2][0] == "LATE_FIRE" and out[2][1] == ["t0", "t1"]
+    assert sorted(label for label, _ in seen) == ["t0", "t1"] and not any(d for _, d in seen)

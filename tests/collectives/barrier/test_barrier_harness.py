@@ -117,17 +117,26 @@ def test_manual_clock_drives_timer_fires():
 
 
 def test_enter_callback_through_an_in_process_client():
+    """The callback vetoes "a" and forces the fire on "b"; "b" enters only once the callback has seen
+    "a" (an event, not a head start in time), so the order is the same however loaded the machine is."""
     with LocalBarrierCluster(2) as cluster:
         calls = []
+        a_seen = threading.Event()
 
         def cb(label, rank, default):
             calls.append(label)
+            if label == "a":
+                a_seen.set()
             return label == "b"
 
-        res = run_workers(cluster, [0.0, 0.05],
-                          lambda rank, c: c.enter("cb", "ab"[rank], BarrierSpec(max=5), timeout=10,
-                                                  callback=cb))
+        def body(rank, client):
+            if rank == 1:
+                assert a_seen.wait(30), "the callback never saw a's entry"
+            return client.enter("cb", "ab"[rank], BarrierSpec(max=5), timeout=30, callback=cb)
+
+        res = run_workers(cluster, [0.0, 0.0], body)
     assert res[0].fire.reason is FireReason.CALLBACK and res[1].fire == res[0].fire
+    assert sorted(res[0].fire.passed) == ["a", "b"]
     assert calls == ["a", "b"]
 
 
