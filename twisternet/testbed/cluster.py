@@ -1,4 +1,4 @@
-"""An emulated cluster on one Linux machine: H "hosts" as network namespaces behind a shaped bridge.
+"""The emulated cluster itself: H "hosts" as network namespaces behind a shaped bridge.
 
 Each host is a network namespace with one interface ``eth0`` (a veth pair to a Linux bridge that lives
 in a namespace of its own), an address in ``10.77.0.0/24`` that exists only inside these namespaces, and
@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Mapping, Sequence
 
-from .errors import TwisternetError
+from ..errors import TwisternetError
 
 __all__ = ["Testbed", "TestbedError", "Job", "JobResult", "ProcResult", "LinkCounters", "unavailable",
            "sweep_stale", "list_testbeds", "PREFIX_ROOT", "STATE_ROOT"]
@@ -52,7 +52,7 @@ STATE_ROOT = Path("/run/twisternet-testbed")
 _NAME = re.compile(rf"^{PREFIX_ROOT}-(\d+|keep)-([0-9a-f]+)$")
 _SUBNET = "10.77.0"
 _CMD_TIMEOUT = 30.0
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 class TestbedError(TwisternetError):
@@ -125,6 +125,8 @@ def list_testbeds() -> dict[str, list[str]]:
 
 def _remove(prefix: str, namespaces: Sequence[str] = ()) -> list[str]:
     """Remove a testbed by prefix: its processes, namespaces, mounts and state. Returns what failed."""
+    if not _NAME.match(prefix):
+        raise TestbedError(f"not a testbed name: {prefix!r} (names look like {PREFIX_ROOT}-<pid>-<hex>)")
     problems: list[str] = []
     names = set(namespaces)
     r = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=_CMD_TIMEOUT)
