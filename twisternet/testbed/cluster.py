@@ -183,9 +183,10 @@ class ProcResult:
     host: int
     role: str                   # "master", "worker", "mpiexec", "proxy"
     index: int                  # the worker's number on its host (0..k-1); 0 for others
-    returncode: int | None      # None: still running when the job was stopped (then killed)
+    returncode: int | None      # as Popen's: -9 if the job had to kill it (then ended is None)
     stdout: str
     stderr: str
+    ended: float | None = None  # time.monotonic() when it exited (None: killed by the job's stop)
 
     @property
     def label(self) -> str:
@@ -251,10 +252,17 @@ class _Collector:
         self.err: list[str] = []
         self.lines: list[str] = []                  # stdout lines, for waiters (see wait_for_line)
         self.cond = threading.Condition()
+        self.ended: float | None = None
+        self.killed = False
         self.threads = [threading.Thread(target=self._pump, args=(proc.stdout, self.out, True), daemon=True),
                         threading.Thread(target=self._pump, args=(proc.stderr, self.err, True), daemon=True)]
         for t in self.threads:
             t.start()
+        threading.Thread(target=self._reap, daemon=True).start()
+
+    def _reap(self) -> None:
+        self.proc.wait()
+        self.ended = time.monotonic()
 
     def _pump(self, stream: IO[str] | None, into: list[str], lines: bool) -> None:
         if stream is None:
@@ -290,7 +298,7 @@ class _Collector:
             t.join(10)
         with self.cond:
             return ProcResult(self.host, self.role, self.index, self.proc.returncode, "".join(self.out),
-                              "".join(self.err))
+                              "".join(self.err), None if self.killed else self.ended)
 
 
 def _kill_tree(proc: subprocess.Popen) -> None:
@@ -341,9 +349,10 @@ class Job:
         return JobResult([c.result() for c in self.collectors], seconds, timed_out, self.before, after)
 
     def stop(self) -> None:
-        """Kill every process of the job that still runs."""
+        """Kill every process of the job that still runs (their ``ended`` stays None: they did not exit)."""
         for c in self.main + self.helpers:
             if c.proc.poll() is None:
+                c.killed = True
                 _kill_tree(c.proc)
         self.testbed._jobs.discard(self)
 
@@ -626,13 +635,20 @@ class Testbed:
         return found
 
     def mpich_env(self, netmod: str = "ofi") -> list[str]:
-        """``-genv`` arguments that keep MPICH's data on the links: TCP over eth0 (never cma or shm)."""
+        """``-genv`` arguments that keep MPICH's data on the links: TCP over eth0 (never cma or shm).
+
+        "ofi" (libfabric's tcp provider, the faster here) or "ucx" (UCX_TLS=self,tcp); "default" adds
+        nothing, and then the wheel's UCX moves data between the namespaces with cma (process_vm_readv:
+        the pid namespace is shared), around the links.
+        """
         if netmod == "ofi":
             pairs = [("MPIR_CVAR_CH4_NETMOD", "ofi"), ("FI_PROVIDER", "tcp"), ("FI_TCP_IFACE", "eth0")]
         elif netmod == "ucx":
             pairs = [("UCX_TLS", "self,tcp"), ("UCX_NET_DEVICES", "eth0")]
+        elif netmod == "default":   # the wheel's own choice: UCX, which may use cma and bypass the links
+            pairs = []
         else:
-            raise TestbedError(f"netmod must be 'ofi' or 'ucx', got {netmod!r}")
+            raise TestbedError(f"netmod must be 'ofi', 'ucx' or 'default', got {netmod!r}")
         return [a for k, v in pairs for a in ("-genv", k, v)]
 
     def start_mpich_job(self, argv: Sequence[str], *, ranks_per_host: int | None = None,
