@@ -626,6 +626,26 @@ class Testbed:
         """Run a twisternet master/worker job to completion (see :meth:`start_twisternet_job`)."""
         return self.start_twisternet_job(script, args, **kw).wait(timeout)
 
+    def start_processes(self, commands: Sequence[tuple[int, Sequence[str]]], *,
+                        env: Mapping[str, str] | None = None) -> Job:
+        """Start each ``(host, argv)`` in its host as one job (for peers with their own rendezvous, e.g.
+        torch.distributed: rank i's argv names host 0's address)."""
+        job_env = self.job_env(env)
+        started: list[_Collector] = []
+        per_host: dict[int, int] = {}
+        try:
+            for host, argv in commands:
+                index = per_host.get(host, 0)
+                per_host[host] = index + 1
+                started.append(_Collector(self.popen(host, argv, env=job_env, cwd=REPO), host, "worker", index))
+        except BaseException:
+            for c in started:
+                _kill_tree(c.proc)
+            raise
+        job = Job(self, started)
+        self._jobs.add(job)
+        return job
+
     def mpiexec(self) -> str:
         """The mpich wheel's ``mpiexec`` next to this interpreter, else one on PATH."""
         here = Path(sys.executable).parent / "mpiexec"
