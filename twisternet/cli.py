@@ -30,6 +30,7 @@ DELEGATES: dict[str, tuple[str, str]] = {
     "coflow-sim": ("twisternet.coflow.cli:main", "the trace-driven coflow scheduling simulator"),
     "coflow-gen": ("twisternet.coflow.cli:gen_main", "the coflow trace generator"),
     "bench": ("benchmarks.__main__:main", "the benchmarks"),
+    "testbed": ("twisternet.testbed.cli:main", "an emulated cluster of namespaced hosts (up/status/run/job/down)"),
 }
 
 

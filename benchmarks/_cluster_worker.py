@@ -1,0 +1,79 @@
+"""Worker of benchmarks/cluster.py: float32 allreduce timings on one rank of an emulated-cluster job.
+
+    _cluster_worker.py tn VIA SIZES REPS              (twisternet, under `twisternet worker`)
+    _cluster_worker.py mpi4py SIZES REPS              (MPICH through mpi4py, under mpiexec)
+    _cluster_worker.py gloo SIZES REPS RANK WORLD ADDR:PORT   (torch.distributed, gloo backend)
+
+Every rank prints ``CLUSTER {"rank": r, "host": hostname, "median_s": {size: seconds}}``: the median
+of REPS timed calls after one checked warm-up call, each call started after a barrier.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import time
+from typing import Callable
+
+import numpy as np
+
+
+def timed(sizes: list[int], reps: list[int], call: Callable[[np.ndarray, np.ndarray], None],
+          barrier: Callable[[], None], world: int) -> dict[int, float]:
+    out = {}
+    for size, n in zip(sizes, reps):
+        x = np.ones(size // 4, np.float32)
+        y = np.empty_like(x)
+        call(x, y)
+        assert (y == world).all(), y[:4]
+        times = []
+        for _ in range(n):
+            barrier()
+            t = time.perf_counter()
+            call(x, y)
+            times.append(time.perf_counter() - t)
+        out[size] = sorted(times)[len(times) // 2]
+    return out
+
+
+def main() -> None:
+    kind = sys.argv[1]
+    if kind == "tn":
+        import twisternet as tn
+        from collectives import AllReduce
+        via, sizes, reps = sys.argv[2], sys.argv[3], sys.argv[4]
+        with tn.init(timeout=900) as ctx:
+            ar = AllReduce(ctx, edge=1, op="sum", via=via)
+            bar = AllReduce(ctx, edge=2, op="sum", via="tree")
+            one = np.ones(1, np.int64)
+            rank, world = ctx.rank, ctx.world
+            res = timed([int(s) for s in sizes.split(",")], [int(r) for r in reps.split(",")],
+                        lambda x, y: ar.allreduce(x, out=y), lambda: bar.allreduce(one), world)
+    elif kind == "mpi4py":
+        from mpi4py import MPI
+        comm = MPI.COMM_WORLD
+        rank, world = comm.rank, comm.size
+        res = timed([int(s) for s in sys.argv[2].split(",")], [int(r) for r in sys.argv[3].split(",")],
+                    lambda x, y: comm.Allreduce(x, y, op=MPI.SUM), comm.Barrier, world)
+    elif kind == "gloo":
+        import torch
+        import torch.distributed as dist
+        sizes, reps, rank, world, addr = sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", init_method=f"tcp://{addr}", rank=rank, world_size=world)
+
+        def call(x: np.ndarray, y: np.ndarray) -> None:
+            t = torch.from_numpy(y)
+            t.copy_(torch.from_numpy(x))
+            dist.all_reduce(t)
+        res = timed([int(s) for s in sizes.split(",")], [int(r) for r in reps.split(",")], call, dist.barrier,
+                    world)
+        dist.destroy_process_group()
+    else:
+        raise SystemExit(f"unknown kind {kind!r}")
+    print("CLUSTER " + json.dumps({"rank": rank, "host": socket.gethostname(), "median_s": res}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,222 @@
+"""float32 allreduce on an emulated cluster (twisternet.testbed): H hosts as network namespaces, every
+host's link shaped to a rate (1 Gbit/s by default), k ranks per host. twisternet over its master/worker
+TCP path with via auto / ring / tree (and the ring with host-contiguous ranks when k > 1) vs MPICH
+(mpi4py Allreduce, ofi/tcp netmod over the links) vs torch.distributed gloo (when torch imports) vs
+the bandwidth bound 2(H-1)/H * S/B of an allreduce of S bytes over links of B bytes/s.
+
+    python -m benchmarks --suite cluster [--repeat 3] [--plot DIR]
+           [--set cluster.hosts=4] [--set cluster.ranks_per_host=1,2] [--set cluster.rate=1gbit]
+           [--set cluster.sizes=1K,64K,1M,16M,64M] [--set cluster.vias=auto,ring,tree]
+    python benchmarks/cluster.py [--hosts 4] [--ranks-per-host 1,2] [--rate 1gbit] [--sizes ...]
+                                 [--repeat 3] [--quick] [--plot DIR] [--json OUT]
+
+Each figure is the median over ``repeat`` job launches of the slowest rank's median call time (every
+call starts after a barrier). Needs root (namespaces); otherwise the suite reports why it cannot run.
+MPICH busy-polls: with more ranks than cores its figures (and the others', run in turn, not at once)
+come from a machine held at 100 % by MPICH's own ranks while they wait.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.common import ROOT, fmt_size, median  # noqa: E402
+from benchmarks.harness import Chart, SuiteOptions, SuiteResult, Table, ratio  # noqa: E402
+
+NAME = "cluster"
+DESCRIPTION = ("float32 allreduce 1 KB..64 MB on an emulated cluster (H namespaced hosts, shaped links, k "
+               "ranks per host): twisternet auto/ring/tree vs MPICH vs torch gloo vs the bandwidth bound")
+
+KB, MB = 1 << 10, 1 << 20
+FULL_SIZES = [1 * KB, 64 * KB, 1 * MB, 16 * MB, 64 * MB]
+QUICK_SIZES = [1 * KB, 64 * KB]
+WORKER = ROOT / "benchmarks" / "_cluster_worker.py"
+_UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+
+
+def rate_bits(rate: str) -> float:
+    """A tc rate ("1gbit", "100mbit", "1.5Gbit") in bits per second (tc's units are decimal)."""
+    m = re.fullmatch(r"\s*([\d.]+)\s*([kmgt]?)bit\s*", rate.lower())
+    if not m:
+        raise ValueError(f"not a tc rate in bits: {rate!r} (use e.g. 1gbit, 100mbit)")
+    return float(m.group(1)) * _UNITS[m.group(2)]
+
+
+def bound_s(size: int, hosts: int, rate: str) -> float:
+    """The bandwidth bound of an allreduce of ``size`` bytes across ``hosts`` links of ``rate``."""
+    return 2 * (hosts - 1) / hosts * size / (rate_bits(rate) / 8)
+
+
+def reps_for(size: int) -> int:
+    """Timed calls per launch: many for small sizes, a few for large ones."""
+    return 30 if size <= 64 * KB else 8 if size <= 4 * MB else 3
+
+
+def slowest(stdout: str, world: int) -> dict[int, float]:
+    """The per-size maximum over ranks of the ``CLUSTER`` lines in ``stdout`` (each rank's median)."""
+    dec, found, pos = json.JSONDecoder(), {}, stdout.find("CLUSTER {")
+    while pos >= 0:
+        try:
+            obj, end = dec.raw_decode(stdout, pos + len("CLUSTER "))
+            found[obj["rank"]] = obj
+        except (json.JSONDecodeError, KeyError, TypeError):
+            end = pos + 1
+        pos = stdout.find("CLUSTER {", end)
+    if sorted(found) != list(range(world)):
+        raise RuntimeError(f"expected CLUSTER lines of ranks 0..{world - 1}, got {sorted(found)}:\n{stdout[-2000:]}")
+    sizes = found[0]["median_s"].keys()
+    return {int(s): max(float(found[r]["median_s"][s]) for r in found) for s in sizes}
+
+
+def torch_reason() -> str | None:
+    if importlib.util.find_spec("torch") is None:
+        return "torch gloo: torch is not installed (pip install torch==2.13.0, the CPU build)"
+    return None
+
+
+def run(opts: SuiteOptions) -> SuiteResult:
+    """Every peer at every k and size on one testbed; tables (ms and ratios), charts, raw samples."""
+    from twisternet.testbed import Testbed, unavailable
+    t0 = time.monotonic()
+    res = SuiteResult(suite=NAME, description=DESCRIPTION)
+    why = unavailable()
+    if why:
+        res.status = "not available"
+        res.error = f"the emulated cluster cannot be built here: {why}"
+        return res
+    hosts = int(opts.get("hosts", 2 if opts.quick else 4))
+    ks = sorted({int(k) for k in opts.get("ranks_per_host", [1] if opts.quick else [1, 2])})
+    rate = str(opts.get("rate", "1gbit"))
+    sizes = sorted(opts.get("sizes", QUICK_SIZES if opts.quick else FULL_SIZES))
+    vias = list(opts.get("vias", ["auto"] if opts.quick else ["auto", "ring", "tree"]))
+    want_mpich = bool(opts.get("mpich", True))
+    netmod = str(opts.get("netmod", "ofi"))
+    rate_bits(rate)
+    if hosts < 2 or not ks or min(ks) < 1 or not sizes:
+        raise ValueError(f"cluster needs hosts >= 2, ranks_per_host >= 1 and sizes (got {hosts}, {ks}, {sizes})")
+    repeat = opts.repeats()
+    reps = [reps_for(s) for s in sizes]
+    args = [",".join(map(str, sizes)), ",".join(map(str, reps))]
+    py = sys.executable
+    have_mpi = want_mpich and importlib.util.find_spec("mpi4py") is not None \
+        and (Path(py).parent / "mpiexec").exists()
+    if want_mpich and not have_mpi:
+        res.skipped.append("MPICH: mpi4py or the mpich wheel's mpiexec is missing (pip install '.[mpi]')")
+    gloo_why = torch_reason() if opts.get("gloo", True) else "torch gloo: disabled with --set cluster.gloo=0"
+    if gloo_why:
+        res.skipped.append(gloo_why)
+
+    def peers(tb: Testbed, k: int) -> dict[str, Callable[[], dict[int, float]]]:
+        world = hosts * k
+        out: dict[str, Callable[[], dict[int, float]]] = {}
+
+        def tn(via: str, contiguous: bool) -> Callable[[], dict[int, float]]:
+            def go() -> dict[int, float]:
+                r = tb.twisternet_job(WORKER, ["tn", via, *args], ranks_per_host=k, timeout=1800,
+                                      contiguous_ranks=contiguous).check()
+                return slowest(r.stdout, world)
+            return go
+        for via in vias:
+            out[f"tn {via}"] = tn(via, False)
+        if k > 1 and "ring" in vias:
+            out["tn ring, host-contiguous ranks"] = tn("ring", True)
+        if have_mpi:
+            out["MPICH"] = lambda: slowest(tb.mpich_job([py, str(WORKER), "mpi4py", *args], ranks_per_host=k,
+                                                        netmod=netmod, timeout=1800).check().stdout, world)
+        if not gloo_why:
+            def gloo() -> dict[int, float]:
+                port = 29500 + os.getpid() % 1000
+                cmds = [(h, [py, str(WORKER), "gloo", *args, str(n), str(world), f"{tb.addresses[0]}:{port}"])
+                        for n, h in enumerate(tb.placement(k))]
+                r = tb.start_processes(cmds).wait(1800).check()
+                return slowest(r.stdout, world)
+            out["torch gloo"] = gloo
+        return out
+
+    bar = opts.bar(NAME)
+    samples: dict[int, dict[str, list[dict[int, float]]]] = {}
+    failures: dict[str, str] = {}
+    with Testbed(hosts=hosts, ranks_per_host=max(ks), rate=rate) as tb:
+        bar.set_total(sum(len(peers(tb, k)) for k in ks) * repeat)
+        for k in ks:
+            for rep in range(repeat):
+                for name, fn in peers(tb, k).items():
+                    bar.step(f"{hosts} hosts x {k}, run {rep + 1}/{repeat}: {name}")
+                    try:
+                        samples.setdefault(k, {}).setdefault(name, []).append(fn())
+                    except Exception as e:  # noqa: BLE001 - a peer failing is reported, the others go on
+                        failures.setdefault(f"{name} (k={k})", f"{type(e).__name__}: {str(e).strip()[:800]}")
+    for name, why in failures.items():
+        res.skipped.append(f"{name}: failed in this run: {why}")
+    med = {k: {name: {s: median([r[s] for r in runs]) for s in sizes} for name, runs in by.items() if runs}
+           for k, by in samples.items()}
+    for k in ks:
+        m = med.get(k, {})
+        names = list(m)
+        tn_best = [n for n in names if n.startswith("tn ")]
+        rows: list[list[Any]] = []
+        for s in sizes:
+            b = bound_s(s, hosts, rate)
+            best = min((m[n][s] for n in tn_best), default=None)
+            mpich = m.get("MPICH", {}).get(s)
+            rows.append([fmt_size(s), *(m[n][s] * 1e3 for n in names), b * 1e3,
+                         ratio(m.get("tn auto", {}).get(s), mpich), ratio(best, mpich), ratio(best, b),
+                         ratio(m.get("tn auto", {}).get(s), m.get("torch gloo", {}).get(s))])
+        res.tables.append(Table(
+            f"allreduce on {hosts} hosts x {k} rank(s) per host, links {rate}: ms per call, slowest rank "
+            f"(median of {repeat} launches)",
+            ["size", *names, "bound", "auto/MPICH", "best tn/MPICH", "best tn/bound", "auto/gloo"], rows,
+            note=f"bound = 2(H-1)/H * S/B with H={hosts}, B={rate}; ratios are times (below 1: twisternet "
+                 "faster); 'best tn' is the fastest twisternet variant at that size; n/a: not measured. MPICH "
+                 f"(ofi/tcp over eth0) busy-polls: {hosts * k} ranks on {os.cpu_count()} cores hold the "
+                 "machine at 100 % during its runs"))
+        series = {n: [(s, m[n][s] * 1e3) for s in sizes] for n in names}
+        series["bound"] = [(s, bound_s(s, hosts, rate) * 1e3) for s in sizes]
+        res.charts.append(Chart(f"cluster_time_vs_size_{hosts}h{k}k", f"allreduce, {hosts} hosts x {k}, {rate}",
+                                "message size (bytes)", "ms per call (slowest rank)", series, logx=True, logy=True))
+    res.raw = {"hosts": hosts, "ranks_per_host": ks, "rate": rate, "sizes": sizes, "repeat": repeat,
+               "calls_per_launch": reps, "samples_s": samples, "median_s": med,
+               "bound_s": {s: bound_s(s, hosts, rate) for s in sizes}}
+    res.seconds = time.monotonic() - t0
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The standalone script: same as ``python -m benchmarks --suite cluster``, plus ``--plot DIR``."""
+    from benchmarks import report
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--hosts")
+    ap.add_argument("--ranks-per-host", help="e.g. 1,2")
+    ap.add_argument("--rate", help="tc rate of every link, e.g. 1gbit, 100mbit")
+    ap.add_argument("--sizes", help="e.g. 1K,1M,64M")
+    ap.add_argument("--vias", help="e.g. auto,ring,tree")
+    ap.add_argument("--repeat", type=int)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--plot", metavar="DIR", help="write the charts as PNGs into DIR")
+    ap.add_argument("--json")
+    a = ap.parse_args(argv)
+    extra = {k: v for k, v in (("hosts", a.hosts), ("ranks_per_host", a.ranks_per_host), ("rate", a.rate),
+                               ("sizes", a.sizes), ("vias", a.vias)) if v}
+    opts = SuiteOptions(quick=a.quick, repeat=a.repeat or 3, repeat_given=bool(a.repeat), extra=extra)
+    result = report.run_standalone(NAME, run, opts, a.json)
+    if a.plot:
+        if not report.have_matplotlib():
+            sys.stderr.write("cluster: --plot needs matplotlib (pip install matplotlib)\n")
+            return 1
+        written = report.write_charts([result], a.plot)
+        sys.stderr.write(f"cluster: wrote {len(written)} chart(s) to {a.plot}\n")
+    return 0 if result.ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,50 @@
+"""Worker of the bad-host tests: allreduce calls in a loop until ``seconds`` pass (or a failure).
+
+    allreduce_loop.py SECONDS [ELEMENTS]
+
+Prints ``READY rank=R host=H`` once the job is up, ``STEP rank=R i=I`` after each call, ``DONE rank=R``
+at the end, and on a failure ``FAILED rank=R host=H after=S type=T: message`` (seconds since the last
+completed step) before exiting with status 3.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+import time
+
+import numpy as np
+
+import twisternet as tn
+from collectives import AllReduce
+
+def main() -> int:
+    seconds = float(sys.argv[1])
+    size = int(sys.argv[2]) if len(sys.argv) > 2 else 1 << 16
+    host = socket.gethostname()
+    rank = "?"
+    last = time.monotonic()
+    try:
+        with tn.init() as ctx:
+            rank = ctx.rank
+            print(f"READY rank={rank} host={host}", flush=True)
+            with AllReduce(ctx, edge=1, op="sum") as ar:
+                end = time.monotonic() + seconds
+                i = 0
+                while time.monotonic() < end:
+                    y = ar.allreduce(np.ones(size, np.float32))
+                    assert y[0] == ctx.world, y[:4]
+                    last = time.monotonic()
+                    print(f"STEP rank={rank} i={i}", flush=True)
+                    i += 1
+            print(f"DONE rank={rank}", flush=True)
+    except Exception as e:  # noqa: BLE001 - reported for the test to read
+        msg = str(e).replace("\n", " | ")
+        print(f"FAILED rank={rank} host={host} after={time.monotonic() - last:.2f} type={type(e).__name__}: {msg}",
+              flush=True)
+        return 3
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

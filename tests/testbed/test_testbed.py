@@ -1,0 +1,153 @@
+"""The testbed itself: hosts that look like separate machines, shaped links, links down/up, the command
+line, and that everything it creates goes away (also on errors, Ctrl-C and a killed owner)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import twisternet.testbed.cluster as cluster
+from twisternet.testbed import STATE_ROOT, Testbed, TestbedError, list_testbeds, unavailable
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.timeout(180)
+
+
+def leftovers(prefix: str) -> list[str]:
+    """Namespaces, mounts and state of ``prefix`` still present."""
+    found = [ns for ns in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+             if ns.startswith(prefix)]
+    found += [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if prefix in line]
+    if (STATE_ROOT / prefix).exists():
+        found.append(str(STATE_ROOT / prefix))
+    return found
+
+
+def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "twisternet", "testbed", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=ROOT)
+
+
+def test_unavailable_says_why_without_root(monkeypatch) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert "root" in (unavailable() or "")
+    with pytest.raises(TestbedError, match="root"):
+        Testbed(2).up()
+
+
+def test_hosts_look_like_separate_machines(testbed: Testbed) -> None:
+    probe = ("import socket, os, json; from twisternet.bootstrap import host_id; "
+             "open('/dev/shm/tntb-probe', 'a').close(); "
+             "print(json.dumps([socket.gethostname(), host_id(), sorted(os.listdir('/dev/shm'))]))")
+    seen = []
+    for h in range(testbed.hosts):
+        r = testbed.run(h, [sys.executable, "-c", probe], env=testbed.job_env(), check=True)
+        seen.append(json.loads(r.stdout))
+    assert [s[0] for s in seen] == testbed.hostnames
+    assert len({s[1] for s in seen}) == testbed.hosts                     # host detection: H machines
+    assert all(s[2] == ["tntb-probe"] for s in seen)                       # own, empty /dev/shm each
+    assert not Path("/dev/shm/tntb-probe").exists()                        # not the machine's /dev/shm
+    addr = testbed.run(1, ["ip", "-o", "-4", "addr", "show", "dev", "eth0"], check=True).stdout
+    assert testbed.addresses[1] + "/24" in addr
+
+
+def test_links_are_shaped_on_both_ends(testbed: Testbed) -> None:
+    for h, ns in enumerate(testbed.namespaces):
+        host_side = subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "show", "dev", "eth0"],
+                                   capture_output=True, text=True).stdout
+        bridge_side = subprocess.run(["ip", "netns", "exec", testbed.bridge_ns, "tc", "qdisc", "show", "dev",
+                                      f"v{h}"], capture_output=True, text=True).stdout
+        for out in (host_side, bridge_side):
+            assert "tbf" in out and "rate 1Gbit" in out, out
+
+
+def test_link_down_cuts_the_host_off_and_up_restores_it(testbed: Testbed) -> None:
+    server = [sys.executable, "-c", "import socket; s = socket.create_server(('0.0.0.0', 47001)); "
+              "print('LISTENING', flush=True); s.settimeout(60)\nwhile True: s.accept()[0].close()"]
+    client = [sys.executable, "-c", f"import socket; socket.create_connection(('{testbed.addresses[0]}', 47001), "
+              "timeout=5).close(); print('CONNECTED')"]
+    srv = testbed.popen(0, server)
+    try:
+        assert srv.stdout.readline().strip() == "LISTENING"
+        assert "CONNECTED" in testbed.run(1, client).stdout
+        before = testbed.counters()[1]
+        testbed.link_down(1)
+        r = testbed.run(1, client)
+        assert r.returncode != 0 and "CONNECTED" not in r.stdout
+        assert testbed.status()["hosts"][1]["link"] == "DOWN"
+        testbed.link_up(1)
+        assert "CONNECTED" in testbed.run(1, client).stdout
+        assert testbed.counters()[1].tx_bytes > before.tx_bytes
+    finally:
+        testbed.link_up(1)
+        srv.kill()
+        srv.wait()
+
+
+def test_everything_is_removed_on_error_and_interrupt() -> None:
+    if unavailable():
+        pytest.skip(unavailable())
+    for exc in (RuntimeError, KeyboardInterrupt):
+        with pytest.raises(exc):
+            with Testbed(2, 1, "100mbit") as tb:
+                prefix = tb.prefix
+                job = tb.start_processes([(0, ["sleep", "300"]), (1, ["sleep", "300"])])
+                assert leftovers(prefix)
+                raise exc("boom")
+        assert leftovers(prefix) == []
+        assert all(c.proc.poll() is not None for c in job.main)
+
+
+def test_a_killed_owners_testbed_is_swept_by_the_next(make_testbed) -> None:
+    code = textwrap.dedent("""
+        import os, sys
+        from twisternet.testbed import Testbed
+        tb = Testbed(2, 1, None).up()
+        print(tb.prefix, flush=True)
+        os.kill(os.getpid(), 9)
+    """)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    prefix = p.stdout.strip()
+    assert prefix.startswith("tntb-") and leftovers(prefix), p.stderr
+    make_testbed(hosts=1, ranks_per_host=1)
+    assert leftovers(prefix) == []
+
+
+def test_remove_refuses_names_that_are_not_testbeds() -> None:
+    with pytest.raises(TestbedError, match="not a testbed name"):
+        cluster._remove("some-other-netns")
+
+
+def test_cli_up_status_run_job_down(tmp_path) -> None:
+    if unavailable():
+        pytest.skip(unavailable())
+    r = cli("up", "--hosts", "2", "--rate", "100mbit")
+    assert r.returncode == 0, r.stderr
+    name = r.stdout.split()[0]
+    try:
+        assert name in cli("status").stdout
+        st = json.loads(cli("status", name, "--json").stdout)
+        assert [h["hostname"] for h in st["hosts"]] == ["host0", "host1"] and st["rate"] == "100mbit"
+        r = cli("run", name, "1", "--", "hostname")
+        assert (r.returncode, r.stdout.strip()) == (0, "host1"), r.stderr
+        script = tmp_path / "hello.py"
+        script.write_text("import socket, twisternet as tn\nwith tn.init() as ctx:\n"
+                          "    print('HELLO', ctx.rank, ctx.world, socket.gethostname(), flush=True)\n")
+        r = cli("job", "--name", name, "-k", "2", str(script))
+        assert r.returncode == 0, r.stdout + r.stderr
+        hellos = sorted(line.split("HELLO ")[1] for line in r.stdout.splitlines() if "HELLO " in line)
+        assert len(hellos) == 4 and sorted(h.split()[2] for h in hellos) == ["host0", "host0", "host1", "host1"]
+        assert "bytes through the links" in r.stderr
+    finally:
+        r = cli("down", name)
+    assert r.returncode == 0 and f"removed {name}" in r.stdout, r.stderr
+    assert leftovers(name) == [] and name not in list_testbeds()
+    assert cli("down", "not-a-testbed").returncode == 1
