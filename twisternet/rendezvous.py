@@ -20,9 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-import secrets
 import socket
-import stat
 import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -30,6 +28,7 @@ from typing import Any, Callable, Mapping
 from .config import Config
 from .errors import AuthError, TwisternetError
 from .launch_env import LaunchInfo
+from .tokens import HOW_TO_MAKE_ONE, check_token, check_token_file, new_token
 
 log = logging.getLogger(__name__)
 
@@ -38,24 +37,18 @@ HOSTED = ("torchrun", "slurm", "kubernetes")
 #: Seconds between looks for the token file rank 0 writes into TWISTERNET_TOKEN_DIR.
 _TOKEN_POLL = 0.05
 
-_HOW = ("give every rank the job token: set TWISTERNET_TOKEN to the same secret on every rank "
-        "(e.g. `export TWISTERNET_TOKEN=$(python -c 'import secrets; print(secrets.token_hex(32))')` "
-        "before the launcher starts), or TWISTERNET_TOKEN_FILE to a file holding it (chmod 600), or "
-        "TWISTERNET_TOKEN_DIR to a directory all ranks share, where rank 0 writes a fresh one")
+_HOW = ("give every rank the job token: set TWISTERNET_TOKEN to the same secret on every rank before "
+        "the launcher starts, or TWISTERNET_TOKEN_FILE to a file holding it, or TWISTERNET_TOKEN_DIR to a "
+        f"directory all ranks share, where rank 0 writes a fresh one ({HOW_TO_MAKE_ONE})")
 
 
 def _read_token_file(path: Path) -> str:
     try:
-        st = path.stat()
+        check_token_file(path)
         token = path.read_text().strip()
     except OSError as e:
-        raise AuthError(f"cannot read the token file {path} (TWISTERNET_TOKEN_FILE): {e}") from None
-    if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise AuthError(f"token file {path} can be read by other users (mode {stat.S_IMODE(st.st_mode):o}): "
-                        f"`chmod 600 {path}` first, since whoever reads it can join or forge the job")
-    if not token:
-        raise AuthError(f"token file {path} is empty")
-    return token
+        raise AuthError(f"cannot read the token file {path}: {e}") from None
+    return check_token(token, f"token file {path}")
 
 
 def _job_file(directory: Path, info: LaunchInfo) -> Path:
@@ -64,7 +57,7 @@ def _job_file(directory: Path, info: LaunchInfo) -> Path:
 
 
 def _write_token_dir(path: Path) -> str:
-    token = secrets.token_hex(32)
+    token = new_token()
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:

@@ -14,7 +14,7 @@ import pytest
 from tests.jobs import ROOT, job_env
 
 SCRIPT = ROOT / "tests" / "twisternet" / "scripts" / "launcher_env_job.py"
-TOKEN = "f3" * 32
+TOKEN = "9c4e1f7a2b8d5e3f60a1c9b7d4e2f8a3b5c7d9e1f2a4b6c8d0e2f4a6b8c0d2e4"
 
 
 def _free_port() -> int:
