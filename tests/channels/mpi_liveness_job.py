@@ -7,7 +7,7 @@ naming the frozen rank from the heartbeat timeout instead; it writes what it cau
 must end the whole job (MPI_Abort) although the frozen rank never exits by itself.
 
 ``uncaught``: rank 1 raises ValueError while the others wait for a message from it: the job must end
-at once with a non-zero exit.
+at once with a non-zero exit. ``uncaught-in-with``: the same inside ``with ctx:``.
 """
 
 from __future__ import annotations
@@ -53,6 +53,13 @@ elif mode == "uncaught":
         raise ValueError("deliberate failure on rank 1")
     ctx.wait_until(lambda: len(got) > ctx.world - 1)
     print(f"SURVIVED rank={ctx.rank}", flush=True)
+elif mode == "uncaught-in-with":
+    with ctx:       # the context closes (briefly) on the way out; the error still ends the job
+        if ctx.rank == 1:
+            raise ValueError("deliberate failure on rank 1")
+        ctx.wait_until(lambda: len(got) > ctx.world - 1)
+        print(f"SURVIVED rank={ctx.rank}", flush=True)
+    sys.exit(0)
 else:
     sys.exit(f"unknown mode {mode!r}")
 ctx.close()

@@ -61,8 +61,9 @@ def test_a_frozen_rank_is_lost_by_heartbeat_and_the_job_ends(tmp_path: Path) -> 
 
 
 @pytest.mark.timeout(120)
-def test_an_uncaught_exception_on_one_rank_ends_the_job_promptly() -> None:
-    rc, out, err, took = run_job(["uncaught"], timeout=90)
+@pytest.mark.parametrize("mode", ["uncaught", "uncaught-in-with"])
+def test_an_uncaught_exception_on_one_rank_ends_the_job_promptly(mode: str) -> None:
+    rc, out, err, took = run_job([mode], timeout=90)
     assert rc != 0, f"mpiexec exited 0\n{out}\n{err[-3000:]}"
     assert "ValueError: deliberate failure on rank 1" in err, err[-3000:]
     assert "SURVIVED" not in out
