@@ -111,6 +111,8 @@ Ending the job. With ``mpi_abort_on_error`` (on by default) the channel installs
 that prints the traceback and then calls ``MPI_Abort(COMM_WORLD, 1)``: an exception no handler caught
 (e.g. that PeerLostError) ends every rank at once, the frozen one included, instead of leaving the
 others waiting until their operation timeout and ``mpiexec`` waiting for a process that never exits.
+A program that handles such a PeerLostError and exits normally is ended the same way at exit (a rank
+lost by silence may be stopped, and would keep ``mpiexec`` waiting forever).
 """
 
 from __future__ import annotations
@@ -267,6 +269,31 @@ def _close_leftover_channels() -> None:
         except Exception:  # noqa: BLE001 - exiting anyway; do not mask the program's own outcome
             log.exception("error tearing down an MPI channel at exit")
     _OPEN_CHANNELS.clear()
+
+
+#: Ranks (of COMM_WORLD) this process lost by silence (heartbeat timeout), with the reason, while
+#: ``mpi_abort_on_error`` was on. Such a rank may be alive but stopped: it never exits by itself, so
+#: neither would ``mpiexec``; :func:`_abort_if_peers_froze` ends the job at exit instead.
+_SILENT_LOST: dict[int, str] = {}
+
+
+def _abort_if_peers_froze() -> None:
+    """atexit: the program ends normally (or with SystemExit) after losing a silent peer: ``MPI_Abort``
+    so that hydra kills the stopped rank and ``mpiexec`` ends, rather than waiting for it forever."""
+    if not _SILENT_LOST:
+        return
+    from mpi4py import MPI
+    if not MPI.Is_initialized() or MPI.Is_finalized():
+        return
+    ranks = ", ".join(f"{r} ({why})" for r, why in sorted(_SILENT_LOST.items()))
+    try:
+        sys.stdout.flush()
+        sys.stderr.write(f"twisternet: rank {MPI.COMM_WORLD.Get_rank()}: exiting after losing silent "
+                         f"ranks {ranks}; ending the MPI job (MPI_Abort), or they would never exit\n")
+        sys.stderr.flush()
+    except Exception:  # noqa: BLE001 - exiting anyway
+        pass
+    MPI.COMM_WORLD.Abort(1)
 
 
 #: Buffers of sends still unfinished when a channel was torn down. MPI may read them until the
@@ -2073,6 +2100,8 @@ class MPIChannel(Channel):
             if silent > self._peer_timeout:
                 self._lose(peer, f"no message or heartbeat for {silent:.1f}s (peer_timeout "
                                  f"{self._peer_timeout:g}s): the process is stopped, hung or unreachable")
+                if self.config.mpi_abort_on_error:
+                    _SILENT_LOST[self._world_rank(peer)] = self._lost.get(peer, "silent")
                 continue
             if not self._beat_busy[peer] and now - self._beat_sent[peer] >= self._hb_interval:
                 try:
@@ -2083,6 +2112,18 @@ class MPIChannel(Channel):
                 self._post(req, _Heartbeat(peer, _HEARTBEAT_MSG))
                 self._beat_busy[peer] = True
                 self._beat_sent[peer] = now
+
+    def _world_rank(self, peer: int) -> int:
+        """``peer``'s rank in COMM_WORLD (the channel may run on a split communicator)."""
+        MPI = self._MPI
+        mine, world = self._comm.Get_group(), MPI.COMM_WORLD.Get_group()
+        try:
+            return int(MPI.Group.Translate_ranks(mine, [peer], world)[0])
+        except MPI.Exception:
+            return peer
+        finally:
+            mine.Free()
+            world.Free()
 
     def _live_peers(self) -> list[int]:
         return [p for p in range(self.world) if p != self.rank and p not in self._lost]
@@ -2180,6 +2221,7 @@ def create_channel(config: "Config", *, comm: Any = None, rank: int | None = Non
         # Registered after mpi4py's own exit hook, so it runs first (atexit is last-in first-out).
         import atexit
         atexit.register(_close_leftover_channels)
+        atexit.register(_abort_if_peers_froze)
         _ATEXIT_REGISTERED = True
     if config.mpi_abort_on_error:
         _install_abort_hook(MPI)

@@ -6,6 +6,9 @@ naming the frozen rank from the heartbeat timeout instead; it writes what it cau
 ``OUTDIR/lost-<rank>``, waits (bounded) until every survivor did, and lets the error go uncaught, which
 must end the whole job (MPI_Abort) although the frozen rank never exits by itself.
 
+``freeze-exit``: the same, but the survivors catch the error and exit with status 3 (no uncaught
+error): the job must still end, since the frozen rank never exits by itself.
+
 ``uncaught``: rank 1 raises ValueError while the others wait for a message from it: the job must end
 at once with a non-zero exit. ``uncaught-in-with``: the same inside ``with ctx:``.
 """
@@ -31,7 +34,7 @@ for peer in range(ctx.world):
 ctx.wait_until(lambda: len(got) == ctx.world - 1, timeout=60)
 print(f"READY rank={ctx.rank}", flush=True)
 
-if mode == "freeze":
+if mode in ("freeze", "freeze-exit"):
     outdir = Path(sys.argv[2])
     victim = ctx.world - 1
     if ctx.rank == victim:
@@ -46,6 +49,9 @@ if mode == "freeze":
         limit = time.monotonic() + 30
         while len(list(outdir.glob("lost-*"))) < ctx.world - 1 and time.monotonic() < limit:
             time.sleep(0.05)
+        if mode == "freeze-exit":
+            ctx.close(timeout=5)
+            sys.exit(3)      # handled, then a normal exit: the frozen rank must not keep mpiexec alive
         raise
     print(f"NOT LOST rank={ctx.rank}", flush=True)
 elif mode == "uncaught":

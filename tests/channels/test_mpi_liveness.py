@@ -41,8 +41,10 @@ def run_job(args: list[str], timeout: float, **env_extra: str) -> tuple[int, str
 
 
 @pytest.mark.timeout(150)
-def test_a_frozen_rank_is_lost_by_heartbeat_and_the_job_ends(tmp_path: Path) -> None:
-    rc, out, err, took = run_job(["freeze", str(tmp_path)], timeout=120,
+@pytest.mark.parametrize("mode", ["freeze", "freeze-exit"])
+def test_a_frozen_rank_is_lost_by_heartbeat_and_the_job_ends(tmp_path: Path, mode: str) -> None:
+    """freeze: the survivors' PeerLostError goes uncaught; freeze-exit: they catch it and exit 3."""
+    rc, out, err, took = run_job([mode, str(tmp_path)], timeout=120,
                                  TWISTERNET_PEER_TIMEOUT=str(PEER_TIMEOUT),
                                  TWISTERNET_HEARTBEAT_INTERVAL="0.5")
     assert out.count("READY") == 3, out + err[-3000:]
