@@ -14,8 +14,6 @@ import socket
 import threading
 import time
 
-import pytest
-
 from channels import tcp
 from channels.tcp import TCPChannel, _Peer
 from twisternet import bootstrap
