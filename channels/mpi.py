@@ -293,6 +293,7 @@ def _abort_if_peers_froze() -> None:
         sys.stderr.flush()
     except Exception:  # noqa: BLE001 - exiting anyway
         pass
+    _unlink_mpich_segments()
     MPI.COMM_WORLD.Abort(1)
 
 
@@ -356,6 +357,29 @@ def _import_mpi() -> "_MPIModule":
 _ABORT_HOOK_INSTALLED = False
 
 
+def _unlink_mpich_segments() -> list[str]:
+    """Unlink the MPICH shared-memory files (``/dev/shm/mpich_shm_*``) this process maps; returns them.
+
+    MPICH removes them in ``MPI_Finalize``; a job that ends by ``MPI_Abort`` (every rank killed) leaves
+    them in /dev/shm for good, a few MB per job. Unlinking is safe right before the abort: the other
+    ranks of the host keep their mappings until hydra kills them, and nobody attaches any more."""
+    removed = []
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split(None, 5)[5].strip() for line in maps if "/dev/shm/mpich_shm_" in line}
+    except (OSError, IndexError):
+        return removed
+    for path in sorted(paths):
+        if path.endswith(" (deleted)"):
+            continue
+        try:
+            os.unlink(path)
+            removed.append(path)
+        except OSError:
+            pass
+    return removed
+
+
 def _install_abort_hook(MPI: Any) -> None:
     """Make an uncaught exception end the whole MPI job (``MPI_Abort``) once its traceback is printed.
 
@@ -385,6 +409,7 @@ def _install_abort_hook(MPI: Any) -> None:
                     sys.stderr.flush()
                 except Exception:  # noqa: BLE001
                     pass
+                _unlink_mpich_segments()
                 MPI.COMM_WORLD.Abort(1)
 
     sys.excepthook = abort_on_uncaught

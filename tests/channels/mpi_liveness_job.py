@@ -32,7 +32,9 @@ for peer in range(ctx.world):
     if peer != ctx.rank:
         ctx.send(peer, 1, ("hello", ctx.rank))
 ctx.wait_until(lambda: len(got) == ctx.world - 1, timeout=60)
-print(f"READY rank={ctx.rank}", flush=True)
+with open("/proc/self/maps") as maps:
+    segments = sorted({line.split(None, 5)[5].strip() for line in maps if "/dev/shm/mpich_shm_" in line})
+print(f"READY rank={ctx.rank} segments={','.join(segments)}", flush=True)
 
 if mode in ("freeze", "freeze-exit"):
     outdir = Path(sys.argv[2])

@@ -21,6 +21,17 @@ MPIEXEC = Path(sys.executable).parent / "mpiexec"
 PEER_TIMEOUT = 4.0
 
 
+def assert_no_segments_left(out: str) -> None:
+    """The MPICH shared-memory files the ranks mapped are gone: a job ended by MPI_Abort must not
+    leave them in /dev/shm (MPICH removes them only in MPI_Finalize)."""
+    named = set()
+    for m in re.finditer(r"READY rank=\d+ segments=(\S*)", out):
+        named.update(p for p in m.group(1).split(",") if p)
+    assert named, f"the ranks named no MPICH segment:\n{out}"
+    left = sorted(p for p in named if os.path.exists(p))
+    assert not left, f"left in /dev/shm: {left}"
+
+
 def run_job(args: list[str], timeout: float, **env_extra: str) -> tuple[int, str, str, float]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TWISTERNET_")}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
@@ -60,6 +71,7 @@ def test_a_frozen_rank_is_lost_by_heartbeat_and_the_job_ends(tmp_path: Path, mod
     assert "NOT LOST" not in out
     assert "MPI_Abort" in err, err[-3000:]
     assert took < 90, f"the job took {took:.0f}s to end"
+    assert_no_segments_left(out)
 
 
 @pytest.mark.timeout(120)
@@ -70,6 +82,7 @@ def test_an_uncaught_exception_on_one_rank_ends_the_job_promptly(mode: str) -> N
     assert "ValueError: deliberate failure on rank 1" in err, err[-3000:]
     assert "SURVIVED" not in out
     assert took < 60, f"the job took {took:.0f}s to end after the exception"
+    assert_no_segments_left(out)
 
 
 @pytest.mark.timeout(120)
