@@ -208,7 +208,7 @@ _KIND_SLOT_RETIRE = 11
 #: ``heartbeat_interval`` seconds; a peer heard from neither by data nor by heartbeat for
 #: ``peer_timeout`` seconds is reported lost (the same keys and meaning as the TCP channel).
 _KIND_HEARTBEAT = 13
-_HEARTBEAT_MSG = struct.Struct("<BxxxI").pack(_KIND_HEARTBEAT, 0)
+_HEARTBEAT_MSG = _CTRL_HDR.pack(_KIND_HEARTBEAT, 0)
 #: Most seconds between two liveness checks (the heartbeat interval, when shorter).
 _LIVENESS_TICK = 0.5
 _SLOT_OFFER = struct.Struct(f"<IQQ{shm_slots.NONCE}s")
