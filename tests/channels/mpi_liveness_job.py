@@ -9,6 +9,9 @@ must end the whole job (MPI_Abort) although the frozen rank never exits by itsel
 ``freeze-exit``: the same, but the survivors catch the error and exit with status 3 (no uncaught
 error): the job must still end, since the frozen rank never exits by itself.
 
+``idle SECONDS``: rank 1's main thread sleeps that long (past peer_timeout) before it sends; nobody
+may be reported lost, since its progress thread keeps sending heartbeats.
+
 ``uncaught``: rank 1 raises ValueError while the others wait for a message from it: the job must end
 at once with a non-zero exit. ``uncaught-in-with``: the same inside ``with ctx:``.
 """
@@ -56,6 +59,16 @@ if mode in ("freeze", "freeze-exit"):
             sys.exit(3)      # handled, then a normal exit: the frozen rank must not keep mpiexec alive
         raise
     print(f"NOT LOST rank={ctx.rank}", flush=True)
+elif mode == "idle":
+    # rank 1's main thread sleeps past peer_timeout; its progress thread keeps the heartbeats going
+    if ctx.rank == 1:
+        time.sleep(float(sys.argv[2]))
+        for peer in (0, 2):
+            ctx.send(peer, 1, ("late", 1))
+        ctx.flush()
+    else:
+        ctx.wait_until(lambda: any(obj == ("late", 1) for _, obj in got), timeout=120)
+    print(f"ALIVE rank={ctx.rank}", flush=True)
 elif mode == "uncaught":
     if ctx.rank == 1:
         raise ValueError("deliberate failure on rank 1")

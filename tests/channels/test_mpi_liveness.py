@@ -97,3 +97,13 @@ def test_abort_on_error_can_be_switched_off() -> None:
     assert "ValueError: deliberate failure on rank 1" in err, err[-3000:]
     assert "MPI_Abort" not in err
     assert took >= 7, f"the job ended after {took:.1f}s, before the others' operation timeout"
+
+
+@pytest.mark.timeout(150)
+def test_a_rank_idle_past_the_peer_timeout_is_not_lost() -> None:
+    rc, out, err, took = run_job(["idle", str(3 * PEER_TIMEOUT)], timeout=120,
+                                 TWISTERNET_PEER_TIMEOUT=str(PEER_TIMEOUT),
+                                 TWISTERNET_HEARTBEAT_INTERVAL="0.5")
+    assert rc == 0, f"{out}\n{err[-3000:]}"
+    assert out.count("ALIVE") == 3, out + err[-3000:]
+    assert "lost" not in err, err[-3000:]
