@@ -111,6 +111,8 @@ Ending the job. With ``mpi_abort_on_error`` (on by default) the channel installs
 that prints the traceback and then calls ``MPI_Abort(COMM_WORLD, 1)``: an exception no handler caught
 (e.g. that PeerLostError) ends every rank at once, the frozen one included, instead of leaving the
 others waiting until their operation timeout and ``mpiexec`` waiting for a process that never exits.
+A program that handles such a PeerLostError and exits normally is ended the same way at exit (a rank
+lost by silence may be stopped, and would keep ``mpiexec`` waiting forever).
 """
 
 from __future__ import annotations
@@ -206,7 +208,7 @@ _KIND_SLOT_RETIRE = 11
 #: ``heartbeat_interval`` seconds; a peer heard from neither by data nor by heartbeat for
 #: ``peer_timeout`` seconds is reported lost (the same keys and meaning as the TCP channel).
 _KIND_HEARTBEAT = 13
-_HEARTBEAT_MSG = struct.Struct("<BxxxI").pack(_KIND_HEARTBEAT, 0)
+_HEARTBEAT_MSG = _CTRL_HDR.pack(_KIND_HEARTBEAT, 0)
 #: Most seconds between two liveness checks (the heartbeat interval, when shorter).
 _LIVENESS_TICK = 0.5
 _SLOT_OFFER = struct.Struct(f"<IQQ{shm_slots.NONCE}s")
@@ -269,6 +271,32 @@ def _close_leftover_channels() -> None:
     _OPEN_CHANNELS.clear()
 
 
+#: Ranks (of COMM_WORLD) this process lost by silence (heartbeat timeout), with the reason, while
+#: ``mpi_abort_on_error`` was on. Such a rank may be alive but stopped: it never exits by itself, so
+#: neither would ``mpiexec``; :func:`_abort_if_peers_froze` ends the job at exit instead.
+_SILENT_LOST: dict[int, str] = {}
+
+
+def _abort_if_peers_froze() -> None:
+    """atexit: the program ends normally (or with SystemExit) after losing a silent peer: ``MPI_Abort``
+    so that hydra kills the stopped rank and ``mpiexec`` ends, rather than waiting for it forever."""
+    if not _SILENT_LOST:
+        return
+    from mpi4py import MPI
+    if not MPI.Is_initialized() or MPI.Is_finalized():
+        return
+    ranks = ", ".join(f"{r} ({why})" for r, why in sorted(_SILENT_LOST.items()))
+    try:
+        sys.stdout.flush()
+        sys.stderr.write(f"twisternet: rank {MPI.COMM_WORLD.Get_rank()}: exiting after losing silent "
+                         f"ranks {ranks}; ending the MPI job (MPI_Abort), or they would never exit\n")
+        sys.stderr.flush()
+    except Exception:  # noqa: BLE001 - exiting anyway
+        pass
+    _unlink_mpich_segments()
+    MPI.COMM_WORLD.Abort(1)
+
+
 #: Buffers of sends still unfinished when a channel was torn down. MPI may read them until the
 #: matching receive happens (if ever), so they are kept for the life of the process.
 _ORPHANED_SENDS: list[Any] = []
@@ -329,6 +357,29 @@ def _import_mpi() -> "_MPIModule":
 _ABORT_HOOK_INSTALLED = False
 
 
+def _unlink_mpich_segments() -> list[str]:
+    """Unlink the MPICH shared-memory files (``/dev/shm/mpich_shm_*``) this process maps; returns them.
+
+    MPICH removes them in ``MPI_Finalize``; a job that ends by ``MPI_Abort`` (every rank killed) leaves
+    them in /dev/shm for good, a few MB per job. Unlinking is safe right before the abort: the other
+    ranks of the host keep their mappings until hydra kills them, and nobody attaches any more."""
+    removed = []
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split(None, 5)[5].strip() for line in maps if "/dev/shm/mpich_shm_" in line}
+    except (OSError, IndexError):
+        return removed
+    for path in sorted(paths):
+        if path.endswith(" (deleted)"):
+            continue
+        try:
+            os.unlink(path)
+            removed.append(path)
+        except OSError:
+            pass
+    return removed
+
+
 def _install_abort_hook(MPI: Any) -> None:
     """Make an uncaught exception end the whole MPI job (``MPI_Abort``) once its traceback is printed.
 
@@ -358,6 +409,7 @@ def _install_abort_hook(MPI: Any) -> None:
                     sys.stderr.flush()
                 except Exception:  # noqa: BLE001
                     pass
+                _unlink_mpich_segments()
                 MPI.COMM_WORLD.Abort(1)
 
     sys.excepthook = abort_on_uncaught
@@ -2073,6 +2125,8 @@ class MPIChannel(Channel):
             if silent > self._peer_timeout:
                 self._lose(peer, f"no message or heartbeat for {silent:.1f}s (peer_timeout "
                                  f"{self._peer_timeout:g}s): the process is stopped, hung or unreachable")
+                if self.config.mpi_abort_on_error:
+                    _SILENT_LOST[self._world_rank(peer)] = self._lost.get(peer, "silent")
                 continue
             if not self._beat_busy[peer] and now - self._beat_sent[peer] >= self._hb_interval:
                 try:
@@ -2083,6 +2137,18 @@ class MPIChannel(Channel):
                 self._post(req, _Heartbeat(peer, _HEARTBEAT_MSG))
                 self._beat_busy[peer] = True
                 self._beat_sent[peer] = now
+
+    def _world_rank(self, peer: int) -> int:
+        """``peer``'s rank in COMM_WORLD (the channel may run on a split communicator)."""
+        MPI = self._MPI
+        mine, world = self._comm.Get_group(), MPI.COMM_WORLD.Get_group()
+        try:
+            return int(MPI.Group.Translate_ranks(mine, [peer], world)[0])
+        except MPI.Exception:
+            return peer
+        finally:
+            mine.Free()
+            world.Free()
 
     def _live_peers(self) -> list[int]:
         return [p for p in range(self.world) if p != self.rank and p not in self._lost]
@@ -2180,6 +2246,7 @@ def create_channel(config: "Config", *, comm: Any = None, rank: int | None = Non
         # Registered after mpi4py's own exit hook, so it runs first (atexit is last-in first-out).
         import atexit
         atexit.register(_close_leftover_channels)
+        atexit.register(_abort_if_peers_froze)
         _ATEXIT_REGISTERED = True
     if config.mpi_abort_on_error:
         _install_abort_hook(MPI)

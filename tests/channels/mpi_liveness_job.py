@@ -6,8 +6,14 @@ naming the frozen rank from the heartbeat timeout instead; it writes what it cau
 ``OUTDIR/lost-<rank>``, waits (bounded) until every survivor did, and lets the error go uncaught, which
 must end the whole job (MPI_Abort) although the frozen rank never exits by itself.
 
+``freeze-exit``: the same, but the survivors catch the error and exit with status 3 (no uncaught
+error): the job must still end, since the frozen rank never exits by itself.
+
+``idle SECONDS``: rank 1's main thread sleeps that long (past peer_timeout) before it sends; nobody
+may be reported lost, since its progress thread keeps sending heartbeats.
+
 ``uncaught``: rank 1 raises ValueError while the others wait for a message from it: the job must end
-at once with a non-zero exit.
+at once with a non-zero exit. ``uncaught-in-with``: the same inside ``with ctx:``.
 """
 
 from __future__ import annotations
@@ -29,9 +35,11 @@ for peer in range(ctx.world):
     if peer != ctx.rank:
         ctx.send(peer, 1, ("hello", ctx.rank))
 ctx.wait_until(lambda: len(got) == ctx.world - 1, timeout=60)
-print(f"READY rank={ctx.rank}", flush=True)
+with open("/proc/self/maps") as maps:
+    segments = sorted({line.split(None, 5)[5].strip() for line in maps if "/dev/shm/mpich_shm_" in line})
+print(f"READY rank={ctx.rank} segments={','.join(segments)}", flush=True)
 
-if mode == "freeze":
+if mode in ("freeze", "freeze-exit"):
     outdir = Path(sys.argv[2])
     victim = ctx.world - 1
     if ctx.rank == victim:
@@ -46,13 +54,33 @@ if mode == "freeze":
         limit = time.monotonic() + 30
         while len(list(outdir.glob("lost-*"))) < ctx.world - 1 and time.monotonic() < limit:
             time.sleep(0.05)
+        if mode == "freeze-exit":
+            ctx.close(timeout=5)
+            sys.exit(3)      # handled, then a normal exit: the frozen rank must not keep mpiexec alive
         raise
     print(f"NOT LOST rank={ctx.rank}", flush=True)
+elif mode == "idle":
+    # rank 1's main thread sleeps past peer_timeout; its progress thread keeps the heartbeats going
+    if ctx.rank == 1:
+        time.sleep(float(sys.argv[2]))
+        for peer in (0, 2):
+            ctx.send(peer, 1, ("late", 1))
+        ctx.flush()
+    else:
+        ctx.wait_until(lambda: any(obj == ("late", 1) for _, obj in got), timeout=120)
+    print(f"ALIVE rank={ctx.rank}", flush=True)
 elif mode == "uncaught":
     if ctx.rank == 1:
         raise ValueError("deliberate failure on rank 1")
     ctx.wait_until(lambda: len(got) > ctx.world - 1)
     print(f"SURVIVED rank={ctx.rank}", flush=True)
+elif mode == "uncaught-in-with":
+    with ctx:       # the context closes (briefly) on the way out; the error still ends the job
+        if ctx.rank == 1:
+            raise ValueError("deliberate failure on rank 1")
+        ctx.wait_until(lambda: len(got) > ctx.world - 1)
+        print(f"SURVIVED rank={ctx.rank}", flush=True)
+    sys.exit(0)
 else:
     sys.exit(f"unknown mode {mode!r}")
 ctx.close()

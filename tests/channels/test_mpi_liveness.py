@@ -21,6 +21,17 @@ MPIEXEC = Path(sys.executable).parent / "mpiexec"
 PEER_TIMEOUT = 4.0
 
 
+def assert_no_segments_left(out: str) -> None:
+    """The MPICH shared-memory files the ranks mapped are gone: a job ended by MPI_Abort must not
+    leave them in /dev/shm (MPICH removes them only in MPI_Finalize)."""
+    named = set()
+    for m in re.finditer(r"READY rank=\d+ segments=(\S*)", out):
+        named.update(p for p in m.group(1).split(",") if p)
+    assert named, f"the ranks named no MPICH segment:\n{out}"
+    left = sorted(p for p in named if os.path.exists(p))
+    assert not left, f"left in /dev/shm: {left}"
+
+
 def run_job(args: list[str], timeout: float, **env_extra: str) -> tuple[int, str, str, float]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TWISTERNET_")}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
@@ -41,8 +52,10 @@ def run_job(args: list[str], timeout: float, **env_extra: str) -> tuple[int, str
 
 
 @pytest.mark.timeout(150)
-def test_a_frozen_rank_is_lost_by_heartbeat_and_the_job_ends(tmp_path: Path) -> None:
-    rc, out, err, took = run_job(["freeze", str(tmp_path)], timeout=120,
+@pytest.mark.parametrize("mode", ["freeze", "freeze-exit"])
+def test_a_frozen_rank_is_lost_by_heartbeat_and_the_job_ends(tmp_path: Path, mode: str) -> None:
+    """freeze: the survivors' PeerLostError goes uncaught; freeze-exit: they catch it and exit 3."""
+    rc, out, err, took = run_job([mode, str(tmp_path)], timeout=120,
                                  TWISTERNET_PEER_TIMEOUT=str(PEER_TIMEOUT),
                                  TWISTERNET_HEARTBEAT_INTERVAL="0.5")
     assert out.count("READY") == 3, out + err[-3000:]
@@ -58,15 +71,21 @@ def test_a_frozen_rank_is_lost_by_heartbeat_and_the_job_ends(tmp_path: Path) -> 
     assert "NOT LOST" not in out
     assert "MPI_Abort" in err, err[-3000:]
     assert took < 90, f"the job took {took:.0f}s to end"
+    assert_no_segments_left(out)
 
 
 @pytest.mark.timeout(120)
-def test_an_uncaught_exception_on_one_rank_ends_the_job_promptly() -> None:
-    rc, out, err, took = run_job(["uncaught"], timeout=90)
+@pytest.mark.parametrize("mode", ["uncaught", "uncaught-in-with"])
+def test_an_uncaught_exception_on_one_rank_ends_the_job_promptly(mode: str) -> None:
+    rc, out, err, took = run_job([mode], timeout=90)
     assert rc != 0, f"mpiexec exited 0\n{out}\n{err[-3000:]}"
-    assert "ValueError: deliberate failure on rank 1" in err, err[-3000:]
+    # rank 1's own traceback, or (inside ``with ctx:``, whose exit aborts the channel at once) the
+    # others' PeerLostError, whose reason carries rank 1's error, if they abort the job first
+    assert "ValueError: deliberate failure on rank 1" in err or \
+        "rank 1 failed: ValueError('deliberate failure on rank 1')" in err, err[-3000:]
     assert "SURVIVED" not in out
     assert took < 60, f"the job took {took:.0f}s to end after the exception"
+    assert_no_segments_left(out)
 
 
 @pytest.mark.timeout(120)
@@ -78,3 +97,13 @@ def test_abort_on_error_can_be_switched_off() -> None:
     assert "ValueError: deliberate failure on rank 1" in err, err[-3000:]
     assert "MPI_Abort" not in err
     assert took >= 7, f"the job ended after {took:.1f}s, before the others' operation timeout"
+
+
+@pytest.mark.timeout(150)
+def test_a_rank_idle_past_the_peer_timeout_is_not_lost() -> None:
+    rc, out, err, took = run_job(["idle", str(3 * PEER_TIMEOUT)], timeout=120,
+                                 TWISTERNET_PEER_TIMEOUT=str(PEER_TIMEOUT),
+                                 TWISTERNET_HEARTBEAT_INTERVAL="0.5")
+    assert rc == 0, f"{out}\n{err[-3000:]}"
+    assert out.count("ALIVE") == 3, out + err[-3000:]
+    assert "lost" not in err, err[-3000:]

@@ -14,8 +14,6 @@ import socket
 import threading
 import time
 
-import pytest
-
 from channels import tcp
 from channels.tcp import TCPChannel, _Peer
 from twisternet import bootstrap
@@ -180,3 +178,19 @@ def test_bind_host_still_chooses_the_interface():
             ch.close(1.0)
     finally:
         m.stop()
+
+
+def test_log_throttle_keeps_a_burst_per_period_and_counts_the_rest(monkeypatch, caplog):
+    from twisternet import logthrottle
+    now = [100.0]
+    monkeypatch.setattr(logthrottle.time, "monotonic", lambda: now[0])
+    throttle = logthrottle.LogThrottle(logging.getLogger("test.throttle"), period=10.0, burst=3)
+    with caplog.at_level(logging.WARNING, logger="test.throttle"):
+        logged = [throttle.warning("k", "event %d", i) for i in range(10)]
+        assert throttle.warning("other", "another kind")          # kinds are counted apart
+        now[0] += 10.0
+        assert throttle.warning("k", "event %d", 10)
+    assert logged == [True] * 3 + [False] * 7 and throttle.suppressed == 7
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages == ["event 0", "event 1", "event 2", "another kind",
+                        "(7 more like the next one in the last 10s were not logged)", "event 10"]

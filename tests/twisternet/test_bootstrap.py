@@ -493,3 +493,28 @@ def test_oversize_frame_is_refused() -> None:
         _FrameReader().feed((MAX_MESSAGE + 1).to_bytes(4, "big"))
     with pytest.raises(ProtocolError, match="map"):
         _FrameReader().feed(encode_message({})[:0] + (1).to_bytes(4, "big") + msgpack.packb(7))
+
+
+def test_a_worker_meeting_a_master_busy_with_handshakes_retries_and_joins(monkeypatch) -> None:
+    """Every handshake slot of the master is taken by a silent connection, so the worker's first
+    connection is closed unread: join tries again and joins once the silent one timed out."""
+    import twisternet.bootstrap as bootstrap
+    monkeypatch.setattr(bootstrap, "MAX_PENDING_HANDSHAKES", 1, raising=False)
+    monkeypatch.setattr(bootstrap, "_MAX_HANDSHAKES", 1, raising=False)   # the name before the cap
+    master, addr = start_master(1, handshake_timeout=1.5)
+    host, port = parse_address(addr)
+    silent = socket.create_connection((host, port))
+    try:
+        silent.settimeout(20)
+        assert silent.recv(4)[:4] == b"TNA1"    # the master's opening: its handshake holds the slot
+        t0 = time.monotonic()
+        session = join(addr, TOKEN, listen={}, timeout=30, handshake_timeout=5, **FAST)
+        try:
+            assert session.rank == 0
+            assert time.monotonic() - t0 < 25
+            assert master.dropped_connections >= 1     # the first try was closed unread
+        finally:
+            session.close()
+    finally:
+        silent.close()
+        master.stop()
