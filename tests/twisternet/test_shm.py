@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from tests.jobs import job_env, ROOT
+from tests.jobs import ROOT, job_env
 from twisternet import owner, shm
 
 pytestmark = pytest.mark.skipif(not shm.supported(), reason="needs Linux with a tmpfs at /dev/shm")
