@@ -140,6 +140,9 @@ class ShmAllReduce:
                         seg = None
                 rar._send(root, AR_UP, ("s", call, 1, 0, seg is not None), timeout)
                 agreed = bool(rar._take(("s", call, 2, 0, root), timeout))
+        except BaseException:
+            agreed = False          # set-up did not finish here: the mapping goes too
+            raise
         finally:
             # The root's file goes in every case: once every rank has it mapped it lives on in the
             # mappings alone; if set-up failed (a rank timed out, was lost, refused) nobody needs it.

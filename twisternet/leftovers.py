@@ -23,7 +23,6 @@ import re
 import shutil
 import stat
 import tempfile
-
 from typing import TYPE_CHECKING
 
 from . import owner, shm
@@ -33,7 +32,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: Name prefix of spill directories (followed by ``<pid>-`` and a random suffix).
+#: Name prefix of spill directories (followed by ``<pid>-<tag>-`` and a random suffix).
 SPILL_PREFIX = "twisternet-spill-"
 _SPILL_NAME = re.compile(re.escape(SPILL_PREFIX) + r"(\d+)-([0-9a-f]{8})-[A-Za-z0-9_]+")
 

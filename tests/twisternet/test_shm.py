@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from tests.jobs import job_env, ROOT
+from tests.jobs import ROOT, job_env
 from twisternet import owner, shm
 
 pytestmark = pytest.mark.skipif(not shm.supported(), reason="needs Linux with a tmpfs at /dev/shm")
@@ -92,34 +92,30 @@ def test_create_never_reuses_or_follows_an_existing_name(monkeypatch, segments) 
         os.unlink(target)
 
 
-def test_sweep_removes_only_dead_owners_segments_of_this_user(segments) -> None:
+def test_sweep_removes_only_dead_owners_segments_of_this_user(tmp_path) -> None:
+    """(In a private directory: other processes on the machine sweep /dev/shm at any time.)"""
     gone = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                               text=True, check=True).stdout)
-    live = shm.create("slot", 4096)
-    segments.append(live)
     tag = owner.namespace_tag()
     other_ns = "0" * 8 if tag != "0" * 8 else "1" * 8
     names = {
+        "live": os.path.basename(shm.segment_name("slot")),
         "dead_new": f"{shm.PREFIX}{gone}-{tag}-ar-0123456789abcdef",
         "dead_legacy_ar": f"twisternet-{gone}-0123456789abcdef",
         "dead_legacy_slot": f"twisternet-slot-{gone}-0123456789abcdef",
         "dead_other_user": f"{shm.PREFIX}{gone}-{tag}-slot-fedcba9876543210",
         "other_namespace": f"{shm.PREFIX}{gone}-{other_ns}-slot-0123456789abcdef",
         "not_ours": f"something-{gone}-0123456789abcdef",
+        "dead_directory": f"{shm.PREFIX}{gone}-{tag}-slot-00000000000000ff",
     }
-    paths = {k: os.path.join(shm.SHM_DIR, v) for k, v in names.items()}
-    for p in paths.values():
-        open(p, "wb").close()
+    paths = {k: str(tmp_path / v) for k, v in names.items()}
+    for k, p in paths.items():
+        os.mkdir(p) if k == "dead_directory" else open(p, "wb").close()
     os.chown(paths["dead_other_user"], 4242, 4242)
-    try:
-        removed = set(shm.sweep_stale())
-        assert {paths["dead_new"], paths["dead_legacy_ar"], paths["dead_legacy_slot"]} <= removed
-        assert paths["dead_other_user"] not in removed and os.path.exists(paths["dead_other_user"])
-        assert os.path.exists(paths["not_ours"]) and os.path.exists(live.path)
-        assert os.path.exists(paths["other_namespace"]), "a pid of another host/container is not judged"
-    finally:
-        for p in paths.values():
-            shm.unlink(p)
+    removed = set(shm.sweep_stale(str(tmp_path)))
+    assert removed == {paths["dead_new"], paths["dead_legacy_ar"], paths["dead_legacy_slot"]}
+    assert {k for k, p in paths.items() if os.path.exists(p)} == {
+        "live", "dead_other_user", "other_namespace", "not_ours", "dead_directory"}
 
 
 _FULL_TMPFS = textwrap.dedent("""

@@ -47,7 +47,9 @@ def _leave_files_behind(tmp_path, sig: int) -> tuple[str, str]:
         proc.wait(60)
         proc.stdout.close()
     directory, segment = line
-    assert os.path.isdir(directory) and os.path.exists(segment), "the killed process left its files"
+    # (the segment is in the machine's /dev/shm, which any process starting a Context may sweep now;
+    # the spill directory is in this test's own directory)
+    assert os.path.isdir(directory), "the killed process left its spill directory"
     return directory, segment
 
 
@@ -72,8 +74,9 @@ def test_sweep_stale_off_keeps_them(tmp_path) -> None:
     directory, segment = _leave_files_behind(tmp_path, signal.SIGKILL)
     try:
         run_local(1, lambda ctx: None, spill_dir=str(tmp_path / "spill"), sweep_stale=False)
-        assert os.path.isdir(directory) and os.path.exists(segment)
-        assert set(leftovers.sweep(str(tmp_path / "spill"))) >= {directory, segment}
+        assert os.path.isdir(directory)
+        assert directory in leftovers.sweep(str(tmp_path / "spill"))
+        assert not os.path.exists(segment)
     finally:
         shm.unlink(segment)
 
