@@ -124,12 +124,13 @@ import sys
 import threading
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
 from twisternet.channel import MAX_EDGE, Buffer, Channel, ChannelHandler, fits_credit
 from twisternet.errors import ClosedError, ConfigError, PeerLostError, ProtocolError, TwisternetError
+from twisternet.launch_env import mpi_launch_info, under_mpi_launcher  # re-exported: read in one place
 
 from . import shm_slots
 
@@ -302,35 +303,6 @@ def _abort_if_peers_froze() -> None:
 _ORPHANED_SENDS: list[Any] = []
 
 # Environment variables set by MPI launchers (and not by a user's shell profile).
-_LAUNCHER_RANK_VARS = ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK")
-_LAUNCHER_SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE", "MPI_LOCALNRANKS")
-_LAUNCHER_OTHER_VARS = ("PMI_FD", "PMI_PORT", "PMIX_NAMESPACE", "HYDI_CONTROL_FD", "MPI_LOCALRANKID")
-
-
-def under_mpi_launcher(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether this process was started by an MPI launcher (hydra/PMI, PMIx, Open MPI, MVAPICH).
-
-    Reads only the environment (never imports mpi4py, which would initialise MPI), so ``tn.init``
-    can call it to choose between the MPI and TCP channels. ``HYDRA_*`` variables are ignored on
-    purpose: users set them in shell profiles to configure ``mpiexec``, outside any job.
-    """
-    env = os.environ if environ is None else environ
-    return any(env.get(v) for v in (*_LAUNCHER_RANK_VARS, *_LAUNCHER_SIZE_VARS, *_LAUNCHER_OTHER_VARS))
-
-
-def mpi_launch_info(environ: Mapping[str, str] | None = None) -> tuple[int, int] | None:
-    """``(rank, world)`` as announced by the MPI launcher's environment, or None if it does not say."""
-    env = os.environ if environ is None else environ
-    rank = next((env[v] for v in _LAUNCHER_RANK_VARS if env.get(v)), None)
-    size = next((env[v] for v in _LAUNCHER_SIZE_VARS[:3] if env.get(v)), None)
-    if rank is None or size is None:
-        return None
-    try:
-        return int(rank), int(size)
-    except ValueError:
-        return None
-
-
 def _import_mpi() -> "_MPIModule":
     """Import mpi4py's MPI module, initialising MPI (asking for THREAD_MULTIPLE) if nobody has."""
     try:

@@ -161,8 +161,25 @@ def _expand_one(name: str) -> list[str]:
     return out
 
 
+def under_mpi_launcher(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether an MPI launcher (hydra/PMI, PMIx, Open MPI, MVAPICH) started this process; never imports
+    mpi4py, which would initialise MPI."""
+    env = os.environ if environ is None else environ
+    return any(env.get(v) for v in (*MPI_RANK_VARS, *MPI_SIZE_VARS, *MPI_OTHER_VARS))
+
+
+def mpi_launch_info(environ: Mapping[str, str] | None = None) -> tuple[int, int] | None:
+    """``(rank, world)`` as the MPI launcher's environment announces them, or None if it does not say."""
+    env = os.environ if environ is None else environ
+    rank = next((env[v] for v in MPI_RANK_VARS if env.get(v)), None)
+    size = next((env[v] for v in MPI_SIZE_VARS[:3] if env.get(v)), None)
+    if rank is None or size is None or not (rank.isdigit() and size.isdigit()):
+        return None
+    return int(rank), int(size)
+
+
 def _mpi(env: Mapping[str, str]) -> LaunchInfo | None:
-    if not any(env.get(v) for v in (*MPI_RANK_VARS, *MPI_SIZE_VARS, *MPI_OTHER_VARS)):
+    if not under_mpi_launcher(env):
         return None
     rank = next((v for v in MPI_RANK_VARS if env.get(v)), None)
     size = next((v for v in MPI_SIZE_VARS[:3] if env.get(v)), None)
