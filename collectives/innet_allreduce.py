@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import secrets
 import socket
 import threading
 import weakref
@@ -113,13 +114,17 @@ class InnetAllReduce:
         """Sum of an int64 array over the ranks, over the operation's own tree (a rendezvous too)."""
         return self.rar._tree(local, self.rar.next_call(), timeout)
 
-    def _share_addresses(self, me: int, world: int, timeout: float) -> list[tuple[str, int]]:
-        """Every rank's ATP worker address, by rank (each rank fills its slot, the sum is the table)."""
-        mine = np.zeros(2 * world, np.int64)
-        addr = self.job.address
-        mine[2 * me:2 * me + 2] = (_ip_to_int(addr[0]), addr[1])
+    def _share_addresses(self, me: int, world: int, timeout: float
+                         ) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+        """Every rank's ATP worker addresses, by rank: (switch-facing, PS-facing). Each rank fills its
+        slot, the sum is the table; the switch and the PS accept the job's packets from these only."""
+        mine = np.zeros(3 * world, np.int64)
+        addr, direct = self.job.address, self.job.direct_address
+        mine[3 * me:3 * me + 3] = (_ip_to_int(addr[0]), addr[1], direct[1])
         table = self._exchange(mine, timeout)
-        return [(_int_to_ip(table[2 * r]), int(table[2 * r + 1])) for r in range(world)]
+        workers = [(_int_to_ip(table[3 * r]), int(table[3 * r + 1])) for r in range(world)]
+        directs = [(_int_to_ip(table[3 * r]), int(table[3 * r + 2])) for r in range(world)]
+        return workers, directs
 
     def _setup(self, timeout: float) -> None:
         from innet import InnetJob, InnetService
@@ -137,22 +142,22 @@ class InnetAllReduce:
             self._setup_shared(host, parse_address(config.innet_switch), parse_address(config.innet_p4runtime),
                                timeout)
             return
-        job_id = op.edge % 255 + 1     # one switch per operation: any id in 1..255 will do
-
-        ports = np.zeros(2, np.int64)
+        # one switch per operation: any id in 1..255 will do, so a random one (never derived from the
+        # edge: a job's identity is its registered addresses, and its id should not be guessable either)
+        ports = np.zeros(3, np.int64)
         if first:
-            ports[:] = (free_udp_port(host), free_udp_port(host))
+            ports[:] = (free_udp_port(host), free_udp_port(host), secrets.randbelow(255) + 1)
         ports = self._exchange(ports, timeout)
-        sw_addr, ps_addr = (host, int(ports[0])), (host, int(ports[1]))
+        sw_addr, ps_addr, job_id = (host, int(ports[0])), (host, int(ports[1])), int(ports[2])
 
         self.job = InnetJob(job_id, me, world, sw_addr, ps_addr)
-        workers = self._share_addresses(me, world, timeout)
+        workers, directs = self._share_addresses(me, world, timeout)
 
         ok = np.zeros(1, np.int64)
         if first:
             try:
                 self.service = InnetService.launch(job_id, workers, switch_port=sw_addr[1],
-                                                   ps_port=ps_addr[1], host=host)
+                                                   ps_port=ps_addr[1], host=host, direct_addrs=directs)
                 ok[0] = 1
             except Exception:  # noqa: BLE001 - reported to every rank below, then raised here
                 log.exception("%s: could not start the in-network switch and PS", op.describe())
@@ -202,12 +207,13 @@ class InnetAllReduce:
         ps_addr = (host, ps_port)
 
         self.job = InnetJob(job_id, me, world, sw_addr, ps_addr)
-        workers = self._share_addresses(me, world, timeout)
+        workers, directs = self._share_addresses(me, world, timeout)
 
         ok = np.zeros(1, np.int64)
         if first:
             try:
-                self._ps_proc, _ = start_ps(job_id, world, sw_addr, host=host, port=ps_port)
+                self._ps_proc, _ = start_ps(job_id, world, sw_addr, host=host, port=ps_port,
+                                            workers=directs)
                 self._placement = self._controller.place_job(job_id, workers, ps_addr)
                 ok[0] = 1
             except Exception:  # noqa: BLE001 - reported to every rank below, then raised here

@@ -74,6 +74,11 @@ class InnetJob:
         return self.worker.address
 
     @property
+    def direct_address(self) -> tuple[str, int]:
+        """The UDP address this rank sends from when it bypasses the switch (the PS registers it)."""
+        return self.worker.direct_address
+
+    @property
     def last_stats(self) -> WorkerStats | None:
         """Statistics of the last call (window, retransmits, fallback...)."""
         return self.worker.last_stats
@@ -120,18 +125,20 @@ def switch_config(job_id: int, worker_addrs: Sequence[tuple[str, int]], ps_addr:
     cfg: dict = {"ports": ports,
                  "groups": [{"group_id": job_id, "ports": [job_id * 1000 + r + 1 for r in range(world)]}],
                  "jobs": [{"job_id": job_id, "fan_in": world, "ps_port": PS_PORT, "mcast_group": job_id,
-                           "level": 0}]}
+                           "level": 0}],
+                 "members": [[job_id, job_id * 1000 + r + 1] for r in range(world)]}
     if ecn_threshold is not None:
         cfg["ecn_threshold"] = ecn_threshold
     return cfg
 
 
 def _merge_configs(configs: Sequence[Mapping[str, Any]]) -> dict:
-    out: dict = {"ports": {}, "groups": [], "jobs": []}
+    out: dict = {"ports": {}, "groups": [], "jobs": [], "members": []}
     for c in configs:
         out["ports"].update(c.get("ports", {}))
         out["groups"].extend(c.get("groups", ()))
         out["jobs"].extend(c.get("jobs", ()))
+        out["members"].extend(c.get("members", ()))
         if "ecn_threshold" in c:
             out["ecn_threshold"] = c["ecn_threshold"]
     return out
@@ -177,10 +184,15 @@ def stop_process(proc: subprocess.Popen) -> None:
 
 def start_ps(job_id: int, world: int, switch_addr: tuple[str, int], *, host: str = "127.0.0.1", port: int = 0,
              value_count: int = DEFAULT_VALUE_COUNT, scale: float = DEFAULT_SCALE,
-             keep: int = 4096) -> tuple[subprocess.Popen, tuple[str, int]]:
-    """Start a parameter server for one job as a subprocess; returns it and its UDP address."""
+             keep: int = 4096, workers: Sequence[tuple[str, int]] = ()
+             ) -> tuple[subprocess.Popen, tuple[str, int]]:
+    """Start a parameter server for one job as a subprocess; returns it and its UDP address.
+
+    ``workers[r]`` is rank r's direct address (``InnetJob.direct_address``): without it the PS accepts
+    the job's packets from the switch only (no fallback)."""
     cfg = {"jobs": [{"job_id": job_id, "world": world, "scale": scale,
-                     "switch": [switch_addr[0], int(switch_addr[1])], "keep": keep}]}
+                     "switch": [switch_addr[0], int(switch_addr[1])], "keep": keep,
+                     "workers": [[a[0], int(a[1])] for a in workers]}]}
     return _start_cli("innet.ps", ["--host", host, "--port", str(port), "--values", str(value_count),
                                    "--config", json.dumps(cfg)])
 
@@ -226,10 +238,14 @@ class InnetService:
     def launch(cls, job_id: int, worker_addrs: Sequence[tuple[str, int]], *, switch_port: int,
                ps_port: int, host: str = "127.0.0.1", value_count: int = DEFAULT_VALUE_COUNT,
                num_aggregators: int = 4096, scale: float = DEFAULT_SCALE, keep: int = 4096,
-               p4runtime_port: int | None = None) -> "InnetService":
-        """Start PS and switch subprocesses for one single-rack job on fixed ports (see ``free_udp_port``)."""
+               p4runtime_port: int | None = None,
+               direct_addrs: Sequence[tuple[str, int]] = ()) -> "InnetService":
+        """Start PS and switch subprocesses for one single-rack job on fixed ports (see ``free_udp_port``).
+
+        ``worker_addrs`` are the ranks' switch-facing addresses (``InnetJob.address``), ``direct_addrs``
+        their PS-facing ones (``InnetJob.direct_address``; empty: no fallback to the PS)."""
         ps_proc, ps_addr = start_ps(job_id, len(worker_addrs), (host, switch_port), host=host, port=ps_port,
-                                    value_count=value_count, scale=scale, keep=keep)
+                                    value_count=value_count, scale=scale, keep=keep, workers=direct_addrs)
         sw_args = ["--host", host, "--port", str(switch_port), "--aggregators", str(num_aggregators),
                    "--values", str(value_count),
                    "--config", json.dumps(switch_config(job_id, worker_addrs, ps_addr))]
@@ -296,7 +312,8 @@ class InnetCluster:
             self.jobs[spec.job_id] = handles
             configs.append(switch_config(spec.job_id, [h.address for h in handles], self.ps.address))
             self.ps.server.add_job(PSJobConfig(spec.job_id, spec.world, spec.scale, self.switch.address,
-                                               keep=max(4096, 4 * spec.max_window)))
+                                               keep=max(4096, 4 * spec.max_window),
+                                               workers=tuple(h.direct_address for h in handles)))
         apply_config(self.switch.switch, _merge_configs(configs))
 
     @property

@@ -10,7 +10,12 @@ The JSON/dict configuration (applied through the ``SwitchControl`` methods)::
     {"ports":  {"1": ["127.0.0.1", 40001], "9": ["127.0.0.1", 40009]},
      "groups": [{"group_id": 1, "ports": [1, 2]}],
      "jobs":   [{"job_id": 1, "fan_in": 2, "ps_port": 9, "mcast_group": 1, "level": 0}],
+     "members": [[1, 1], [1, 2]],
      "ecn_threshold": 64}
+
+``members`` lists the (job_id, port) pairs allowed to send the job's gradients (the source check, see
+``innet.switch``); without the key, each job of the config gets the ports of its multicast group (the
+ports its results go to are the ports its contributions may come from).
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ __all__ = ["UNKNOWN_PORT", "apply_config", "SwitchServer", "SwitchThread", "main
 log = logging.getLogger(__name__)
 
 UNKNOWN_PORT = 0xFFFFFFFF
-_CONFIG_KEYS = {"ports", "groups", "jobs", "ecn_threshold"}
+_CONFIG_KEYS = {"ports", "groups", "jobs", "members", "ecn_threshold"}
 
 
 def apply_config(switch: SwitchControl, config: Mapping[str, Any]) -> None:
@@ -73,6 +78,20 @@ def apply_config(switch: SwitchControl, config: Mapping[str, Any]) -> None:
             switch.insert_job(entry)
         except AlreadyExists:
             switch.modify_job(entry)
+    if "members" in config:
+        try:
+            members = [(int(j), int(p)) for j, p in config["members"]]
+        except (TypeError, ValueError) as e:
+            raise InvalidArgument(f"config members: expected [[job_id, port], ...]: {e}") from e
+    else:
+        groups = {g.group_id: g.ports for g in switch.read_mcast_groups()}
+        members = [(int(j["job_id"]), p) for j in config.get("jobs", ())
+                   for p in groups.get(int(j["mcast_group"]), ())]
+    for job_id, port in members:
+        try:
+            switch.insert_member(job_id, port)
+        except AlreadyExists:
+            pass
     if "ecn_threshold" in config:
         switch.set_ecn_threshold(int(config["ecn_threshold"]))
 

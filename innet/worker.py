@@ -86,6 +86,7 @@ class WorkerStats:
     ecn_signals: int = 0
     duplicate_acks: int = 0
     stale_acks: int = 0
+    rejected_acks: int = 0         # datagrams that cannot be a result of this job (source, header)
     collided_fragments: int = 0
     overflow_fragments: int = 0
     fallback: bool = False
@@ -126,6 +127,9 @@ class AtpWorker:
         self.fan_in1 = racks
         self.bitmap0 = 1 << self.index_in_rack
         self.bitmap1 = 1 << self.rack
+        # what the PS puts in every parameter packet: the first rack's workers, every rack
+        self._ack_bitmap0 = (1 << min(rs, world)) - 1
+        self._ack_bitmap1 = (1 << racks) - 1
         self.switch_addr = switch_addr
         self.ps_addr = ps_addr
         self.value_count = int(value_count)
@@ -146,7 +150,16 @@ class AtpWorker:
         self.transport = UdpTransport(bind, role=ROLE_WORKER, loss=lc)
         if switch_addr is not None:
             self.transport.sock.connect(switch_addr)
-        self._direct: UdpTransport | None = None
+        # the socket for the PS fallback exists from the start, so the PS can be told its address (a PS
+        # accepts a worker's packets only from the address registered for that rank)
+        self._direct = UdpTransport((self.transport.address[0], 0), role=ROLE_WORKER, loss=lc,
+                                    connect=ps_addr)
+        # parameter packets are accepted only from the switch and the PS (both sockets are connected,
+        # so the kernel filters other senders too; this also covers a worker without a switch)
+        self._sources = {self._direct.sock.getpeername()[:2]}
+        if switch_addr is not None:
+            self._sources.add(self.transport.sock.getpeername()[:2])
+        self._direct_in_use = False
         self.switch_dead = switch_addr is None
         self._next_seq = 0
         self._slot_index = np.full(self.max_window, -1, np.int64)
@@ -162,10 +175,14 @@ class AtpWorker:
         """The UDP address the switch must map this worker's port to."""
         return self.transport.address
 
+    @property
+    def direct_address(self) -> tuple[str, int]:
+        """The UDP address this worker sends from when it bypasses the switch (register it at the PS)."""
+        return self._direct.address
+
     def close(self) -> None:
         self.transport.close()
-        if self._direct is not None:
-            self._direct.close()
+        self._direct.close()
 
     # ------------------------------------------------------------------ helpers
     def _rto(self) -> float:
@@ -194,9 +211,7 @@ class AtpWorker:
         return idx
 
     def _go_direct(self, reason: str, stats: WorkerStats) -> None:
-        if self._direct is None:
-            self._direct = UdpTransport((self.transport.address[0], 0), role=ROLE_WORKER,
-                                        loss=self.transport.loss, connect=self.ps_addr)
+        self._direct_in_use = True
         stats.fallback = True
         stats.fallback_reason = reason
         log.warning("job %d worker %d: falling back to the PS at %s (%s)", self.job_id, self.rank,
@@ -293,7 +308,7 @@ class AtpWorker:
                 nxt += 1
                 inflight += 1
             # --- wait for parameter packets
-            socks = [self.transport.sock] if self._direct is None else [self.transport.sock, self._direct.sock]
+            socks = [self.transport.sock, self._direct.sock]
             rto = self._rto()
             seg = slice(lowest, nxt)
             open_ = ~acked[seg]
@@ -305,24 +320,30 @@ class AtpWorker:
                 wait = max(0.0, min(0.05, first - time.monotonic()))
             select.select(socks, [], [], wait)
             batch = []
-            for tr in ([self.transport] if self._direct is None else [self.transport, self._direct]):
+            for tr in (self.transport, self._direct):
                 batch.extend(tr.recv_batch(256))
             now = time.monotonic()
-            for data, _src in batch:
-                if len(data) != self.packet_size:
-                    stats.stale_acks += 1
+            for data, src in batch:
+                if len(data) != self.packet_size or src not in self._sources:
+                    stats.rejected_acks += 1
                     continue
                 try:
                     h = decode_header(data)
                 except WireError:
-                    stats.stale_acks += 1
+                    stats.rejected_acks += 1
                     continue
                 if not h.flags & FLAG_ACK or h.job_id != self.job_id:
                     stats.stale_acks += 1
                     continue
+                if h.bitmap0 != self._ack_bitmap0 or h.bitmap1 != self._ack_bitmap1:
+                    stats.rejected_acks += 1      # not the sum over this job's whole world
+                    continue
                 i = (h.seq - base) & SEQ_MASK
                 if i >= nxt:
                     stats.stale_acks += 1
+                    continue
+                if h.agg_index != indices[i]:
+                    stats.rejected_acks += 1      # not the aggregator this fragment was sent through
                     continue
                 if acked[i]:
                     stats.duplicate_acks += 1

@@ -60,7 +60,7 @@ def test_switch_process_killed_mid_job() -> None:
     jobs = [InnetJob(2, r, world, ("127.0.0.1", sw_port), ("127.0.0.1", ps_port), scale=scale)
             for r in range(world)]
     svc = InnetService.launch(2, [j.address for j in jobs], switch_port=sw_port, ps_port=ps_port,
-                              scale=scale)
+                              scale=scale, direct_addrs=[j.direct_address for j in jobs])
     try:
         rng = np.random.default_rng(2)
         inputs = [rng.standard_normal(150_000).astype(np.float32) for _ in range(world)]
@@ -83,9 +83,10 @@ def test_blackholed_switch_falls_back_on_timeout() -> None:
     hole.bind(("127.0.0.1", 0))
     world, scale = 2, 2.0**20
     with PSThread() as ps:
-        ps.server.add_job(PSJobConfig(3, world, scale, switch_addr=hole.getsockname()))
         jobs = [InnetJob(3, r, world, hole.getsockname(), ps.address, scale=scale, fallback_timeout=0.5)
                 for r in range(world)]
+        ps.server.add_job(PSJobConfig(3, world, scale, switch_addr=hole.getsockname(),
+                                      workers=tuple(j.direct_address for j in jobs)))
         try:
             inputs = [np.full(500, r + 0.25, np.float32) for r in range(world)]
             t0 = time.monotonic()

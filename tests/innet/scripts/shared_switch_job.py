@@ -26,8 +26,8 @@ with tn.init(timeout=120) as ctx:
     ctl = P4RuntimeController(cfg.innet_p4runtime)
     ids = sorted(ar._rank_allreduce.innet.job.job_id for ar in ops)
     if ctx.rank == 0:
-        print(f"JOBS {ids} next_free={ctl.free_job_id()}", flush=True)
+        print(f"JOBS {ids} on_switch={sorted(ctl.job_ids())}", flush=True)
     ops[0].close()
     ops[1].close()
     if ctx.rank == 0:
-        print(f"AFTER next_free={ctl.free_job_id()}", flush=True)
+        print(f"AFTER on_switch={sorted(ctl.job_ids())}", flush=True)
