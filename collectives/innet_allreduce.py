@@ -181,6 +181,7 @@ class InnetAllReduce:
 
         rar = self.rar
         op = rar.op
+        config = op.ctx.config
         world = len(rar.ranks)
         me = rar.ranks.index(op.rank)
         first = me == 0
@@ -189,7 +190,10 @@ class InnetAllReduce:
         if first:
             try:
                 from innet.controller import P4RuntimeController
-                self._controller = P4RuntimeController(f"{control[0]}:{control[1]}")
+                from innet.p4runtime.auth import p4runtime_token
+                job_token = config.token_bytes
+                self._controller = P4RuntimeController(
+                    f"{control[0]}:{control[1]}", token=p4runtime_token(job_token) if job_token else None)
                 with _reserved_lock:
                     job_id = self._controller.free_job_id(exclude=_reserved_ids)
                     _reserved_ids.add(job_id)

@@ -29,6 +29,7 @@ from typing import Iterable, Sequence
 
 import grpc
 
+from .p4runtime.auth import authenticated_channel
 from .p4runtime.bytestrings import decode_uint, encode_uint
 from .p4runtime.protos import code_pb2, p4runtime_pb2 as pb, p4runtime_pb2_grpc, status_pb2
 from .p4runtime.schema import load_p4info
@@ -77,8 +78,12 @@ def _ip_to_int(host: str) -> int:
 class P4RuntimeController:
     """Job placement on one ATP switch through its P4Runtime server at ``address`` ("host:port")."""
 
-    def __init__(self, address: str, device_id: int = 1, timeout: float = _RPC_TIMEOUT) -> None:
+    def __init__(self, address: str, device_id: int = 1, timeout: float = _RPC_TIMEOUT,
+                 token: str | None = None) -> None:
+        """``token``: the switch's P4Runtime token (``innet.p4runtime.auth.p4runtime_token`` of the job
+        token), sent with every call."""
         self.address = address
+        self.token = token
         self.device_id = device_id
         self.timeout = timeout
         info = load_p4info()
@@ -98,7 +103,7 @@ class P4RuntimeController:
     class _Session:
         def __init__(self, ctl: "P4RuntimeController") -> None:
             self.ctl = ctl
-            self.channel = grpc.insecure_channel(ctl.address)
+            self.channel = authenticated_channel(ctl.address, ctl.token)
             self.stub = p4runtime_pb2_grpc.P4RuntimeStub(self.channel)
             self._out: queue.Queue = queue.Queue()
             self._in: queue.Queue = queue.Queue()

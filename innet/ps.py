@@ -381,6 +381,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--values", type=int, default=DEFAULT_VALUE_COUNT)
     ap.add_argument("--config", default=None, help='JSON {"jobs": [{job_id, world, scale, switch, ...}]}')
+    ap.add_argument("--lifeline", action="store_true", help="exit when stdin reaches end of file")
+    ap.add_argument("--parent-pid", type=int, default=None, help="exit when this parent process is gone")
+    ap.add_argument("--parent-death-signal", action="store_true",
+                    help="also ask the kernel for SIGTERM when the parent dies (PR_SET_PDEATHSIG)")
     ap.add_argument("--log-level", default="WARNING")
     args = ap.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -396,6 +400,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (KeyError, TypeError, ValueError) as e:
             ap.error(f"bad --config: {e}")
     signal.signal(signal.SIGTERM, lambda *_: server.stop())
+    from .switch_server import start_lifelines
+    start_lifelines(args, server.stop)
     host, port = server.address
     sys.stdout.write(f"atp ps listening on udp {host}:{port}\n")
     sys.stdout.flush()

@@ -144,17 +144,34 @@ def _merge_configs(configs: Sequence[Mapping[str, Any]]) -> dict:
     return out
 
 
-def _start_cli(module: str, args: Sequence[str], timeout: float = 20.0) -> tuple[subprocess.Popen, tuple[str, int]]:
-    env = dict(os.environ)
+def helper_env() -> dict[str, str]:
+    """The environment of a helper process (switch, PS): ours without any ``TWISTERNET_*`` variable
+    (the job token, the master's address: a helper needs none of them), with this package importable."""
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("TWISTERNET_")}
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def _start_cli(module: str, args: Sequence[str], timeout: float = 20.0, secret: str | None = None
+               ) -> tuple[subprocess.Popen, tuple[str, int]]:
+    """Start ``module.main(args)`` as a helper tied to this process (``innet.lifeline``): it gets a
+    fresh interpreter (exec, never a fork of this possibly gRPC-using process), a scrubbed environment,
+    ``secret`` as the first line of its stdin, and exits when this process dies."""
     # "-c" rather than "-m": the package __init__ already imports the module, which makes runpy warn
     code = f"import sys; from {module} import main; sys.exit(main(sys.argv[1:]))"
-    proc = subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE,
-                            stderr=None, env=env, text=True)
+    lifeline = ["--lifeline", "--parent-pid", str(os.getpid())]
+    if threading.current_thread() is threading.main_thread():
+        lifeline.append("--parent-death-signal")   # PDEATHSIG follows the forking thread
+    proc = subprocess.Popen([sys.executable, "-c", code, *args, *lifeline], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=None, env=helper_env(), text=True,
+                            close_fds=True)
+    if secret is not None:
+        proc.stdin.write(secret + "\n")
+        proc.stdin.flush()
     line = _readline(proc, timeout)
     if line is None or "listening on udp" not in line:
-        proc.kill()
+        stop_process(proc)
         raise RuntimeError(f"{module} did not start: {line!r} (exit code {proc.poll()})")
     host, port = line.rsplit(" ", 1)[1].strip().rsplit(":", 1)
     return proc, (host, int(port))
@@ -170,7 +187,12 @@ def _readline(proc: subprocess.Popen, timeout: float) -> str | None:
 
 
 def stop_process(proc: subprocess.Popen) -> None:
-    """Terminate a helper process (kill it if it lingers 5 s) and close its stdout pipe."""
+    """Terminate a helper process (kill it if it lingers 5 s) and close its pipes."""
+    if proc.stdin:
+        try:
+            proc.stdin.close()           # the lifeline: the helper stops on its own at EOF
+        except OSError:
+            pass
     if proc.poll() is None:
         proc.terminate()
         try:
@@ -211,12 +233,18 @@ class SwitchProcess:
 
 def start_switch(host: str = "127.0.0.1", *, port: int = 0, p4runtime_port: int = 0,
                  num_aggregators: int = 4096, value_count: int = DEFAULT_VALUE_COUNT,
-                 timeout: float = 20.0) -> SwitchProcess:
+                 timeout: float = 20.0, p4runtime_token: str | None = None) -> SwitchProcess:
     """Start an empty switch (no jobs) whose P4Runtime server lets controllers add them
-    (``innet.controller.P4RuntimeController``); what ``twisternet run --innet`` runs beside a job."""
+    (``innet.controller.P4RuntimeController``); what ``twisternet run --innet`` runs beside a job.
+
+    ``p4runtime_token`` (``innet.p4runtime.auth.p4runtime_token`` of the job token) must then come with
+    every P4Runtime call; it reaches the switch through its stdin, never its command line or environment.
+    None serves P4Runtime without authentication."""
+    auth = ["--p4runtime-token-file", "-"] if p4runtime_token is not None else ["--p4runtime-insecure"]
     proc, udp = _start_cli("innet.switch_server", ["--host", host, "--port", str(port), "--aggregators",
                                                    str(num_aggregators), "--values", str(value_count),
-                                                   "--p4runtime-port", str(p4runtime_port)], timeout)
+                                                   "--p4runtime-port", str(p4runtime_port), *auth], timeout,
+                           secret=p4runtime_token)
     line = _readline(proc, timeout)
     if line is None or not line.startswith("p4runtime on "):
         proc.kill()
@@ -238,7 +266,7 @@ class InnetService:
     def launch(cls, job_id: int, worker_addrs: Sequence[tuple[str, int]], *, switch_port: int,
                ps_port: int, host: str = "127.0.0.1", value_count: int = DEFAULT_VALUE_COUNT,
                num_aggregators: int = 4096, scale: float = DEFAULT_SCALE, keep: int = 4096,
-               p4runtime_port: int | None = None,
+               p4runtime_port: int | None = None, p4runtime_token: str | None = None,
                direct_addrs: Sequence[tuple[str, int]] = ()) -> "InnetService":
         """Start PS and switch subprocesses for one single-rack job on fixed ports (see ``free_udp_port``).
 
@@ -251,10 +279,12 @@ class InnetService:
                    "--config", json.dumps(switch_config(job_id, worker_addrs, ps_addr))]
         if p4runtime_port is not None:
             sw_args += ["--p4runtime-port", str(p4runtime_port)]
+            sw_args += (["--p4runtime-token-file", "-"] if p4runtime_token is not None
+                        else ["--p4runtime-insecure"])
         try:
-            sw_proc, sw_addr = _start_cli("innet.switch_server", sw_args)
+            sw_proc, sw_addr = _start_cli("innet.switch_server", sw_args, secret=p4runtime_token)
         except Exception:
-            ps_proc.kill()
+            stop_process(ps_proc)
             raise
         return cls(sw_proc, ps_proc, sw_addr, ps_addr)
 

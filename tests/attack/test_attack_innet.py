@@ -178,3 +178,60 @@ def test_flood_and_forged_packets_change_nothing() -> None:
             attacker.kill()
             attacker.wait(10)
         cluster.close()
+
+
+@pytest.mark.timeout(120)
+def test_tokenless_p4runtime_client_is_refused() -> None:
+    """The shared switch of ``twisternet run --innet``: a local client without the job's token can
+    neither become primary, nor read another job's registers, nor join its result multicast group."""
+    import queue
+
+    import grpc
+
+    from innet.controller import P4RuntimeController
+    from innet.p4runtime.auth import p4runtime_token
+    from innet.p4runtime.protos import p4runtime_pb2 as pb, p4runtime_pb2_grpc
+    from innet.p4runtime.schema import load_p4info
+    from innet.service import start_switch
+
+    token = p4runtime_token(b"the victim job's token")
+    sw = start_switch(p4runtime_token=token)
+    try:
+        addr = f"{sw.p4runtime_addr[0]}:{sw.p4runtime_addr[1]}"
+        owner = P4RuntimeController(addr, timeout=20.0, token=token)
+        job = owner.free_job_id()
+        placement = owner.place_job(job, [("127.0.0.1", 40001), ("127.0.0.1", 40002)], ("127.0.0.1", 40003))
+        info = load_p4info()
+        reg = next(r.preamble.id for r in info.registers if r.preamble.alias == "agg_values")
+        with grpc.insecure_channel(addr) as channel:            # the attacker: no token
+            stub = p4runtime_pb2_grpc.P4RuntimeStub(channel)
+            q: queue.Queue = queue.Queue()
+            arb = pb.StreamMessageRequest()
+            arb.arbitration.device_id = 1
+            arb.arbitration.election_id.high = 1 << 63           # outranks any controller
+            q.put(arb)
+            stream = stub.StreamChannel(iter(q.get, None), timeout=20)
+            with pytest.raises(grpc.RpcError) as err:
+                next(stream)
+            q.put(None)
+            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            read = pb.ReadRequest(device_id=1)
+            read.entities.add().register_entry.register_id = reg
+            with pytest.raises(grpc.RpcError) as err:
+                list(stub.Read(read, timeout=20))
+            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            join = pb.WriteRequest(device_id=1)
+            join.election_id.high = 1 << 63
+            u = join.updates.add(type=pb.Update.MODIFY)
+            mg = u.entity.packet_replication_engine_entry.multicast_group_entry
+            mg.multicast_group_id = job
+            for port in (*placement.worker_ports, 99):
+                mg.replicas.add().egress_port = port
+            with pytest.raises(grpc.RpcError) as err:
+                stub.Write(join, timeout=20)
+            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert owner.job_ids() == {job}                          # the owner still controls the switch
+        owner.remove_job(placement)
+        assert owner.job_ids() == set()
+    finally:
+        sw.close()
