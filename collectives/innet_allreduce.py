@@ -96,7 +96,9 @@ class InnetAllReduce:
                             f"{type(value).__name__}{'' if not isinstance(value, np.ndarray) else ' of ' + str(value.dtype)}")
         if self.job is None:
             self._setup(timeout)
-        flat = np.ascontiguousarray(value, dtype=np.float32).reshape(-1)
+        # float64 stays float64 up to the quantizer: a cast to float32 first would break the bound
+        flat = np.ascontiguousarray(value, dtype=np.float64 if value.dtype == np.float64 else np.float32
+                                    ).reshape(-1)
         out = self.job.allreduce(flat)
         stats = self.job.last_stats
         if stats is not None and stats.fallback:

@@ -84,11 +84,12 @@ class InnetJob:
         return self.worker.last_stats
 
     def allreduce(self, array: np.ndarray, op: str = "sum") -> np.ndarray:
-        """Reduce ``array`` elementwise over all ranks of the job; float32 in, float32 out."""
+        """Reduce ``array`` elementwise over all ranks of the job; float32 out (float64 input is
+        quantized from float64, other numbers as float32)."""
         if op not in ("sum", "mean"):
             raise ValueError(f"innet allreduce supports op='sum' or 'mean', got {op!r}")
         arr = np.asarray(array)
-        if arr.dtype != np.float32:
+        if arr.dtype not in (np.float32, np.float64):   # float64 is quantized as is (innet.quantize)
             if not np.issubdtype(arr.dtype, np.number) or np.iscomplexobj(arr):
                 raise TypeError(f"innet allreduce needs a real numeric array, got dtype {arr.dtype}")
             arr = arr.astype(np.float32)

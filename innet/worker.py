@@ -219,9 +219,13 @@ class AtpWorker:
 
     # ------------------------------------------------------------------ the protocol
     def allreduce_sum(self, array: np.ndarray) -> tuple[np.ndarray, WorkerStats]:
-        """Sum ``array`` (float32) over all workers of the job; returns (float32 result, stats)."""
+        """Sum ``array`` over all workers of the job; returns (float32 result, stats).
+
+        float64 input is quantized from float64 (``Quantizer.quantize_fragments``); anything else as
+        float32."""
         t_start = time.monotonic()
-        x = np.ascontiguousarray(array, dtype=np.float32).reshape(-1)
+        dtype = np.float64 if np.asarray(array).dtype == np.float64 else np.float32
+        x = np.ascontiguousarray(array, dtype=dtype).reshape(-1)
         n = x.size
         V = self.value_count
         nfrag = -(-n // V)
@@ -229,7 +233,7 @@ class AtpWorker:
         if nfrag == 0:
             self.last_stats = stats
             return np.zeros(np.shape(array), np.float32), stats
-        padded = np.zeros(nfrag * V, np.float32)
+        padded = np.zeros(nfrag * V, dtype)
         padded[:n] = x
         q, ovf = self.quantizer.quantize_fragments(padded.reshape(nfrag, V))
         stats.overflow_fragments = int(ovf.sum())

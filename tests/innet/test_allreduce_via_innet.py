@@ -48,6 +48,41 @@ def test_results_within_the_quantization_bound(world: int) -> None:
         assert np.allclose(x64, want, atol=float(error_bound(np.array([want]), DEFAULT_SCALE, world)[0]))
 
 
+@pytest.mark.timeout(240)
+def test_float64_results_within_the_quantization_bound() -> None:
+    """float64 values that float32 cannot hold: quantized from float64, within the bound everywhere."""
+    world, n = 3, 30_000
+
+    def value(rank: int) -> np.ndarray:
+        return np.random.default_rng([rank, 64]).standard_normal(n) * 50
+
+    def body(ctx):
+        with C.AllReduce(ctx, edge=7, op="sum", via="innet") as op:
+            return op.allreduce(value(ctx.rank))
+
+    ref = sum(value(r) for r in range(world))
+    bound = error_bound(ref, DEFAULT_SCALE, world)
+    for out in run_local(world, body, timeout=200):
+        assert out.dtype == np.float64
+        bad = np.abs(out - ref) > bound
+        assert not bad.any(), f"{int(bad.sum())} of {n} elements outside the bound"
+
+
+def test_float64_beyond_the_int32_range_within_the_documented_bound() -> None:
+    """Overflow fragments of float64 inputs travel as float32: the documented extra term covers them."""
+    from innet import InnetCluster, JobSpec
+    world = 3
+    inputs = [np.random.default_rng([r, 65]).standard_normal(500) * 1e4 for r in range(world)]
+    inputs[0][:10] = 1e4 + 1 / 3                             # and some that cancel
+    inputs[1][:10] = -1e4
+    with InnetCluster([JobSpec(1, world)]) as cluster:
+        outs = cluster.allreduce(1, inputs)
+    ref = np.sum(inputs, axis=0)
+    bound = error_bound(ref, DEFAULT_SCALE, world, overflow_abs_sum=np.sum(np.abs(inputs), axis=0))
+    assert all((np.abs(o.astype(np.float64) - ref) <= bound).all() for o in outs)
+    assert all(h.last_stats.overflow_fragments > 0 for h in cluster.jobs[1])
+
+
 def test_bad_input_is_refused_before_anything_starts() -> None:
     def body(ctx):
         errors = []
