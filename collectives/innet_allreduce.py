@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from twisternet.bootstrap import parse_address
-from twisternet.errors import ConfigError
+from twisternet.errors import ConfigError, PeerLostError
 
 if TYPE_CHECKING:
     from .allreduce_algorithms import RankAllReduce
@@ -51,6 +51,24 @@ def _ip_to_int(host: str) -> int:
 
 def _int_to_ip(value: int) -> str:
     return socket.inet_ntoa(int(value).to_bytes(4, "big"))
+
+
+def _is_loopback(host: str) -> bool:
+    return host.startswith("127.") or host == "localhost"
+
+
+def _check_reachable(what: str, ranks: list[int], server_host: str, workers: list[tuple[str, int]]) -> None:
+    """ConfigError (on every rank: they all hold the same table) when the switch/PS host and the workers
+    cannot reach each other: some on loopback, others not (``innet_host`` left at 127.0.0.1 on a host of a
+    multi-host job), instead of a job that hangs until its timeout."""
+    loop = _is_loopback(server_host)
+    odd = [(r, h) for r, (h, _) in zip(ranks, workers) if _is_loopback(h) != loop]
+    if odd:
+        raise ConfigError("innet_host", f"{what}: the in-network switch and PS are at {server_host} but "
+                                        f"rank(s) {', '.join(f'{r} at {h}' for r, h in odd)} "
+                                        f"{'are not on that host' if loop else 'bind loopback'}; set "
+                                        "innet_host (TWISTERNET_INNET_HOST) on every host to an address "
+                                        "the others can reach")
 
 
 _reserved_ids: set[int] = set()      # job ids this process holds on a shared switch
@@ -99,12 +117,19 @@ class InnetAllReduce:
         # float64 stays float64 up to the quantizer: a cast to float32 first would break the bound
         flat = np.ascontiguousarray(value, dtype=np.float64 if value.dtype == np.float64 else np.float32
                                     ).reshape(-1)
-        out = self.job.allreduce(flat)
+        out = self.job.allreduce(flat, timeout=timeout, abort=self._abort_if_peer_lost)
         stats = self.job.last_stats
         if stats is not None and stats.fallback:
             log.warning("%s: in-network allreduce fell back to the parameter server (%s)",
                         op.describe(), stats.fallback_reason)
         return out.reshape(value.shape).astype(value.dtype, copy=False)
+
+    def _abort_if_peer_lost(self) -> None:
+        """Raise PeerLostError when a rank of this operation is lost (the call cannot complete then)."""
+        lost = self.rar.op.ctx.lost_peers
+        for rank in self.rar.ranks:
+            if rank in lost:
+                raise PeerLostError(rank, lost[rank])
 
     @property
     def last_stats(self) -> Any:
@@ -146,14 +171,21 @@ class InnetAllReduce:
             return
         # one switch per operation: any id in 1..255 will do, so a random one (never derived from the
         # edge: a job's identity is its registered addresses, and its id should not be guessable either)
-        ports = np.zeros(3, np.int64)
+        # the switch and PS run on the first rank's host: everyone uses its address (not its own)
+        ports = np.zeros(4, np.int64)
         if first:
-            ports[:] = (free_udp_port(host), free_udp_port(host), secrets.randbelow(255) + 1)
+            ports[:] = (free_udp_port(host), free_udp_port(host), secrets.randbelow(255) + 1, _ip_to_int(host))
         ports = self._exchange(ports, timeout)
-        sw_addr, ps_addr, job_id = (host, int(ports[0])), (host, int(ports[1])), int(ports[2])
+        server_host = _int_to_ip(ports[3])
+        sw_addr, ps_addr, job_id = (server_host, int(ports[0])), (server_host, int(ports[1])), int(ports[2])
 
-        self.job = InnetJob(job_id, me, world, sw_addr, ps_addr)
+        self.job = InnetJob(job_id, me, world, sw_addr, ps_addr, bind=(host, 0))
         workers, directs = self._share_addresses(me, world, timeout)
+        try:
+            _check_reachable(op.describe(), ranks, server_host, workers)
+        except ConfigError:
+            self.close()
+            raise
 
         ok = np.zeros(1, np.int64)
         if first:
@@ -188,7 +220,7 @@ class InnetAllReduce:
         me = rar.ranks.index(op.rank)
         first = me == 0
 
-        head = np.zeros(2, np.int64)          # (job id, PS port); a job id of 0 reports a failure
+        head = np.zeros(3, np.int64)          # (job id, PS port, PS host); a job id of 0 reports a failure
         if first:
             try:
                 from innet.controller import P4RuntimeController
@@ -200,7 +232,7 @@ class InnetAllReduce:
                     job_id = self._controller.free_job_id(exclude=_reserved_ids)
                     _reserved_ids.add(job_id)
                 self._job_id = job_id
-                head[:] = (job_id, free_udp_port(host))
+                head[:] = (job_id, free_udp_port(host), _ip_to_int(host))
             except Exception:  # noqa: BLE001 - reported to every rank below, then raised here
                 log.exception("%s: could not reach the in-network switch's P4Runtime server at %s:%d",
                               op.describe(), *control)
@@ -210,10 +242,15 @@ class InnetAllReduce:
             self.close()
             raise RuntimeError(f"{op.describe()}: rank {rar.ranks[0]} could not get a job id from the "
                                f"in-network switch's P4Runtime server at {control[0]}:{control[1]} (see its log)")
-        ps_addr = (host, ps_port)
+        ps_addr = (_int_to_ip(head[2]), ps_port)
 
-        self.job = InnetJob(job_id, me, world, sw_addr, ps_addr)
+        self.job = InnetJob(job_id, me, world, sw_addr, ps_addr, bind=(host, 0))
         workers, directs = self._share_addresses(me, world, timeout)
+        try:
+            _check_reachable(op.describe(), rar.ranks, sw_addr[0], workers)
+        except ConfigError:
+            self.close()
+            raise
 
         ok = np.zeros(1, np.int64)
         if first:

@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -83,7 +83,8 @@ class InnetJob:
         """Statistics of the last call (window, retransmits, fallback...)."""
         return self.worker.last_stats
 
-    def allreduce(self, array: np.ndarray, op: str = "sum") -> np.ndarray:
+    def allreduce(self, array: np.ndarray, op: str = "sum", *, timeout: float | None = None,
+                  abort: Callable[[], None] | None = None) -> np.ndarray:
         """Reduce ``array`` elementwise over all ranks of the job; float32 out (float64 input is
         quantized from float64, other numbers as float32)."""
         if op not in ("sum", "mean"):
@@ -93,7 +94,7 @@ class InnetJob:
             if not np.issubdtype(arr.dtype, np.number) or np.iscomplexobj(arr):
                 raise TypeError(f"innet allreduce needs a real numeric array, got dtype {arr.dtype}")
             arr = arr.astype(np.float32)
-        out, _ = self.worker.allreduce_sum(arr)
+        out, _ = self.worker.allreduce_sum(arr, timeout=timeout, abort=abort)
         if op == "mean":
             out = (out.astype(np.float64) / self.world).astype(np.float32)
         return out

@@ -24,8 +24,10 @@ Duplicate and stale ACKs are ignored.
 
 **Fate sharing.** If the switch is gone (ICMP port unreachable on the socket connected to it, or no ACK
 for ``fallback_timeout`` seconds) the worker sends every unacknowledged fragment, and all later ones,
-straight to the PS; ``WorkerStats.fallback`` says so. A timeout fallback lasts for the current call; an
-ICMP-detected one for the rest of the job.
+straight to the PS; ``WorkerStats.fallback`` says so. The fallback lasts for the rest of the job (later
+calls do not wait ``fallback_timeout`` again) until the switch proves alive: the PS sends every result
+to the switch as well, so a result that arrives through the switch (the passive probe) puts the worker
+back on the switch from its next call.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import logging
 import select
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -156,11 +159,13 @@ class AtpWorker:
                                     connect=ps_addr)
         # parameter packets are accepted only from the switch and the PS (both sockets are connected,
         # so the kernel filters other senders too; this also covers a worker without a switch)
-        self._sources = {self._direct.sock.getpeername()[:2]}
+        self._ps_source = self._direct.sock.getpeername()[:2]
+        self._sources = {self._ps_source}
         if switch_addr is not None:
             self._sources.add(self.transport.sock.getpeername()[:2])
         self._direct_in_use = False
         self.switch_dead = switch_addr is None
+        self._switch_answered = False
         self._next_seq = 0
         self._slot_index = np.full(self.max_window, -1, np.int64)
         self._slot_collided = np.zeros(self.max_window, np.bool_)
@@ -218,12 +223,16 @@ class AtpWorker:
                     self.ps_addr, reason)
 
     # ------------------------------------------------------------------ the protocol
-    def allreduce_sum(self, array: np.ndarray) -> tuple[np.ndarray, WorkerStats]:
+    def allreduce_sum(self, array: np.ndarray, *, timeout: float | None = None,
+                      abort: Callable[[], None] | None = None) -> tuple[np.ndarray, WorkerStats]:
         """Sum ``array`` over all workers of the job; returns (float32 result, stats).
 
         float64 input is quantized from float64 (``Quantizer.quantize_fragments``); anything else as
-        float32."""
+        float32. ``timeout`` (default: the worker's ``timeout``) bounds the call: OperationTimeout past
+        it. ``abort`` is called about every 50 ms while waiting; whatever it raises (e.g. PeerLostError
+        when a rank of the job died) ends the call at once."""
         t_start = time.monotonic()
+        limit = self.timeout if timeout is None else float(timeout)
         dtype = np.float64 if np.asarray(array).dtype == np.float64 else np.float32
         x = np.ascontiguousarray(array, dtype=dtype).reshape(-1)
         n = x.size
@@ -248,6 +257,11 @@ class AtpWorker:
         self._next_seq += nfrag
         self.acked_fragments = 0
         fan_word_args = (self.fan_in0, self.fan_in1)
+        if self.switch_dead and self._switch_answered and self.switch_addr is not None:
+            # in the last call the PS's copies of the results came back through the switch: it is alive
+            log.info("job %d worker %d: the switch answers again; using it", self.job_id, self.rank)
+            self.switch_dead = False
+        self._switch_answered = False
         use_direct = self.switch_dead
         if use_direct:
             self._go_direct("switch unreachable earlier in this job", stats)
@@ -281,19 +295,23 @@ class AtpWorker:
 
         while lowest < nfrag:
             now = time.monotonic()
-            if now - t_start > self.timeout:
+            if now - t_start > limit:
                 raise OperationTimeout(f"innet allreduce of job {self.job_id} (worker {self.rank}): "
                                        f"{int(nfrag - acked.sum())} of {nfrag} fragments unacknowledged",
-                                       operation="innet_allreduce", timeout=self.timeout)
+                                       operation="innet_allreduce", timeout=limit)
+            if abort is not None:
+                abort()
             # --- fate sharing: is the switch gone?
             if not use_direct:
                 reason = ""
                 if self.transport.refused > refused0:
                     reason = "switch port unreachable (ICMP)"
-                    self.switch_dead = True
                 elif now - last_progress > self.fallback_timeout:
                     reason = f"no parameter packet for {self.fallback_timeout:g} s"
                 if reason:
+                    # for the rest of the job (later calls do not wait fallback_timeout again), until
+                    # results come back through the switch again (the PS always sends it a copy)
+                    self.switch_dead = True
                     self._go_direct(reason, stats)
                     use_direct = True
                     for i in range(lowest, nxt):
@@ -352,6 +370,8 @@ class AtpWorker:
                 if acked[i]:
                     stats.duplicate_acks += 1
                     continue
+                if use_direct and src != self._ps_source:
+                    self._switch_answered = True          # a result through the switch: it is back
                 acked[i] = True
                 self.acked_fragments += 1
                 result[i * V:(i + 1) * V] = np.frombuffer(data, ">f4", V, HEADER_SIZE)

@@ -83,6 +83,68 @@ def test_float64_beyond_the_int32_range_within_the_documented_bound() -> None:
     assert all(h.last_stats.overflow_fragments > 0 for h in cluster.jobs[1])
 
 
+@pytest.mark.timeout(120)
+def test_the_operation_timeout_bounds_a_call() -> None:
+    """The operation's timeout (default: tn.init(timeout=...)) bounds an in-network call too (it was
+    always 300 s)."""
+    import threading
+    from twisternet.errors import OperationTimeout
+    release = threading.Event()
+
+    def body(ctx):
+        with C.AllReduce(ctx, edge=8, op="sum", via="innet", timeout=3.0) as op:
+            op.allreduce(np.ones(10, np.float32))              # set-up, together
+            if ctx.rank == 1:
+                release.wait(60)                               # alive, but never calls again
+                return None
+            t0 = time.monotonic()
+            try:
+                op.allreduce(np.ones(10, np.float32))
+                return "no error"
+            except OperationTimeout as e:
+                return type(e).__name__, time.monotonic() - t0
+            finally:
+                release.set()
+
+    res = run_local(2, body, timeout=100)
+    name, took = res[0]
+    assert name == "OperationTimeout" and took < 30
+
+
+@pytest.mark.timeout(120)
+def test_a_lost_peer_ends_the_call_at_once() -> None:
+    """A rank that dies mid-job: the others' in-network call raises PeerLostError, no wait for the timeout."""
+    from twisternet.errors import PeerLostError
+    seen: dict = {}
+
+    def body(ctx):
+        with C.AllReduce(ctx, edge=9, op="sum", via="innet", timeout=90.0) as op:
+            op.allreduce(np.ones(10, np.float32))
+            if ctx.rank == 1:
+                raise RuntimeError("rank 1 dies")
+            t0 = time.monotonic()
+            try:
+                op.allreduce(np.ones(10, np.float32))
+            except PeerLostError as e:
+                seen["error"] = (e.rank, time.monotonic() - t0)
+                raise
+
+    with pytest.raises(RuntimeError, match="rank 1 dies"):
+        run_local(2, body, timeout=100)
+    rank, took = seen["error"]
+    assert rank == 1 and took < 30
+
+
+def test_unreachable_innet_host_is_a_config_error() -> None:
+    from collectives.innet_allreduce import _check_reachable
+    _check_reachable("op", [0, 1], "127.0.0.1", [("127.0.0.1", 1), ("127.0.0.1", 2)])
+    _check_reachable("op", [0, 1], "10.0.0.1", [("10.0.0.1", 1), ("10.0.0.2", 2)])
+    with pytest.raises(ConfigError, match="innet_host.*rank.s. 1 at 10.0.0.2"):
+        _check_reachable("op", [0, 1], "127.0.0.1", [("127.0.0.1", 1), ("10.0.0.2", 2)])
+    with pytest.raises(ConfigError, match="bind loopback"):
+        _check_reachable("op", [0, 3], "10.0.0.1", [("10.0.0.1", 1), ("127.0.0.1", 2)])
+
+
 def test_bad_input_is_refused_before_anything_starts() -> None:
     def body(ctx):
         errors = []
