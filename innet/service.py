@@ -165,9 +165,12 @@ def _start_cli(module: str, args: Sequence[str], timeout: float = 20.0, secret: 
     lifeline = ["--lifeline", "--parent-pid", str(os.getpid())]
     if threading.current_thread() is threading.main_thread():
         lifeline.append("--parent-death-signal")   # PDEATHSIG follows the forking thread
+    # Popen with these arguments (no preexec_fn, cwd, new session or close_fds; our descriptors are
+    # non-inheritable anyway, PEP 446) uses posix_spawn: no fork, so no fork handlers of a gRPC this
+    # process may have loaded run in the child (they abort it when gRPC threads are busy)
     proc = subprocess.Popen([sys.executable, "-c", code, *args, *lifeline], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=None, env=helper_env(), text=True,
-                            close_fds=True)
+                            close_fds=False)
     if secret is not None:
         proc.stdin.write(secret + "\n")
         proc.stdin.flush()

@@ -285,7 +285,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.p4runtime_token_file == "-":
             token = sys.stdin.readline().strip()
         elif args.p4runtime_token_file is not None:
-            from .p4runtime.auth import read_token_file  # lazy: grpc is an optional dependency
+            from .tokens import read_token_file
             try:
                 token = read_token_file(args.p4runtime_token_file)
             except (OSError, ValueError) as e:

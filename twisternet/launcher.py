@@ -133,10 +133,15 @@ def _start_innet_switch(host: str, env: dict[str, str], token: str) -> Any:
     """Start the job's in-network switch and put its addresses into ``env`` (the workers' environment).
     Its P4Runtime server takes only calls with the token derived from the job token (never the job
     token itself: see innet.p4runtime.auth)."""
+    import importlib.util
+    # only look for grpc: loading it here, in the process that then forks the workers (with a
+    # preexec_fn), would run gRPC's fork handlers in them (SIGABRT when gRPC threads are busy)
+    missing = next((m for m in ("grpc", "numpy") if importlib.util.find_spec(m) is None), None)
     try:
-        import grpc  # noqa: F401 - the switch's P4Runtime server and the controllers need it
-        from innet.p4runtime.auth import p4runtime_token
+        if missing is not None:
+            raise ModuleNotFoundError(name=missing)
         from innet.service import start_switch
+        from innet.tokens import p4runtime_token
     except ModuleNotFoundError as e:
         raise LaunchError(f"--innet needs the innet extra ({e.name} is not installed): "
                           "pip install 'twisternet[innet]'") from None

@@ -16,38 +16,19 @@ p4runtime-shell (see docs/innet-security.md).
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import logging
 from typing import Any, Callable
 
 import grpc
 
+from ..tokens import p4runtime_token, read_token_file
 from .shell_token import METADATA_KEY, MetadataClientInterceptor
 
 __all__ = ["METADATA_KEY", "p4runtime_token", "TokenInterceptor", "MetadataClientInterceptor",
            "authenticated_channel", "read_token_file"]
 
 log = logging.getLogger(__name__)
-
-_CONTEXT = b"twisternet innet p4runtime token v1"
-
-
-def p4runtime_token(job_token: bytes) -> str:
-    """The P4Runtime token of a job's switch: HMAC-SHA256(job token, a fixed context), in hex."""
-    if not job_token:
-        raise ValueError("a P4Runtime token needs a non-empty job token")
-    return hmac.new(job_token, _CONTEXT, hashlib.sha256).hexdigest()
-
-
-def read_token_file(path: str) -> str:
-    """The token in a file (its first line, stripped); ValueError if the file holds none."""
-    with open(path, encoding="utf-8") as f:
-        token = f.readline().strip()
-    if not token:
-        raise ValueError(f"{path}: no token in the file")
-    return token
-
 
 def _bearer(token: str) -> str:
     return f"Bearer {token}"

@@ -71,3 +71,42 @@ def test_helpers_exit_when_their_parent_is_killed(where: str) -> None:
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
         parent.stdout.close()
+
+
+def test_helpers_are_spawned_not_forked(monkeypatch) -> None:
+    """gRPC is loaded in this (pytest) process; a fork would run its fork handlers in the child, which
+    abort it when gRPC threads are busy. Helpers are started with posix_spawn: no fork handlers run."""
+    import grpc  # noqa: F401 - loaded, as in a rank that talks P4Runtime
+    from innet.service import start_ps, stop_process
+    spawned: list[str] = []
+    real = os.posix_spawn
+
+    def recording(path, argv, env, **kw):
+        spawned.append(path)
+        return real(path, argv, env, **kw)
+
+    monkeypatch.setattr(os, "posix_spawn", recording)
+    proc, _ = start_ps(3, 2, ("127.0.0.1", 9))
+    try:
+        assert spawned == [sys.executable]
+    finally:
+        stop_process(proc)
+
+
+@pytest.mark.timeout(120)
+def test_the_launcher_does_not_load_grpc_before_forking_workers() -> None:
+    """``twisternet run --innet`` forks its workers with a preexec_fn after starting the switch: gRPC
+    must not be loaded in the launcher then."""
+    code = textwrap.dedent('''
+        import sys
+        from twisternet.launcher import _start_innet_switch
+        env = {}
+        sw = _start_innet_switch("127.0.0.1", env, "job token")
+        try:
+            print("GRPC", "grpc" in sys.modules, "TWISTERNET_INNET_P4RUNTIME" in env, flush=True)
+        finally:
+            sw.close()
+    ''')
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=100,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert "GRPC False True" in p.stdout, p.stdout + p.stderr
