@@ -3,23 +3,32 @@
 On the first call the operation's ranks set up one in-network job over the operation's own channel
 edges (small tree allreduces of int64 arrays, so nothing else is needed):
 
-1. the first rank picks a UDP port for the switch and one for the parameter server;
-2. every rank opens its ATP worker socket (``innet.InnetJob``) and the ranks share their addresses;
+1. the first rank picks a UDP port for the switch and one for the parameter server, a random job id,
+   and shares its host;
+2. every rank opens its ATP worker sockets (``innet.InnetJob``: one towards the switch, one towards
+   the PS) and the ranks share their addresses;
 3. the first rank starts the software switch and the PS as subprocesses
-   (``innet.InnetService.launch``) configured for exactly these workers, and everyone waits for it;
-4. every call then quantizes, sends fragments through the switch and returns the aggregate.
+   (``innet.InnetService.launch``) configured for exactly these workers -- the switch and the PS accept
+   the job's packets from these addresses only (docs/innet-security.md) -- and everyone waits for it;
+4. every call then quantizes, sends fragments through the switch and returns the aggregate, within the
+   operation's timeout; a lost rank of the operation ends the call with PeerLostError.
 
-The switch and PS live as long as the operation (closed with it, or at exit). If the switch dies the
-workers finish through the PS (ATP's fate sharing) and ``last_stats.fallback`` says so, with a log
-warning. Results equal the float64 sum within ``innet.quantize.error_bound`` (values are scaled by
-``2**20`` and rounded; values that would overflow int32 go to the PS as raw floats).
+The switch and PS live as long as the operation (closed with it, or at exit, or when the first rank
+dies: ``innet.lifeline``). If the switch dies the workers finish through the PS (ATP's fate sharing),
+for the rest of the job, and ``last_stats.fallback`` says so, with a log warning. Results equal the
+float64 sum within ``innet.quantize.error_bound`` (values are scaled by ``2**20`` and rounded; float64
+values are quantized from float64; values that would overflow int32 go to the PS as raw float32).
 
-Host: everything binds to the ``innet_host`` config key (default 127.0.0.1, a one-machine job).
+Host: the workers bind the ``innet_host`` config key (default 127.0.0.1, a one-machine job); the
+switch and PS run on the first rank's ``innet_host``. Loopback on some ranks and not on others is a
+ConfigError on every rank.
 
 A shared switch: when the config keys ``innet_switch`` (its UDP ``host:port``) and ``innet_p4runtime``
 (its P4Runtime ``host:port``) are set -- ``twisternet run --innet`` sets them for a switch it starts
-beside the job -- no switch is started; the first rank starts only the PS and places the job on that switch through P4Runtime (``innet.controller``: a free job id, free port
-numbers, the multicast group and the job entry), and removes it again when the operation closes.
+beside the job -- no switch is started; the first rank starts only the PS and places the job on that
+switch through P4Runtime (``innet.controller``, with the token derived from the job token: a random free
+job id, free port numbers, the member entries, the multicast group and the job entry), and removes it
+again when the operation closes.
 """
 
 from __future__ import annotations

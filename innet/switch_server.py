@@ -2,8 +2,10 @@
 
 ``twisternet switch --port P [--aggregators N] [--values 62] [--p4runtime-port G --p4runtime-token-file F]
 [--config JSON]`` runs ``main(argv)``; P4Runtime calls must carry the token of the file (see
-``innet.p4runtime.auth``), and binding ``--host`` to loopback or the job's own interface keeps others out. Packets are drained from the socket into an internal queue; the queue depth behind a
-packet drives ECN marking. Ports map to UDP addresses; a packet from an unknown address enters on
+``innet.p4runtime.auth``), and binding ``--host`` to loopback or the job's own interface keeps others out.
+
+Packets are drained from the socket into an internal queue; the queue depth behind a packet drives ECN
+marking. Ports map to UDP addresses; a packet from an unknown address enters on
 ``UNKNOWN_PORT``.
 
 The JSON/dict configuration (applied through the ``SwitchControl`` methods)::

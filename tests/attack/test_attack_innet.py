@@ -22,7 +22,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
