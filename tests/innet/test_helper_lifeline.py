@@ -110,3 +110,53 @@ def test_the_launcher_does_not_load_grpc_before_forking_workers() -> None:
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=100,
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert "GRPC False True" in p.stdout, p.stdout + p.stderr
+
+
+@pytest.mark.timeout(180)
+def test_cluster_mode_rank0_killed_leaves_no_switch_or_ps(tmp_path) -> None:
+    """``twisternet master`` + ``twisternet worker`` x 2; rank 0 (which started the switch and PS) is
+    SIGKILLed: both helpers exit, and rank 1 fails (lost peer) instead of waiting for its timeout."""
+    import re
+    script = Path(__file__).parent / "scripts" / "cluster_rank0_killed.py"
+    token = tmp_path / "token"
+    token.write_text("cluster-token-0123456789")
+    token.chmod(0o600)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TWISTERNET_")}
+    env.update(PYTHONPATH=str(ROOT), TWISTERNET_HEARTBEAT_INTERVAL="0.2", TWISTERNET_PEER_TIMEOUT="3")
+    master = subprocess.Popen([sys.executable, "-m", "twisternet", "master", "--world", "2", "--host", "127.0.0.1",
+                               "--token-file", str(token)], cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
+    workers: list[subprocess.Popen] = []
+    pids: list[int] = []
+    try:
+        m = re.search(r"listening on [\d.]+:(\d+)", master.stderr.readline())
+        assert m
+        for rank in (0, 1):
+            workers.append(subprocess.Popen(
+                [sys.executable, "-m", "twisternet", "worker", "--master", f"127.0.0.1:{m.group(1)}",
+                 "--token-file", str(token), "--rank", str(rank), str(script)],
+                cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        out0 = []
+        for line in workers[0].stdout:
+            out0.append(line)
+            if line.startswith("PIDS"):
+                pids = [int(x) for x in line.split()[1:]]
+            if line.startswith("READY"):
+                break
+        assert pids, "".join(out0)
+        assert all(_alive(p) for p in pids)
+        workers[0].kill()
+        workers[0].wait(10)
+        deadline = time.monotonic() + 30
+        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [p for p in pids if _alive(p)], "the switch/PS outlived rank 0"
+        rest = workers[1].communicate(timeout=50)[0]
+        assert workers[1].returncode != 0 and "lost" in rest.lower(), rest[-2000:]
+    finally:
+        for p in (*workers, master):
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+        for pid in pids:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)

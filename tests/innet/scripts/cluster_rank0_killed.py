@@ -1,0 +1,16 @@
+"""Run by ``twisternet worker`` (cluster mode): one in-network allreduce; rank 0 prints the pids of the
+switch and PS it started, then every rank waits for the next call (the test kills rank 0 meanwhile)."""
+
+import numpy as np
+
+import twisternet as tn
+from collectives import AllReduce
+
+with tn.init(timeout=60) as ctx:
+    ar = AllReduce(ctx, edge=3, op="sum", via="innet")
+    ar.allreduce(np.ones(100, np.float32))
+    path = ar._rank_allreduce.innet
+    if path.service is not None:
+        print(f"PIDS {path.service.switch_proc.pid} {path.service.ps_proc.pid}", flush=True)
+    print("READY", flush=True)
+    ar.allreduce(np.ones(100, np.float32))        # rank 0 is killed before it gets here
