@@ -19,9 +19,10 @@ for the rest of the job, and ``last_stats.fallback`` says so, with a log warning
 float64 sum within ``innet.quantize.error_bound`` (values are scaled by ``2**20`` and rounded; float64
 values are quantized from float64; values that would overflow int32 go to the PS as raw float32).
 
-Host: the workers bind the ``innet_host`` config key (default 127.0.0.1, a one-machine job); the
-switch and PS run on the first rank's ``innet_host``. Loopback on some ranks and not on others is a
-ConfigError on every rank.
+Host: the workers bind the ``innet_host`` config key (default 127.0.0.1; in a TCP job left at that
+default: the address the host uses to reach the bootstrap master); the switch and PS run on the first
+rank's. Loopback on some ranks and not on others, or loopback on ranks of different hosts, is a
+ConfigError on every rank (instead of a hang).
 
 A shared switch: when the config keys ``innet_switch`` (its UDP ``host:port``) and ``innet_p4runtime``
 (its P4Runtime ``host:port``) are set -- ``twisternet run --innet`` sets them for a switch it starts
@@ -34,6 +35,7 @@ again when the operation closes.
 from __future__ import annotations
 
 import atexit
+import hashlib
 import logging
 import secrets
 import socket
@@ -43,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from twisternet.bootstrap import parse_address
+from twisternet.bootstrap import local_address_for, parse_address
 from twisternet.errors import ConfigError, PeerLostError
 
 if TYPE_CHECKING:
@@ -66,12 +68,33 @@ def _is_loopback(host: str) -> bool:
     return host.startswith("127.") or host == "localhost"
 
 
-def _check_reachable(what: str, ranks: list[int], server_host: str, workers: list[tuple[str, int]]) -> None:
+def _machine_id() -> int:
+    """This host's name as a 56-bit number (ranks compare it to learn whether they share a host)."""
+    return int.from_bytes(hashlib.sha256(socket.gethostname().encode()).digest()[:7], "big")
+
+
+def _innet_host(config: Any) -> str:
+    """The address this rank's ATP sockets bind: ``innet_host``, or, left at its default in a TCP job,
+    the address this host uses to reach the bootstrap master (127.0.0.1 when everything is local)."""
+    if config.innet_host != "127.0.0.1" or not config.master:
+        return config.innet_host
+    if config.advertise_host:
+        return config.advertise_host
+    try:
+        return local_address_for(config.master)
+    except (OSError, ValueError):
+        return config.innet_host
+
+
+def _check_reachable(what: str, ranks: list[int], server_host: str, workers: list[tuple[str, int]],
+                     machines: list[int] | None = None) -> None:
     """ConfigError (on every rank: they all hold the same table) when the switch/PS host and the workers
-    cannot reach each other: some on loopback, others not (``innet_host`` left at 127.0.0.1 on a host of a
-    multi-host job), instead of a job that hangs until its timeout."""
+    cannot reach each other: some on loopback, others not, or all on loopback but on different hosts
+    (``innet_host`` at 127.0.0.1 in a multi-host job), instead of a job that hangs until its timeout."""
     loop = _is_loopback(server_host)
     odd = [(r, h) for r, (h, _) in zip(ranks, workers) if _is_loopback(h) != loop]
+    if loop and machines and not odd:
+        odd = [(r, f"{h} of another host") for r, (h, _), m in zip(ranks, workers, machines) if m != machines[0]]
     if odd:
         raise ConfigError("innet_host", f"{what}: the in-network switch and PS are at {server_host} but "
                                         f"rank(s) {', '.join(f'{r} at {h}' for r, h in odd)} "
@@ -111,6 +134,7 @@ class InnetAllReduce:
         self._placement: Any = None
         self._ps_proc: Any = None
         self._job_id = 0
+        self._machines: list[int] = []
 
     # ------------------------------------------------------------------ one call
     def run(self, value: Any, timeout: float) -> np.ndarray:
@@ -154,12 +178,13 @@ class InnetAllReduce:
                          ) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
         """Every rank's ATP worker addresses, by rank: (switch-facing, PS-facing). Each rank fills its
         slot, the sum is the table; the switch and the PS accept the job's packets from these only."""
-        mine = np.zeros(3 * world, np.int64)
+        mine = np.zeros(4 * world, np.int64)
         addr, direct = self.job.address, self.job.direct_address
-        mine[3 * me:3 * me + 3] = (_ip_to_int(addr[0]), addr[1], direct[1])
+        mine[4 * me:4 * me + 4] = (_ip_to_int(addr[0]), addr[1], direct[1], _machine_id())
         table = self._exchange(mine, timeout)
-        workers = [(_int_to_ip(table[3 * r]), int(table[3 * r + 1])) for r in range(world)]
-        directs = [(_int_to_ip(table[3 * r]), int(table[3 * r + 2])) for r in range(world)]
+        workers = [(_int_to_ip(table[4 * r]), int(table[4 * r + 1])) for r in range(world)]
+        directs = [(_int_to_ip(table[4 * r]), int(table[4 * r + 2])) for r in range(world)]
+        self._machines = [int(table[4 * r + 3]) for r in range(world)]
         return workers, directs
 
     def _setup(self, timeout: float) -> None:
@@ -173,7 +198,7 @@ class InnetAllReduce:
         me = ranks.index(op.rank)
         first = me == 0
         config = op.ctx.config
-        host = config.innet_host
+        host = _innet_host(config)
         if config.innet_switch:
             self._setup_shared(host, parse_address(config.innet_switch), parse_address(config.innet_p4runtime),
                                timeout)
@@ -191,7 +216,7 @@ class InnetAllReduce:
         self.job = InnetJob(job_id, me, world, sw_addr, ps_addr, bind=(host, 0))
         workers, directs = self._share_addresses(me, world, timeout)
         try:
-            _check_reachable(op.describe(), ranks, server_host, workers)
+            _check_reachable(op.describe(), ranks, server_host, workers, self._machines)
         except ConfigError:
             self.close()
             raise
@@ -256,7 +281,7 @@ class InnetAllReduce:
         self.job = InnetJob(job_id, me, world, sw_addr, ps_addr, bind=(host, 0))
         workers, directs = self._share_addresses(me, world, timeout)
         try:
-            _check_reachable(op.describe(), rar.ranks, sw_addr[0], workers)
+            _check_reachable(op.describe(), rar.ranks, sw_addr[0], workers, self._machines)
         except ConfigError:
             self.close()
             raise

@@ -143,6 +143,19 @@ def test_unreachable_innet_host_is_a_config_error() -> None:
         _check_reachable("op", [0, 1], "127.0.0.1", [("127.0.0.1", 1), ("10.0.0.2", 2)])
     with pytest.raises(ConfigError, match="bind loopback"):
         _check_reachable("op", [0, 3], "10.0.0.1", [("10.0.0.1", 1), ("127.0.0.1", 2)])
+    # all on loopback, but two hosts (an MPI job across machines with the default innet_host)
+    _check_reachable("op", [0, 1], "127.0.0.1", [("127.0.0.1", 1), ("127.0.0.1", 2)], [7, 7])
+    with pytest.raises(ConfigError, match="rank.s. 1 at 127.0.0.1 of another host"):
+        _check_reachable("op", [0, 1], "127.0.0.1", [("127.0.0.1", 1), ("127.0.0.1", 2)], [7, 8])
+
+
+def test_innet_host_defaults_to_the_interface_towards_the_master() -> None:
+    from collectives.innet_allreduce import _innet_host
+    from twisternet.config import load_config
+    assert _innet_host(load_config(env={})) == "127.0.0.1"                      # no master: loopback
+    assert _innet_host(load_config(env={}, master="127.0.0.1:9")) == "127.0.0.1"
+    assert _innet_host(load_config(env={}, master="127.0.0.1:9", innet_host="127.0.0.2")) == "127.0.0.2"
+    assert _innet_host(load_config(env={}, master="127.0.0.1:9", advertise_host="127.0.0.3")) == "127.0.0.3"
 
 
 def test_bad_input_is_refused_before_anything_starts() -> None:
