@@ -239,13 +239,13 @@ class ParameterServer:
                 log.warning("job %d: packet with inconsistent bitmaps %#x/%#x dropped", h.job_id,
                             h.bitmap0, h.bitmap1)
                 return []
-            if direct and (h.flags & FLAG_EDGE or contrib != 1 << rank):
+            if rank is not None and direct and (h.flags & FLAG_EDGE or contrib != 1 << rank):
                 self.rejected += 1          # a worker speaks for itself only, never as a switch
                 st.rejected += 1
                 log.debug("job %d: worker %d sent a packet for %#x; rejected", h.job_id, rank, contrib)
                 return []
             st.packets += 1
-            if direct and js.direct.get(rank) != src:
+            if direct and rank is not None and js.direct.get(rank) != src:
                 js.direct[rank] = src
                 st.direct_workers.add(rank)
                 log.info("job %d: worker %d sends directly to the PS from %s", h.job_id, rank, src)

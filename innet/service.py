@@ -171,7 +171,7 @@ def _start_cli(module: str, args: Sequence[str], timeout: float = 20.0, secret: 
     proc = subprocess.Popen([sys.executable, "-c", code, *args, *lifeline], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=None, env=helper_env(), text=True,
                             close_fds=False)
-    if secret is not None:
+    if secret is not None and proc.stdin is not None:
         proc.stdin.write(secret + "\n")
         proc.stdin.flush()
     line = _readline(proc, timeout)
