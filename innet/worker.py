@@ -161,8 +161,9 @@ class AtpWorker:
         # so the kernel filters other senders too; this also covers a worker without a switch)
         self._ps_source = self._direct.sock.getpeername()[:2]
         self._sources = {self._ps_source}
-        if switch_addr is not None:
-            self._sources.add(self.transport.sock.getpeername()[:2])
+        self._switch_source = None if switch_addr is None else self.transport.sock.getpeername()[:2]
+        if self._switch_source is not None:
+            self._sources.add(self._switch_source)
         self._direct_in_use = False
         self.switch_dead = switch_addr is None
         self._switch_answered = False
@@ -215,6 +216,21 @@ class AtpWorker:
         self._slot_collided[slot] = False
         return idx
 
+    def _drain_switch_socket(self) -> None:
+        """Read what waits on the switch socket; a parameter packet of this job from the switch means
+        it is alive again (the PS sends every result through it as well)."""
+        if self._switch_source is None:
+            return
+        for data, src in self.transport.recv_batch(1024):
+            if src != self._switch_source or len(data) != self.packet_size:
+                continue
+            try:
+                h = decode_header(data)
+            except WireError:
+                continue
+            if h.flags & FLAG_ACK and h.job_id == self.job_id:
+                self._switch_answered = True
+
     def _go_direct(self, reason: str, stats: WorkerStats) -> None:
         self._direct_in_use = True
         stats.fallback = True
@@ -257,6 +273,8 @@ class AtpWorker:
         self._next_seq += nfrag
         self.acked_fragments = 0
         fan_word_args = (self.fan_in0, self.fan_in1)
+        if self.switch_dead and self.switch_addr is not None and not self._switch_answered:
+            self._drain_switch_socket()          # results of the last call that came late
         if self.switch_dead and self._switch_answered and self.switch_addr is not None:
             # in the last call the PS's copies of the results came back through the switch: it is alive
             log.info("job %d worker %d: the switch answers again; using it", self.job_id, self.rank)

@@ -83,7 +83,7 @@ def test_blackholed_switch_falls_back_on_timeout() -> None:
     hole.bind(("127.0.0.1", 0))
     world, scale = 2, 2.0**20
     with PSThread() as ps:
-        jobs = [InnetJob(3, r, world, hole.getsockname(), ps.address, scale=scale, fallback_timeout=1.0)
+        jobs = [InnetJob(3, r, world, hole.getsockname(), ps.address, scale=scale, fallback_timeout=3.0)
                 for r in range(world)]
         ps.server.add_job(PSJobConfig(3, world, scale, switch_addr=hole.getsockname(),
                                       workers=tuple(j.direct_address for j in jobs)))
@@ -91,7 +91,7 @@ def test_blackholed_switch_falls_back_on_timeout() -> None:
             inputs = [np.full(500, r + 0.25, np.float32) for r in range(world)]
             t0 = time.monotonic()
             out = run_ranks([lambda j=j, a=a: j.allreduce(a) for j, a in zip(jobs, inputs)])
-            assert time.monotonic() - t0 >= 1.0
+            assert time.monotonic() - t0 >= 3.0
             _ref_check(out, inputs, scale)
             for j in jobs:
                 assert j.last_stats.fallback and "no parameter packet" in j.last_stats.fallback_reason
@@ -100,7 +100,7 @@ def test_blackholed_switch_falls_back_on_timeout() -> None:
             _ref_check(out, inputs, scale)
             for j in jobs:
                 assert j.last_stats.fallback and "earlier in this job" in j.last_stats.fallback_reason
-                assert j.last_stats.elapsed < 0.5
+                assert j.last_stats.elapsed < 3.0          # no second wait of fallback_timeout
         finally:
             for j in jobs:
                 j.close()
@@ -145,8 +145,12 @@ def test_back_on_the_switch_once_it_answers_again() -> None:
         _ref_check(out, inputs, c.specs[1].scale)
         assert all(h.last_stats.fallback for h in c.jobs[1])
         c.switch = SwitchThread(c.num_aggregators, c.value_count, config=config, bind=addr).start()
-        for _ in range(2):   # the first call, still on the PS, sees results through the switch ...
+        # the next call, still on the PS, sees results come through the switch too; the one after it
+        # (or, if the switch was slow to forward them, a later one) uses the switch again
+        for _ in range(5):
             out = c.allreduce(1, inputs)
             _ref_check(out, inputs, c.specs[1].scale)
-        assert not any(h.last_stats.fallback for h in c.jobs[1])     # ... the next one uses it
+            if not any(h.last_stats.fallback for h in c.jobs[1]):
+                break
+        assert not any(h.last_stats.fallback for h in c.jobs[1])
         assert c.control.counters()["aggregated"] > 0
