@@ -1,5 +1,8 @@
 """Run by ``twisternet worker`` (cluster mode): one in-network allreduce; rank 0 prints the pids of the
-switch and PS it started, then every rank waits for the next call (the test kills rank 0 meanwhile)."""
+switch and PS it started and waits (the test kills it); the other ranks start a second call, which can
+only end with rank 0's loss."""
+
+import time
 
 import numpy as np
 
@@ -13,4 +16,6 @@ with tn.init(timeout=60) as ctx:
     if path.service is not None:
         print(f"PIDS {path.service.switch_proc.pid} {path.service.ps_proc.pid}", flush=True)
     print("READY", flush=True)
-    ar.allreduce(np.ones(100, np.float32))        # rank 0 is killed before it gets here
+    if ctx.rank == 0:
+        time.sleep(600)                           # killed here
+    ar.allreduce(np.ones(100, np.float32))        # needs rank 0: PeerLostError
