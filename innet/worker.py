@@ -164,7 +164,6 @@ class AtpWorker:
         self._switch_source = None if switch_addr is None else self.transport.sock.getpeername()[:2]
         if self._switch_source is not None:
             self._sources.add(self._switch_source)
-        self._direct_in_use = False
         self.switch_dead = switch_addr is None
         self._switch_answered = False
         self._next_seq = 0
@@ -232,7 +231,6 @@ class AtpWorker:
                 self._switch_answered = True
 
     def _go_direct(self, reason: str, stats: WorkerStats) -> None:
-        self._direct_in_use = True
         stats.fallback = True
         stats.fallback_reason = reason
         log.warning("job %d worker %d: falling back to the PS at %s (%s)", self.job_id, self.rank,
