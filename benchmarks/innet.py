@@ -79,8 +79,9 @@ def _no_switch(world: int, values: int) -> dict[str, Any]:
     nowhere.bind(("127.0.0.1", 0))
     try:
         with PSThread() as ps:
-            ps.server.add_job(PSJobConfig(1, world, DEFAULT_SCALE, switch_addr=nowhere.getsockname()))
             jobs = [InnetJob(1, r, world, None, ps.address) for r in range(world)]
+            ps.server.add_job(PSJobConfig(1, world, DEFAULT_SCALE, switch_addr=nowhere.getsockname(),
+                                          workers=tuple(j.direct_address for j in jobs)))
             outs: list[Any] = [None] * world
             try:
                 def run(r: int) -> None:

@@ -3,29 +3,41 @@
 On the first call the operation's ranks set up one in-network job over the operation's own channel
 edges (small tree allreduces of int64 arrays, so nothing else is needed):
 
-1. the first rank picks a UDP port for the switch and one for the parameter server;
-2. every rank opens its ATP worker socket (``innet.InnetJob``) and the ranks share their addresses;
+1. the first rank picks a UDP port for the switch and one for the parameter server, a random job id,
+   and shares its host;
+2. every rank opens its ATP worker sockets (``innet.InnetJob``: one towards the switch, one towards
+   the PS) and the ranks share their addresses;
 3. the first rank starts the software switch and the PS as subprocesses
-   (``innet.InnetService.launch``) configured for exactly these workers, and everyone waits for it;
-4. every call then quantizes, sends fragments through the switch and returns the aggregate.
+   (``innet.InnetService.launch``) configured for exactly these workers -- the switch and the PS accept
+   the job's packets from these addresses only (docs/innet-security.md) -- and everyone waits for it;
+4. every call then quantizes, sends fragments through the switch and returns the aggregate, within the
+   operation's timeout; a lost rank of the operation ends the call with PeerLostError.
 
-The switch and PS live as long as the operation (closed with it, or at exit). If the switch dies the
-workers finish through the PS (ATP's fate sharing) and ``last_stats.fallback`` says so, with a log
-warning. Results equal the float64 sum within ``innet.quantize.error_bound`` (values are scaled by
-``2**20`` and rounded; values that would overflow int32 go to the PS as raw floats).
+The switch and PS live as long as the operation (closed with it, or at exit, or when the first rank
+dies: ``innet.lifeline``). If the switch dies the workers finish through the PS (ATP's fate sharing),
+for the rest of the job, and ``last_stats.fallback`` says so, with a log warning. Results equal the
+float64 sum within ``innet.quantize.error_bound`` (values are scaled by ``2**20`` and rounded; float64
+values are quantized from float64; values that would overflow int32 go to the PS as raw float32).
 
-Host: everything binds to the ``innet_host`` config key (default 127.0.0.1, a one-machine job).
+Host: the workers bind the ``innet_host`` config key (default 127.0.0.1; in a TCP job left at that
+default: the address the host uses to reach the bootstrap master); the switch and PS run on the first
+rank's. Loopback on some ranks and not on others, or loopback on ranks of different hosts, is a
+ConfigError on every rank (instead of a hang).
 
 A shared switch: when the config keys ``innet_switch`` (its UDP ``host:port``) and ``innet_p4runtime``
 (its P4Runtime ``host:port``) are set -- ``twisternet run --innet`` sets them for a switch it starts
-beside the job -- no switch is started; the first rank starts only the PS and places the job on that switch through P4Runtime (``innet.controller``: a free job id, free port
-numbers, the multicast group and the job entry), and removes it again when the operation closes.
+beside the job -- no switch is started; the first rank starts only the PS and places the job on that
+switch through P4Runtime (``innet.controller``, with the token derived from the job token: a random free
+job id, free port numbers, the member entries, the multicast group and the job entry), and removes it
+again when the operation closes.
 """
 
 from __future__ import annotations
 
 import atexit
+import hashlib
 import logging
+import secrets
 import socket
 import threading
 import weakref
@@ -33,8 +45,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from twisternet.bootstrap import parse_address
-from twisternet.errors import ConfigError
+from twisternet.bootstrap import local_address_for, parse_address
+from twisternet.errors import ConfigError, PeerLostError
 
 if TYPE_CHECKING:
     from .allreduce_algorithms import RankAllReduce
@@ -50,6 +62,45 @@ def _ip_to_int(host: str) -> int:
 
 def _int_to_ip(value: int) -> str:
     return socket.inet_ntoa(int(value).to_bytes(4, "big"))
+
+
+def _is_loopback(host: str) -> bool:
+    return host.startswith("127.") or host == "localhost"
+
+
+def _machine_id() -> int:
+    """This host's name as a 56-bit number (ranks compare it to learn whether they share a host)."""
+    return int.from_bytes(hashlib.sha256(socket.gethostname().encode()).digest()[:7], "big")
+
+
+def _innet_host(config: Any) -> str:
+    """The address this rank's ATP sockets bind: ``innet_host``, or, left at its default in a TCP job,
+    the address this host uses to reach the bootstrap master (127.0.0.1 when everything is local)."""
+    if config.innet_host != "127.0.0.1" or not config.master:
+        return config.innet_host
+    if config.advertise_host:
+        return config.advertise_host
+    try:
+        return local_address_for(config.master)
+    except (OSError, ValueError):
+        return config.innet_host
+
+
+def _check_reachable(what: str, ranks: list[int], server_host: str, workers: list[tuple[str, int]],
+                     machines: list[int] | None = None) -> None:
+    """ConfigError (on every rank: they all hold the same table) when the switch/PS host and the workers
+    cannot reach each other: some on loopback, others not, or all on loopback but on different hosts
+    (``innet_host`` at 127.0.0.1 in a multi-host job), instead of a job that hangs until its timeout."""
+    loop = _is_loopback(server_host)
+    odd = [(r, h) for r, (h, _) in zip(ranks, workers) if _is_loopback(h) != loop]
+    if loop and machines and not odd:
+        odd = [(r, f"{h} of another host") for r, (h, _), m in zip(ranks, workers, machines) if m != machines[0]]
+    if odd:
+        raise ConfigError("innet_host", f"{what}: the in-network switch and PS are at {server_host} but "
+                                        f"rank(s) {', '.join(f'{r} at {h}' for r, h in odd)} "
+                                        f"{'are not on that host' if loop else 'bind loopback'}; set "
+                                        "innet_host (TWISTERNET_INNET_HOST) on every host to an address "
+                                        "the others can reach")
 
 
 _reserved_ids: set[int] = set()      # job ids this process holds on a shared switch
@@ -83,6 +134,7 @@ class InnetAllReduce:
         self._placement: Any = None
         self._ps_proc: Any = None
         self._job_id = 0
+        self._machines: list[int] = []
 
     # ------------------------------------------------------------------ one call
     def run(self, value: Any, timeout: float) -> np.ndarray:
@@ -95,13 +147,22 @@ class InnetAllReduce:
                             f"{type(value).__name__}{'' if not isinstance(value, np.ndarray) else ' of ' + str(value.dtype)}")
         if self.job is None:
             self._setup(timeout)
-        flat = np.ascontiguousarray(value, dtype=np.float32).reshape(-1)
-        out = self.job.allreduce(flat)
+        # float64 stays float64 up to the quantizer: a cast to float32 first would break the bound
+        flat = np.ascontiguousarray(value, dtype=np.float64 if value.dtype == np.float64 else np.float32
+                                    ).reshape(-1)
+        out = self.job.allreduce(flat, timeout=timeout, abort=self._abort_if_peer_lost)
         stats = self.job.last_stats
         if stats is not None and stats.fallback:
             log.warning("%s: in-network allreduce fell back to the parameter server (%s)",
                         op.describe(), stats.fallback_reason)
         return out.reshape(value.shape).astype(value.dtype, copy=False)
+
+    def _abort_if_peer_lost(self) -> None:
+        """Raise PeerLostError when a rank of this operation is lost (the call cannot complete then)."""
+        lost = self.rar.op.ctx.lost_peers
+        for rank in self.rar.ranks:
+            if rank in lost:
+                raise PeerLostError(rank, lost[rank])
 
     @property
     def last_stats(self) -> Any:
@@ -113,13 +174,18 @@ class InnetAllReduce:
         """Sum of an int64 array over the ranks, over the operation's own tree (a rendezvous too)."""
         return self.rar._tree(local, self.rar.next_call(), timeout)
 
-    def _share_addresses(self, me: int, world: int, timeout: float) -> list[tuple[str, int]]:
-        """Every rank's ATP worker address, by rank (each rank fills its slot, the sum is the table)."""
-        mine = np.zeros(2 * world, np.int64)
-        addr = self.job.address
-        mine[2 * me:2 * me + 2] = (_ip_to_int(addr[0]), addr[1])
+    def _share_addresses(self, me: int, world: int, timeout: float
+                         ) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+        """Every rank's ATP worker addresses, by rank: (switch-facing, PS-facing). Each rank fills its
+        slot, the sum is the table; the switch and the PS accept the job's packets from these only."""
+        mine = np.zeros(4 * world, np.int64)
+        addr, direct = self.job.address, self.job.direct_address
+        mine[4 * me:4 * me + 4] = (_ip_to_int(addr[0]), addr[1], direct[1], _machine_id())
         table = self._exchange(mine, timeout)
-        return [(_int_to_ip(table[2 * r]), int(table[2 * r + 1])) for r in range(world)]
+        workers = [(_int_to_ip(table[4 * r]), int(table[4 * r + 1])) for r in range(world)]
+        directs = [(_int_to_ip(table[4 * r]), int(table[4 * r + 2])) for r in range(world)]
+        self._machines = [int(table[4 * r + 3]) for r in range(world)]
+        return workers, directs
 
     def _setup(self, timeout: float) -> None:
         from innet import InnetJob, InnetService
@@ -132,27 +198,34 @@ class InnetAllReduce:
         me = ranks.index(op.rank)
         first = me == 0
         config = op.ctx.config
-        host = config.innet_host
+        host = _innet_host(config)
         if config.innet_switch:
             self._setup_shared(host, parse_address(config.innet_switch), parse_address(config.innet_p4runtime),
                                timeout)
             return
-        job_id = op.edge % 255 + 1     # one switch per operation: any id in 1..255 will do
-
-        ports = np.zeros(2, np.int64)
+        # one switch per operation: any id in 1..255 will do, so a random one (never derived from the
+        # edge: a job's identity is its registered addresses, and its id should not be guessable either)
+        # the switch and PS run on the first rank's host: everyone uses its address (not its own)
+        ports = np.zeros(4, np.int64)
         if first:
-            ports[:] = (free_udp_port(host), free_udp_port(host))
+            ports[:] = (free_udp_port(host), free_udp_port(host), secrets.randbelow(255) + 1, _ip_to_int(host))
         ports = self._exchange(ports, timeout)
-        sw_addr, ps_addr = (host, int(ports[0])), (host, int(ports[1]))
+        server_host = _int_to_ip(ports[3])
+        sw_addr, ps_addr, job_id = (server_host, int(ports[0])), (server_host, int(ports[1])), int(ports[2])
 
-        self.job = InnetJob(job_id, me, world, sw_addr, ps_addr)
-        workers = self._share_addresses(me, world, timeout)
+        self.job = InnetJob(job_id, me, world, sw_addr, ps_addr, bind=(host, 0))
+        workers, directs = self._share_addresses(me, world, timeout)
+        try:
+            _check_reachable(op.describe(), ranks, server_host, workers, self._machines)
+        except ConfigError:
+            self.close()
+            raise
 
         ok = np.zeros(1, np.int64)
         if first:
             try:
                 self.service = InnetService.launch(job_id, workers, switch_port=sw_addr[1],
-                                                   ps_port=ps_addr[1], host=host)
+                                                   ps_port=ps_addr[1], host=host, direct_addrs=directs)
                 ok[0] = 1
             except Exception:  # noqa: BLE001 - reported to every rank below, then raised here
                 log.exception("%s: could not start the in-network switch and PS", op.describe())
@@ -176,20 +249,24 @@ class InnetAllReduce:
 
         rar = self.rar
         op = rar.op
+        config = op.ctx.config
         world = len(rar.ranks)
         me = rar.ranks.index(op.rank)
         first = me == 0
 
-        head = np.zeros(2, np.int64)          # (job id, PS port); a job id of 0 reports a failure
+        head = np.zeros(3, np.int64)          # (job id, PS port, PS host); a job id of 0 reports a failure
         if first:
             try:
                 from innet.controller import P4RuntimeController
-                self._controller = P4RuntimeController(f"{control[0]}:{control[1]}")
+                from innet.p4runtime.auth import p4runtime_token
+                job_token = config.token_bytes
+                self._controller = P4RuntimeController(
+                    f"{control[0]}:{control[1]}", token=p4runtime_token(job_token) if job_token else None)
                 with _reserved_lock:
                     job_id = self._controller.free_job_id(exclude=_reserved_ids)
                     _reserved_ids.add(job_id)
                 self._job_id = job_id
-                head[:] = (job_id, free_udp_port(host))
+                head[:] = (job_id, free_udp_port(host), _ip_to_int(host))
             except Exception:  # noqa: BLE001 - reported to every rank below, then raised here
                 log.exception("%s: could not reach the in-network switch's P4Runtime server at %s:%d",
                               op.describe(), *control)
@@ -199,15 +276,21 @@ class InnetAllReduce:
             self.close()
             raise RuntimeError(f"{op.describe()}: rank {rar.ranks[0]} could not get a job id from the "
                                f"in-network switch's P4Runtime server at {control[0]}:{control[1]} (see its log)")
-        ps_addr = (host, ps_port)
+        ps_addr = (_int_to_ip(head[2]), ps_port)
 
-        self.job = InnetJob(job_id, me, world, sw_addr, ps_addr)
-        workers = self._share_addresses(me, world, timeout)
+        self.job = InnetJob(job_id, me, world, sw_addr, ps_addr, bind=(host, 0))
+        workers, directs = self._share_addresses(me, world, timeout)
+        try:
+            _check_reachable(op.describe(), rar.ranks, sw_addr[0], workers, self._machines)
+        except ConfigError:
+            self.close()
+            raise
 
         ok = np.zeros(1, np.int64)
         if first:
             try:
-                self._ps_proc, _ = start_ps(job_id, world, sw_addr, host=host, port=ps_port)
+                self._ps_proc, _ = start_ps(job_id, world, sw_addr, host=host, port=ps_port,
+                                            workers=directs)
                 self._placement = self._controller.place_job(job_id, workers, ps_addr)
                 ok[0] = 1
             except Exception:  # noqa: BLE001 - reported to every rank below, then raised here

@@ -2,7 +2,9 @@
 
 The pieces: ``wire`` (the packet), ``switch`` (the dataplane, implementing ``control.SwitchControl``),
 ``switch_server`` (the UDP switch process), ``worker`` and ``ps`` (the end hosts), ``quantize``,
-``transport`` (UDP with loss injection) and ``service`` (``InnetJob.allreduce`` and launch helpers).
+``transport`` (UDP with loss injection), ``service`` (``InnetJob.allreduce`` and launch helpers),
+``lifeline`` (helpers end with their parent), ``tokens`` (the switch's P4Runtime token) and
+``controller`` / ``p4runtime`` (the control plane). Security model: docs/innet-security.md.
 """
 
 from .control import (AggregatorState, AlreadyExists, ControlError, InvalidArgument, JobEntry,

@@ -4,7 +4,11 @@ This module is the contract between ``innet.switch`` (the software dataplane) an
 ``innet.p4runtime`` (the P4Runtime gRPC server). It holds only data types, errors and the Protocol.
 
 Ports: the software switch has numbered ports (u32, as P4Runtime egress ports). Each port maps to a UDP
-address (host, udp_port) of a worker, a PS, or another switch; ``set_port`` configures that map.
+address (host, udp_port) of a worker, a PS, or another switch; ``set_port`` configures that map. A
+datagram enters on the port whose address it came from (its source address is the match key).
+
+Source check: a job's parameter (ACK) packets are accepted only on its ``ps_port``, its gradient packets
+only on the ports registered for it with ``insert_member``; the rest is dropped and counted ``rejected``.
 """
 
 from __future__ import annotations
@@ -88,6 +92,11 @@ class SwitchControl(Protocol):
     def delete_job(self, job_id: int) -> None: ...                # NotFound if absent
     def read_jobs(self) -> Sequence[JobEntry]: ...
 
+    # the source check: (job_id, port) pairs whose port may send the job's gradients (port < 2**24)
+    def insert_member(self, job_id: int, port: int) -> None: ...  # AlreadyExists if present
+    def delete_member(self, job_id: int, port: int) -> None: ...  # NotFound if absent
+    def read_members(self) -> Sequence[tuple[int, int]]: ...
+
     def insert_mcast_group(self, group: MulticastGroup) -> None: ...   # AlreadyExists
     def modify_mcast_group(self, group: MulticastGroup) -> None: ...   # NotFound
     def delete_mcast_group(self, group_id: int) -> None: ...           # NotFound
@@ -96,6 +105,7 @@ class SwitchControl(Protocol):
     def set_ecn_threshold(self, packets: int) -> None: ...   # queue depth (packets) above which ECN is marked
     def ecn_threshold(self) -> int: ...
 
-    #: Counter names: "aggregated", "forwarded", "collisions", "resends", "acks", "dropped", "ecn_marked".
+    #: Counter names: "aggregated", "forwarded", "collisions", "resends", "acks", "dropped", "ecn_marked", "rejected".
+    #: ("rejected": packets of a known job from a source not registered for it.)
     def counters(self) -> dict[str, int]: ...
     def read_aggregator(self, index: int) -> AggregatorState: ...     # InvalidArgument if out of range

@@ -4,7 +4,8 @@
 first rank of every ``AllReduce(via="innet")`` then uses :class:`P4RuntimeController` to place its job
 on that switch the way a controller would place it on a hardware ATP switch: it reads the job and port
 tables, picks a free job id and free switch port numbers, and writes the workers' and the PS's port
-entries, the job's multicast group and its ``job_table`` entry; when the operation closes it deletes
+entries, the ``member_table`` entries of its workers' ports (the switch accepts the job's gradients from
+those only), the job's multicast group and its ``job_table`` entry; when the operation closes it deletes
 them again.
 
 Every call opens a StreamChannel, becomes primary with an election id taken from the clock (a later
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import queue
+import secrets
 import socket
 import threading
 import time
@@ -27,6 +29,7 @@ from typing import Iterable, Sequence
 
 import grpc
 
+from .p4runtime.auth import authenticated_channel
 from .p4runtime.bytestrings import decode_uint, encode_uint
 from .p4runtime.protos import code_pb2, p4runtime_pb2 as pb, p4runtime_pb2_grpc, status_pb2
 from .p4runtime.schema import load_p4info
@@ -75,8 +78,12 @@ def _ip_to_int(host: str) -> int:
 class P4RuntimeController:
     """Job placement on one ATP switch through its P4Runtime server at ``address`` ("host:port")."""
 
-    def __init__(self, address: str, device_id: int = 1, timeout: float = _RPC_TIMEOUT) -> None:
+    def __init__(self, address: str, device_id: int = 1, timeout: float = _RPC_TIMEOUT,
+                 token: str | None = None) -> None:
+        """``token``: the switch's P4Runtime token (``innet.p4runtime.auth.p4runtime_token`` of the job
+        token), sent with every call."""
         self.address = address
+        self.token = token
         self.device_id = device_id
         self.timeout = timeout
         info = load_p4info()
@@ -86,6 +93,8 @@ class P4RuntimeController:
         self._port_table = tables["port_table"]
         self._set_job = actions["set_job"]
         self._set_port = actions["set_port_addr"]
+        self._member_table = tables["member_table"]
+        self._allow_member = actions["allow_member"]
         self._port_bits = self._port_table.match_fields[0].bitwidth
         self._job_bits = self._job_table.match_fields[0].bitwidth
         self._fan_in_bits = next(p.bitwidth for p in self._set_job.params if p.name == "fan_in")
@@ -94,7 +103,7 @@ class P4RuntimeController:
     class _Session:
         def __init__(self, ctl: "P4RuntimeController") -> None:
             self.ctl = ctl
-            self.channel = grpc.insecure_channel(ctl.address)
+            self.channel = authenticated_channel(ctl.address, ctl.token)
             self.stub = p4runtime_pb2_grpc.P4RuntimeStub(self.channel)
             self._out: queue.Queue = queue.Queue()
             self._in: queue.Queue = queue.Queue()
@@ -201,17 +210,28 @@ class P4RuntimeController:
 
     # ------------------------------------------------------------------ API
     def free_job_id(self, exclude: Iterable[int] = ()) -> int:
-        """The lowest job id (1..2^bits-1) without a ``job_table`` entry, and not in ``exclude``."""
+        """A random job id (1..2^bits-1) without a ``job_table`` entry, and not in ``exclude``.
+
+        Random, not the lowest free one, so that a job's id says nothing to another tenant (the switch
+        trusts addresses, not ids, but there is no reason to make ids predictable)."""
         s = self._session()
         try:
             used = s.read_keys(self._job_table) | set(exclude)
         finally:
             s.close()
-        for job_id in range(1, 1 << self._job_bits):
-            if job_id not in used:
-                return job_id
+        free = [j for j in range(1, 1 << self._job_bits) if j not in used]
+        if free:
+            return free[secrets.randbelow(len(free))]
         raise ControllerError(f"switch at {self.address} has no free job id (all "
                               f"{(1 << self._job_bits) - 1} in use)")
+
+    def job_ids(self) -> set[int]:
+        """The job ids that have a ``job_table`` entry on the switch."""
+        s = self._session()
+        try:
+            return s.read_keys(self._job_table)
+        finally:
+            s.close()
 
     def place_job(self, job_id: int, workers: Sequence[tuple[str, int]], ps_addr: tuple[str, int],
                   exclude_ports: Iterable[int] = ()) -> JobPlacement:
@@ -240,12 +260,15 @@ class P4RuntimeController:
                             for port, addr in zip((*placement.worker_ports, placement.ps_port),
                                                   (*workers, ps_addr))]
             group = self._group_update(ins, job_id, placement.worker_ports)
+            # the source check: only these ports may send the job's gradients (its ACKs: only ps_port)
+            members = [self._table_update(ins, self._member_table, job_id << 24 | port, self._allow_member, {})
+                       for port in placement.worker_ports]
             job = self._table_update(ins, self._job_table, job_id, self._set_job,
                                      {"fan_in": world, "ps_port": placement.ps_port, "mcast_grp": job_id,
                                       "level": 0})
             written: list[pb.Update] = []
             try:
-                for u in (*port_updates, group, job):  # one by one: what landed can be undone
+                for u in (*port_updates, *members, group, job):  # one by one: what landed can be undone
                     s.write([u])
                     written.append(u)
             except ControllerError:
@@ -262,6 +285,8 @@ class P4RuntimeController:
             dl = pb.Update.DELETE
             updates = [self._table_update(dl, self._job_table, placement.job_id),
                        self._group_update(dl, placement.job_id)]
+            updates += [self._table_update(dl, self._member_table, placement.job_id << 24 | p)
+                        for p in placement.worker_ports]
             updates += [self._table_update(dl, self._port_table, p)
                         for p in (*placement.worker_ports, placement.ps_port)]
             problems = []

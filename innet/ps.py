@@ -32,6 +32,7 @@ import logging
 import os
 import select
 import signal
+import socket
 import sys
 import threading
 import time
@@ -53,6 +54,16 @@ log = logging.getLogger(__name__)
 _PENDING_TTL = 60.0
 
 
+def _numeric(addr: Sequence) -> tuple[str, int]:
+    """``addr`` as recvfrom reports a sender: a numeric IPv4 host (names resolved once, if they resolve)."""
+    host, port = str(addr[0]), int(addr[1])
+    try:
+        host = socket.gethostbyname(host)
+    except OSError:
+        pass                        # not resolvable here (simulated hosts in tests): compared as given
+    return host, port
+
+
 @dataclass(frozen=True)
 class PSJobConfig:
     """A job as the PS sees it: layout of workers into racks, quantization scale, where ACKs go.
@@ -60,6 +71,9 @@ class PSJobConfig:
     ``switch_addr`` is the UDP address of the switch that multicasts this job's parameter packets (the
     PS-rack ToR), or None when there is no switch. ``keep`` is how many completed fragments are
     remembered for answering duplicates; it must exceed twice the workers' maximum window.
+    ``workers[r]`` is the address rank r sends from when it bypasses the switch (``AtpWorker.
+    direct_address``); packets of this job from any address other than the switch and these are
+    dropped and counted (``PSJobStats.rejected``), and a worker's own packets only count for itself.
     """
 
     job_id: int
@@ -68,6 +82,7 @@ class PSJobConfig:
     switch_addr: tuple[str, int] | None = None
     rack_size: int | None = None
     keep: int = 4096
+    workers: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         if not 1 <= self.job_id <= MAX_JOB_ID:
@@ -79,6 +94,11 @@ class PSJobConfig:
             raise ValueError(f"world must be in 1..{rs * MAX_FAN_IN} for rack size {rs}, got {self.world}")
         if not self.scale > 0:
             raise ValueError(f"scale must be > 0, got {self.scale}")
+        if self.workers and len(self.workers) != self.world:
+            raise ValueError(f"workers must list one address per rank ({self.world}), got {len(self.workers)}")
+        object.__setattr__(self, "workers", tuple(_numeric(a) for a in self.workers))
+        if self.switch_addr is not None:
+            object.__setattr__(self, "switch_addr", _numeric(self.switch_addr))
 
     @property
     def racks(self) -> int:
@@ -100,6 +120,7 @@ class PSJobStats:
     overlaps: int = 0
     completed: int = 0
     param_resent: int = 0
+    rejected: int = 0              # packets of this job from an address not registered for it
     direct_workers: set[int] = field(default_factory=set)
 
 
@@ -127,6 +148,7 @@ class _JobState:
         self.pending: dict[int, _Pending] = {}
         self.completed: OrderedDict[int, bytes] = OrderedDict()
         self.direct: dict[int, tuple[str, int]] = {}
+        self.rank_of = {a: r for r, a in enumerate(cfg.workers)}
         self.stats = PSJobStats()
 
     def contribution(self, b0: int, b1: int) -> int | None:
@@ -160,6 +182,8 @@ class ParameterServer:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.dropped = 0
+        #: packets of a served job from an address not registered for it (forged or stray)
+        self.rejected = 0
 
     @property
     def address(self) -> tuple[str, int]:
@@ -202,20 +226,29 @@ class ParameterServer:
                 self.dropped += 1
                 return []
             cfg, st = js.cfg, js.stats
-            st.packets += 1
+            direct = src != cfg.switch_addr
+            rank = js.rank_of.get(src)
+            if direct and rank is None:
+                self.rejected += 1
+                st.rejected += 1
+                log.debug("job %d: packet from unregistered address %s rejected", h.job_id, src)
+                return []
             contrib = js.contribution(h.bitmap0, h.bitmap1)
             if contrib is None:
                 self.dropped += 1
                 log.warning("job %d: packet with inconsistent bitmaps %#x/%#x dropped", h.job_id,
                             h.bitmap0, h.bitmap1)
                 return []
-            direct = src != cfg.switch_addr
-            if direct and not h.flags & FLAG_EDGE and contrib & (contrib - 1) == 0:
-                rank = contrib.bit_length() - 1
-                if js.direct.get(rank) != src:
-                    js.direct[rank] = src
-                    st.direct_workers.add(rank)
-                    log.info("job %d: worker %d sends directly to the PS from %s", h.job_id, rank, src)
+            if rank is not None and direct and (h.flags & FLAG_EDGE or contrib != 1 << rank):
+                self.rejected += 1          # a worker speaks for itself only, never as a switch
+                st.rejected += 1
+                log.debug("job %d: worker %d sent a packet for %#x; rejected", h.job_id, rank, contrib)
+                return []
+            st.packets += 1
+            if direct and rank is not None and js.direct.get(rank) != src:
+                js.direct[rank] = src
+                st.direct_workers.add(rank)
+                log.info("job %d: worker %d sends directly to the PS from %s", h.job_id, rank, src)
             if h.flags & FLAG_RESEND:
                 st.resends += 1
             seq = h.seq
@@ -332,11 +365,13 @@ class PSThread:
 
 
 def job_config_from_dict(d: Mapping[str, Any]) -> PSJobConfig:
-    """A PSJobConfig from a JSON object {job_id, world, scale, switch: [host, port], rack_size, keep}."""
+    """A PSJobConfig from a JSON object {job_id, world, scale, switch: [host, port], rack_size, keep,
+    workers: [[host, port], ...]}."""
     sw = d.get("switch")
     return PSJobConfig(int(d["job_id"]), int(d["world"]), float(d["scale"]),
                        (str(sw[0]), int(sw[1])) if sw else None,
-                       int(d["rack_size"]) if d.get("rack_size") else None, int(d.get("keep", 4096)))
+                       int(d["rack_size"]) if d.get("rack_size") else None, int(d.get("keep", 4096)),
+                       tuple((str(h), int(p)) for h, p in d.get("workers", ())))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -346,6 +381,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--values", type=int, default=DEFAULT_VALUE_COUNT)
     ap.add_argument("--config", default=None, help='JSON {"jobs": [{job_id, world, scale, switch, ...}]}')
+    ap.add_argument("--lifeline", action="store_true", help="exit when stdin reaches end of file")
+    ap.add_argument("--parent-pid", type=int, default=None, help="exit when this parent process is gone")
+    ap.add_argument("--parent-death-signal", action="store_true",
+                    help="also ask the kernel for SIGTERM when the parent dies (PR_SET_PDEATHSIG)")
     ap.add_argument("--log-level", default="WARNING")
     args = ap.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -361,6 +400,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (KeyError, TypeError, ValueError) as e:
             ap.error(f"bad --config: {e}")
     signal.signal(signal.SIGTERM, lambda *_: server.stop())
+    from .switch_server import start_lifelines
+    start_lifelines(args, server.stop)
     host, port = server.address
     sys.stdout.write(f"atp ps listening on udp {host}:{port}\n")
     sys.stdout.flush()

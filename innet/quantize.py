@@ -14,6 +14,11 @@ Error bound of a reduced value (sum over ``world`` workers, result returned as f
 where ``q_workers <= world`` is the number of workers whose fragment was quantized (not overflow):
 rounding to the nearest integer loses at most half a unit (``0.5 / scale``) per worker; the integer sum
 itself is exact; the last term is the rounding of the result to float32. ``error_bound`` computes it.
+
+float32 and float64 inputs alike are quantized from their own value (a float64 input is never rounded
+to float32 first). An overflow fragment travels as float32: exact for float32 inputs; for float64 inputs
+its values lose up to ``2**-24 |x_i|`` each, so for float64 values beyond ``limit / scale`` (about
+``2048 / world`` at the default scale) add ``2**-24 * sum_i |x_i|`` (``error_bound(..., overflow_abs_sum=)``).
 """
 
 from __future__ import annotations
@@ -39,18 +44,22 @@ class Quantizer:
         self.limit = INT32_MAX // self.world
 
     def quantize_fragments(self, frags: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Quantize a (n, V) float32 matrix of fragments: (int32 matrix, bool[n] overflow per fragment).
+        """Quantize a (n, V) float32 or float64 matrix of fragments: (int32 matrix, bool[n] overflow).
 
-        Overflowing rows of the int32 matrix hold the float32 bit patterns of the input instead.
+        float64 values are quantized from their own value (never rounded to float32 first, which would
+        add up to 2**-25 |x| per worker, outside the bound). Overflowing rows of the int32 matrix hold
+        the float32 bit patterns of the input instead.
         """
-        frags = np.asarray(frags, dtype=np.float32)
+        frags = np.asarray(frags)
+        if frags.dtype != np.float64:
+            frags = frags.astype(np.float32, copy=False)
         scaled = frags.astype(np.float64) * self.scale
         with np.errstate(invalid="ignore"):
             bad = ~(np.abs(scaled) <= self.limit)          # also catches NaN and +-inf
         overflow = bad.any(axis=1) if frags.ndim == 2 else bad.any(keepdims=True)
         q = np.rint(np.where(bad, 0.0, scaled)).astype(np.int32)
         if overflow.any():
-            q[overflow] = frags[overflow].view(np.int32)
+            q[overflow] = frags[overflow].astype(np.float32).view(np.int32)
         return q, overflow
 
     def dequantize_sum(self, int_sum: np.ndarray) -> np.ndarray:
@@ -58,7 +67,12 @@ class Quantizer:
         return np.asarray(int_sum, dtype=np.float64) / self.scale
 
 
-def error_bound(reference: np.ndarray, scale: float, world: int) -> np.ndarray:
-    """Per-element bound on |innet result - exact sum| (see the module doc); ``reference`` is the exact sum."""
+def error_bound(reference: np.ndarray, scale: float, world: int,
+                overflow_abs_sum: np.ndarray | float = 0.0) -> np.ndarray:
+    """Per-element bound on |innet result - exact sum| (see the module doc); ``reference`` is the exact sum.
+
+    ``overflow_abs_sum``: for float64 inputs beyond the int32 range only, the sum over workers of |x_i|
+    of those elements (they travel as float32)."""
     ref = np.abs(np.asarray(reference, dtype=np.float64))
-    return world * 0.5 / scale + ref * 2.0**-24 + 1e-12 * (1.0 + ref)
+    return (world * 0.5 / scale + ref * 2.0**-24 + 1e-12 * (1.0 + ref)
+            + np.asarray(overflow_abs_sum, dtype=np.float64) * 2.0**-24)

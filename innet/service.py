@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -74,20 +74,27 @@ class InnetJob:
         return self.worker.address
 
     @property
+    def direct_address(self) -> tuple[str, int]:
+        """The UDP address this rank sends from when it bypasses the switch (the PS registers it)."""
+        return self.worker.direct_address
+
+    @property
     def last_stats(self) -> WorkerStats | None:
         """Statistics of the last call (window, retransmits, fallback...)."""
         return self.worker.last_stats
 
-    def allreduce(self, array: np.ndarray, op: str = "sum") -> np.ndarray:
-        """Reduce ``array`` elementwise over all ranks of the job; float32 in, float32 out."""
+    def allreduce(self, array: np.ndarray, op: str = "sum", *, timeout: float | None = None,
+                  abort: Callable[[], None] | None = None) -> np.ndarray:
+        """Reduce ``array`` elementwise over all ranks of the job; float32 out (float64 input is
+        quantized from float64, other numbers as float32)."""
         if op not in ("sum", "mean"):
             raise ValueError(f"innet allreduce supports op='sum' or 'mean', got {op!r}")
         arr = np.asarray(array)
-        if arr.dtype != np.float32:
+        if arr.dtype not in (np.float32, np.float64):   # float64 is quantized as is (innet.quantize)
             if not np.issubdtype(arr.dtype, np.number) or np.iscomplexobj(arr):
                 raise TypeError(f"innet allreduce needs a real numeric array, got dtype {arr.dtype}")
             arr = arr.astype(np.float32)
-        out, _ = self.worker.allreduce_sum(arr)
+        out, _ = self.worker.allreduce_sum(arr, timeout=timeout, abort=abort)
         if op == "mean":
             out = (out.astype(np.float64) / self.world).astype(np.float32)
         return out
@@ -120,34 +127,56 @@ def switch_config(job_id: int, worker_addrs: Sequence[tuple[str, int]], ps_addr:
     cfg: dict = {"ports": ports,
                  "groups": [{"group_id": job_id, "ports": [job_id * 1000 + r + 1 for r in range(world)]}],
                  "jobs": [{"job_id": job_id, "fan_in": world, "ps_port": PS_PORT, "mcast_group": job_id,
-                           "level": 0}]}
+                           "level": 0}],
+                 "members": [[job_id, job_id * 1000 + r + 1] for r in range(world)]}
     if ecn_threshold is not None:
         cfg["ecn_threshold"] = ecn_threshold
     return cfg
 
 
 def _merge_configs(configs: Sequence[Mapping[str, Any]]) -> dict:
-    out: dict = {"ports": {}, "groups": [], "jobs": []}
+    out: dict = {"ports": {}, "groups": [], "jobs": [], "members": []}
     for c in configs:
         out["ports"].update(c.get("ports", {}))
         out["groups"].extend(c.get("groups", ()))
         out["jobs"].extend(c.get("jobs", ()))
+        out["members"].extend(c.get("members", ()))
         if "ecn_threshold" in c:
             out["ecn_threshold"] = c["ecn_threshold"]
     return out
 
 
-def _start_cli(module: str, args: Sequence[str], timeout: float = 20.0) -> tuple[subprocess.Popen, tuple[str, int]]:
-    env = dict(os.environ)
+def helper_env() -> dict[str, str]:
+    """The environment of a helper process (switch, PS): ours without any ``TWISTERNET_*`` variable
+    (the job token, the master's address: a helper needs none of them), with this package importable."""
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("TWISTERNET_")}
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def _start_cli(module: str, args: Sequence[str], timeout: float = 20.0, secret: str | None = None
+               ) -> tuple[subprocess.Popen, tuple[str, int]]:
+    """Start ``module.main(args)`` as a helper tied to this process (``innet.lifeline``): it gets a
+    fresh interpreter (exec, never a fork of this possibly gRPC-using process), a scrubbed environment,
+    ``secret`` as the first line of its stdin, and exits when this process dies."""
     # "-c" rather than "-m": the package __init__ already imports the module, which makes runpy warn
     code = f"import sys; from {module} import main; sys.exit(main(sys.argv[1:]))"
-    proc = subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE,
-                            stderr=None, env=env, text=True)
+    lifeline = ["--lifeline", "--parent-pid", str(os.getpid())]
+    if threading.current_thread() is threading.main_thread():
+        lifeline.append("--parent-death-signal")   # PDEATHSIG follows the forking thread
+    # Popen with these arguments (no preexec_fn, cwd, new session or close_fds; our descriptors are
+    # non-inheritable anyway, PEP 446) uses posix_spawn: no fork, so no fork handlers of a gRPC this
+    # process may have loaded run in the child (they abort it when gRPC threads are busy)
+    proc = subprocess.Popen([sys.executable, "-c", code, *args, *lifeline], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=None, env=helper_env(), text=True,
+                            close_fds=False)
+    if secret is not None and proc.stdin is not None:
+        proc.stdin.write(secret + "\n")
+        proc.stdin.flush()
     line = _readline(proc, timeout)
     if line is None or "listening on udp" not in line:
-        proc.kill()
+        stop_process(proc)
         raise RuntimeError(f"{module} did not start: {line!r} (exit code {proc.poll()})")
     host, port = line.rsplit(" ", 1)[1].strip().rsplit(":", 1)
     return proc, (host, int(port))
@@ -163,7 +192,12 @@ def _readline(proc: subprocess.Popen, timeout: float) -> str | None:
 
 
 def stop_process(proc: subprocess.Popen) -> None:
-    """Terminate a helper process (kill it if it lingers 5 s) and close its stdout pipe."""
+    """Terminate a helper process (kill it if it lingers 5 s) and close its pipes."""
+    if proc.stdin:
+        try:
+            proc.stdin.close()           # the lifeline: the helper stops on its own at EOF
+        except OSError:
+            pass
     if proc.poll() is None:
         proc.terminate()
         try:
@@ -177,10 +211,15 @@ def stop_process(proc: subprocess.Popen) -> None:
 
 def start_ps(job_id: int, world: int, switch_addr: tuple[str, int], *, host: str = "127.0.0.1", port: int = 0,
              value_count: int = DEFAULT_VALUE_COUNT, scale: float = DEFAULT_SCALE,
-             keep: int = 4096) -> tuple[subprocess.Popen, tuple[str, int]]:
-    """Start a parameter server for one job as a subprocess; returns it and its UDP address."""
+             keep: int = 4096, workers: Sequence[tuple[str, int]] = ()
+             ) -> tuple[subprocess.Popen, tuple[str, int]]:
+    """Start a parameter server for one job as a subprocess; returns it and its UDP address.
+
+    ``workers[r]`` is rank r's direct address (``InnetJob.direct_address``): without it the PS accepts
+    the job's packets from the switch only (no fallback)."""
     cfg = {"jobs": [{"job_id": job_id, "world": world, "scale": scale,
-                     "switch": [switch_addr[0], int(switch_addr[1])], "keep": keep}]}
+                     "switch": [switch_addr[0], int(switch_addr[1])], "keep": keep,
+                     "workers": [[a[0], int(a[1])] for a in workers]}]}
     return _start_cli("innet.ps", ["--host", host, "--port", str(port), "--values", str(value_count),
                                    "--config", json.dumps(cfg)])
 
@@ -199,12 +238,18 @@ class SwitchProcess:
 
 def start_switch(host: str = "127.0.0.1", *, port: int = 0, p4runtime_port: int = 0,
                  num_aggregators: int = 4096, value_count: int = DEFAULT_VALUE_COUNT,
-                 timeout: float = 20.0) -> SwitchProcess:
+                 timeout: float = 20.0, p4runtime_token: str | None = None) -> SwitchProcess:
     """Start an empty switch (no jobs) whose P4Runtime server lets controllers add them
-    (``innet.controller.P4RuntimeController``); what ``twisternet run --innet`` runs beside a job."""
+    (``innet.controller.P4RuntimeController``); what ``twisternet run --innet`` runs beside a job.
+
+    ``p4runtime_token`` (``innet.p4runtime.auth.p4runtime_token`` of the job token) must then come with
+    every P4Runtime call; it reaches the switch through its stdin, never its command line or environment.
+    None serves P4Runtime without authentication."""
+    auth = ["--p4runtime-token-file", "-"] if p4runtime_token is not None else ["--p4runtime-insecure"]
     proc, udp = _start_cli("innet.switch_server", ["--host", host, "--port", str(port), "--aggregators",
                                                    str(num_aggregators), "--values", str(value_count),
-                                                   "--p4runtime-port", str(p4runtime_port)], timeout)
+                                                   "--p4runtime-port", str(p4runtime_port), *auth], timeout,
+                           secret=p4runtime_token)
     line = _readline(proc, timeout)
     if line is None or not line.startswith("p4runtime on "):
         proc.kill()
@@ -226,19 +271,25 @@ class InnetService:
     def launch(cls, job_id: int, worker_addrs: Sequence[tuple[str, int]], *, switch_port: int,
                ps_port: int, host: str = "127.0.0.1", value_count: int = DEFAULT_VALUE_COUNT,
                num_aggregators: int = 4096, scale: float = DEFAULT_SCALE, keep: int = 4096,
-               p4runtime_port: int | None = None) -> "InnetService":
-        """Start PS and switch subprocesses for one single-rack job on fixed ports (see ``free_udp_port``)."""
+               p4runtime_port: int | None = None, p4runtime_token: str | None = None,
+               direct_addrs: Sequence[tuple[str, int]] = ()) -> "InnetService":
+        """Start PS and switch subprocesses for one single-rack job on fixed ports (see ``free_udp_port``).
+
+        ``worker_addrs`` are the ranks' switch-facing addresses (``InnetJob.address``), ``direct_addrs``
+        their PS-facing ones (``InnetJob.direct_address``; empty: no fallback to the PS)."""
         ps_proc, ps_addr = start_ps(job_id, len(worker_addrs), (host, switch_port), host=host, port=ps_port,
-                                    value_count=value_count, scale=scale, keep=keep)
+                                    value_count=value_count, scale=scale, keep=keep, workers=direct_addrs)
         sw_args = ["--host", host, "--port", str(switch_port), "--aggregators", str(num_aggregators),
                    "--values", str(value_count),
                    "--config", json.dumps(switch_config(job_id, worker_addrs, ps_addr))]
         if p4runtime_port is not None:
             sw_args += ["--p4runtime-port", str(p4runtime_port)]
+            sw_args += (["--p4runtime-token-file", "-"] if p4runtime_token is not None
+                        else ["--p4runtime-insecure"])
         try:
-            sw_proc, sw_addr = _start_cli("innet.switch_server", sw_args)
+            sw_proc, sw_addr = _start_cli("innet.switch_server", sw_args, secret=p4runtime_token)
         except Exception:
-            ps_proc.kill()
+            stop_process(ps_proc)
             raise
         return cls(sw_proc, ps_proc, sw_addr, ps_addr)
 
@@ -296,7 +347,8 @@ class InnetCluster:
             self.jobs[spec.job_id] = handles
             configs.append(switch_config(spec.job_id, [h.address for h in handles], self.ps.address))
             self.ps.server.add_job(PSJobConfig(spec.job_id, spec.world, spec.scale, self.switch.address,
-                                               keep=max(4096, 4 * spec.max_window)))
+                                               keep=max(4096, 4 * spec.max_window),
+                                               workers=tuple(h.direct_address for h in handles)))
         apply_config(self.switch.switch, _merge_configs(configs))
 
     @property

@@ -4,6 +4,12 @@
 ``(out_port, bytes)`` pairs to emit. ``SoftwareSwitch`` also implements ``innet.control.SwitchControl``
 (ports, job table, multicast groups, ECN threshold, counters, aggregator reads).
 
+**Source check** (first, before any state is touched): a parameter (ACK) packet of a job is accepted
+only when it enters on the job's ``ps_port``, a gradient packet only on a port registered for the job
+(``insert_member``; the ``member_table`` of ``atp.p4``). ``in_port`` is the port whose address the
+datagram came from (``UNKNOWN_PORT`` for any other source), so a process that forges a job's packets from
+another address is dropped and counted ``rejected``, and cannot change a sum or free an aggregator.
+
 Per gradient packet of a configured job, at aggregator ``aggregatorIndex mod num_aggregators``:
 
 * **eligibility**: a level-0 switch (worker-rack ToR) aggregates packets with ``edgeSwitchIdentifier``
@@ -49,7 +55,10 @@ __all__ = ["SoftwareSwitch", "COUNTER_NAMES", "DEFAULT_ECN_THRESHOLD", "DEFAULT_
 
 log = logging.getLogger(__name__)
 
-COUNTER_NAMES = ("aggregated", "forwarded", "collisions", "resends", "acks", "dropped", "ecn_marked")
+COUNTER_NAMES = ("aggregated", "forwarded", "collisions", "resends", "acks", "dropped", "ecn_marked",
+                 "rejected")
+#: member keys are job_id << 24 | port (the P4 member_table key), so member ports are below 2**24
+MEMBER_PORT_LIMIT = 1 << 24
 DEFAULT_ECN_THRESHOLD = 64
 DEFAULT_STALE_TIMEOUT = 2.0
 _I32_MIN = -(2**31)
@@ -101,6 +110,7 @@ class SoftwareSwitch(SwitchControl):
         self._ports: dict[int, tuple[str, int]] = {}
         self._jobs: dict[int, JobEntry] = {}
         self._groups: dict[int, MulticastGroup] = {}
+        self._members: set[tuple[int, int]] = set()
         self._ecn_threshold = int(ecn_threshold)
         self._counters = dict.fromkeys(COUNTER_NAMES, 0)
         #: counters outside the control contract
@@ -168,6 +178,35 @@ class SoftwareSwitch(SwitchControl):
         """The job table, ordered by job id."""
         with self._lock:
             return [self._jobs[k] for k in sorted(self._jobs)]
+
+    # ------------------------------------------------------------------ control: source check
+    def _check_member(self, job_id: int, port: int) -> None:
+        if not 1 <= job_id <= MAX_JOB_ID:
+            raise InvalidArgument(f"member job_id must be in 1..{MAX_JOB_ID}, got {job_id}")
+        if not isinstance(port, (int, np.integer)) or not 0 <= port < MEMBER_PORT_LIMIT:
+            raise InvalidArgument(f"member port must be in 0..{MEMBER_PORT_LIMIT - 1}, got {port!r}")
+
+    def insert_member(self, job_id: int, port: int) -> None:
+        """Let ``port`` send gradients of ``job_id``; AlreadyExists if it may already."""
+        self._check_member(job_id, port)
+        with self._lock:
+            if (job_id, port) in self._members:
+                raise AlreadyExists(f"port {port} is already a member of job {job_id}")
+            self._members.add((int(job_id), int(port)))
+            self.config_version += 1
+
+    def delete_member(self, job_id: int, port: int) -> None:
+        """Stop accepting gradients of ``job_id`` from ``port``; NotFound if it was not a member."""
+        with self._lock:
+            if (job_id, port) not in self._members:
+                raise NotFound(f"port {port} is not a member of job {job_id}")
+            self._members.discard((job_id, port))
+            self.config_version += 1
+
+    def read_members(self) -> Sequence[tuple[int, int]]:
+        """The (job_id, port) pairs of the source check, sorted."""
+        with self._lock:
+            return sorted(self._members)
 
     # ------------------------------------------------------------------ control: multicast
     def insert_mcast_group(self, group: MulticastGroup) -> None:
@@ -316,6 +355,11 @@ class SoftwareSwitch(SwitchControl):
                 log.debug("dropped a packet of unknown job %d", h.job_id)
                 return []
             flags = h.flags
+            if (in_port != job.ps_port) if flags & FLAG_ACK else ((h.job_id, in_port) not in self._members):
+                c["rejected"] += 1
+                log.debug("job %d: %s packet from port %s rejected (not a registered source)", h.job_id,
+                          "parameter" if flags & FLAG_ACK else "gradient", in_port)
+                return []
             if queue_depth > self._ecn_threshold:
                 c["ecn_marked"] += 1
                 flags |= FLAG_ECN

@@ -1,8 +1,11 @@
 """The switch process: a UDP loop around ``SoftwareSwitch``, a test thread, JSON config, and the CLI main.
 
-``twisternet switch --port P [--aggregators N] [--values 62] [--p4runtime-port G] [--config JSON]``
-runs ``main(argv)``. Packets are drained from the socket into an internal queue; the queue depth behind a
-packet drives ECN marking. Ports map to UDP addresses; a packet from an unknown address enters on
+``twisternet switch --port P [--aggregators N] [--values 62] [--p4runtime-port G --p4runtime-token-file F]
+[--config JSON]`` runs ``main(argv)``; P4Runtime calls must carry the token of the file (see
+``innet.p4runtime.auth``), and binding ``--host`` to loopback or the job's own interface keeps others out.
+
+Packets are drained from the socket into an internal queue; the queue depth behind a packet drives ECN
+marking. Ports map to UDP addresses; a packet from an unknown address enters on
 ``UNKNOWN_PORT``.
 
 The JSON/dict configuration (applied through the ``SwitchControl`` methods)::
@@ -10,7 +13,12 @@ The JSON/dict configuration (applied through the ``SwitchControl`` methods)::
     {"ports":  {"1": ["127.0.0.1", 40001], "9": ["127.0.0.1", 40009]},
      "groups": [{"group_id": 1, "ports": [1, 2]}],
      "jobs":   [{"job_id": 1, "fan_in": 2, "ps_port": 9, "mcast_group": 1, "level": 0}],
+     "members": [[1, 1], [1, 2]],
      "ecn_threshold": 64}
+
+``members`` lists the (job_id, port) pairs allowed to send the job's gradients (the source check, see
+``innet.switch``); without the key, each job of the config gets the ports of its multicast group (the
+ports its results go to are the ports its contributions may come from).
 """
 
 from __future__ import annotations
@@ -25,8 +33,9 @@ import sys
 import threading
 import time
 from collections import deque
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
+from .lifeline import set_parent_death_signal, watch_parent, watch_stdin
 from .control import AlreadyExists, InvalidArgument, JobEntry, MulticastGroup, SwitchControl
 from .switch import DEFAULT_ECN_THRESHOLD, DEFAULT_STALE_TIMEOUT, SoftwareSwitch
 from .transport import ROLE_SWITCH, LossConfig, UdpTransport
@@ -37,7 +46,7 @@ __all__ = ["UNKNOWN_PORT", "apply_config", "SwitchServer", "SwitchThread", "main
 log = logging.getLogger(__name__)
 
 UNKNOWN_PORT = 0xFFFFFFFF
-_CONFIG_KEYS = {"ports", "groups", "jobs", "ecn_threshold"}
+_CONFIG_KEYS = {"ports", "groups", "jobs", "members", "ecn_threshold"}
 
 
 def apply_config(switch: SwitchControl, config: Mapping[str, Any]) -> None:
@@ -73,6 +82,20 @@ def apply_config(switch: SwitchControl, config: Mapping[str, Any]) -> None:
             switch.insert_job(entry)
         except AlreadyExists:
             switch.modify_job(entry)
+    if "members" in config:
+        try:
+            members = [(int(j), int(p)) for j, p in config["members"]]
+        except (TypeError, ValueError) as e:
+            raise InvalidArgument(f"config members: expected [[job_id, port], ...]: {e}") from e
+    else:
+        groups = {g.group_id: g.ports for g in switch.read_mcast_groups()}
+        members = [(int(j["job_id"]), p) for j in config.get("jobs", ())
+                   for p in groups.get(int(j["mcast_group"]), ())]
+    for job_id, port in members:
+        try:
+            switch.insert_member(job_id, port)
+        except AlreadyExists:
+            pass
     if "ecn_threshold" in config:
         switch.set_ecn_threshold(int(config["ecn_threshold"]))
 
@@ -212,6 +235,16 @@ class SwitchThread:
         self.stop()
 
 
+def start_lifelines(args: argparse.Namespace, stop: Callable[[], None]) -> None:
+    """Tie this helper process to its parent (``innet.lifeline``) as the command line asks."""
+    if args.parent_pid is not None:
+        if args.parent_death_signal:
+            set_parent_death_signal(signal.SIGTERM)
+        watch_parent(args.parent_pid, stop)
+    if args.lifeline:
+        watch_stdin(stop)
+
+
 def _load_config(text: str) -> dict:
     if os.path.exists(text):
         with open(text, encoding="utf-8") as f:
@@ -234,9 +267,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--line-rate", type=float, default=None,
                     help="packets/s the switch forwards at most (models a rate-limited port; default: no limit)")
     ap.add_argument("--queue-limit", type=int, default=4096, help="switch buffer in packets (default 4096)")
+    ap.add_argument("--p4runtime-token-file", default=None, metavar="PATH",
+                    help="file whose first line is the P4Runtime token every call must carry "
+                         "('-': the first line of stdin)")
+    ap.add_argument("--p4runtime-insecure", action="store_true",
+                    help="serve P4Runtime without a token (any local client can then control the switch)")
+    ap.add_argument("--lifeline", action="store_true",
+                    help="exit when stdin reaches end of file (the parent closed the pipe or died)")
+    ap.add_argument("--parent-pid", type=int, default=None, help="exit when this parent process is gone")
+    ap.add_argument("--parent-death-signal", action="store_true",
+                    help="also ask the kernel for SIGTERM when the parent dies (PR_SET_PDEATHSIG)")
     ap.add_argument("--log-level", default="WARNING")
     args = ap.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    token = None
+    if args.p4runtime_port is not None:
+        if args.p4runtime_token_file is None and not args.p4runtime_insecure:
+            ap.error("--p4runtime-port needs --p4runtime-token-file (or, knowingly, --p4runtime-insecure)")
+        if args.p4runtime_token_file == "-":
+            token = sys.stdin.readline().strip()
+        elif args.p4runtime_token_file is not None:
+            from .tokens import read_token_file
+            try:
+                token = read_token_file(args.p4runtime_token_file)
+            except (OSError, ValueError) as e:
+                ap.error(f"--p4runtime-token-file: {e}")
+        if args.p4runtime_token_file is not None and not token:
+            ap.error("--p4runtime-token-file: empty token")
     try:
         switch = SoftwareSwitch(args.aggregators, args.values, ecn_threshold=args.ecn_threshold,
                                 stale_timeout=args.stale_timeout)
@@ -253,12 +310,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.p4runtime_port is not None:
         from .p4runtime import serve  # lazy: grpc is an optional dependency
         try:
-            grpc_server = serve(switch, args.p4runtime_port, host=args.host)
+            grpc_server = serve(switch, args.p4runtime_port, host=args.host, token=token)
         except (OSError, ValueError) as e:
             server.transport.close()
             ap.error(f"--p4runtime-port: {e}")
         log.info("P4Runtime on %s:%d", args.host, grpc_server.port)
     signal.signal(signal.SIGTERM, lambda *_: server.stop())
+    start_lifelines(args, server.stop)
     host, port = server.address
     sys.stdout.write(f"atp switch listening on udp {host}:{port}\n")
     if grpc_server is not None:

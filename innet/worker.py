@@ -24,8 +24,10 @@ Duplicate and stale ACKs are ignored.
 
 **Fate sharing.** If the switch is gone (ICMP port unreachable on the socket connected to it, or no ACK
 for ``fallback_timeout`` seconds) the worker sends every unacknowledged fragment, and all later ones,
-straight to the PS; ``WorkerStats.fallback`` says so. A timeout fallback lasts for the current call; an
-ICMP-detected one for the rest of the job.
+straight to the PS; ``WorkerStats.fallback`` says so. The fallback lasts for the rest of the job (later
+calls do not wait ``fallback_timeout`` again) until the switch proves alive: the PS sends every result
+to the switch as well, so a result that arrives through the switch (the passive probe) puts the worker
+back on the switch from its next call.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import logging
 import select
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -86,6 +89,7 @@ class WorkerStats:
     ecn_signals: int = 0
     duplicate_acks: int = 0
     stale_acks: int = 0
+    rejected_acks: int = 0         # datagrams that cannot be a result of this job (source, header)
     collided_fragments: int = 0
     overflow_fragments: int = 0
     fallback: bool = False
@@ -126,6 +130,9 @@ class AtpWorker:
         self.fan_in1 = racks
         self.bitmap0 = 1 << self.index_in_rack
         self.bitmap1 = 1 << self.rack
+        # what the PS puts in every parameter packet: the first rack's workers, every rack
+        self._ack_bitmap0 = (1 << min(rs, world)) - 1
+        self._ack_bitmap1 = (1 << racks) - 1
         self.switch_addr = switch_addr
         self.ps_addr = ps_addr
         self.value_count = int(value_count)
@@ -146,8 +153,19 @@ class AtpWorker:
         self.transport = UdpTransport(bind, role=ROLE_WORKER, loss=lc)
         if switch_addr is not None:
             self.transport.sock.connect(switch_addr)
-        self._direct: UdpTransport | None = None
+        # the socket for the PS fallback exists from the start, so the PS can be told its address (a PS
+        # accepts a worker's packets only from the address registered for that rank)
+        self._direct = UdpTransport((self.transport.address[0], 0), role=ROLE_WORKER, loss=lc,
+                                    connect=ps_addr)
+        # parameter packets are accepted only from the switch and the PS (both sockets are connected,
+        # so the kernel filters other senders too; this also covers a worker without a switch)
+        self._ps_source = self._direct.sock.getpeername()[:2]
+        self._sources = {self._ps_source}
+        self._switch_source = None if switch_addr is None else self.transport.sock.getpeername()[:2]
+        if self._switch_source is not None:
+            self._sources.add(self._switch_source)
         self.switch_dead = switch_addr is None
+        self._switch_answered = False
         self._next_seq = 0
         self._slot_index = np.full(self.max_window, -1, np.int64)
         self._slot_collided = np.zeros(self.max_window, np.bool_)
@@ -162,10 +180,14 @@ class AtpWorker:
         """The UDP address the switch must map this worker's port to."""
         return self.transport.address
 
+    @property
+    def direct_address(self) -> tuple[str, int]:
+        """The UDP address this worker sends from when it bypasses the switch (register it at the PS)."""
+        return self._direct.address
+
     def close(self) -> None:
         self.transport.close()
-        if self._direct is not None:
-            self._direct.close()
+        self._direct.close()
 
     # ------------------------------------------------------------------ helpers
     def _rto(self) -> float:
@@ -193,20 +215,40 @@ class AtpWorker:
         self._slot_collided[slot] = False
         return idx
 
+    def _drain_switch_socket(self) -> None:
+        """Read what waits on the switch socket; a parameter packet of this job from the switch means
+        it is alive again (the PS sends every result through it as well)."""
+        if self._switch_source is None:
+            return
+        for data, src in self.transport.recv_batch(1024):
+            if src != self._switch_source or len(data) != self.packet_size:
+                continue
+            try:
+                h = decode_header(data)
+            except WireError:
+                continue
+            if h.flags & FLAG_ACK and h.job_id == self.job_id:
+                self._switch_answered = True
+
     def _go_direct(self, reason: str, stats: WorkerStats) -> None:
-        if self._direct is None:
-            self._direct = UdpTransport((self.transport.address[0], 0), role=ROLE_WORKER,
-                                        loss=self.transport.loss, connect=self.ps_addr)
         stats.fallback = True
         stats.fallback_reason = reason
         log.warning("job %d worker %d: falling back to the PS at %s (%s)", self.job_id, self.rank,
                     self.ps_addr, reason)
 
     # ------------------------------------------------------------------ the protocol
-    def allreduce_sum(self, array: np.ndarray) -> tuple[np.ndarray, WorkerStats]:
-        """Sum ``array`` (float32) over all workers of the job; returns (float32 result, stats)."""
+    def allreduce_sum(self, array: np.ndarray, *, timeout: float | None = None,
+                      abort: Callable[[], None] | None = None) -> tuple[np.ndarray, WorkerStats]:
+        """Sum ``array`` over all workers of the job; returns (float32 result, stats).
+
+        float64 input is quantized from float64 (``Quantizer.quantize_fragments``); anything else as
+        float32. ``timeout`` (default: the worker's ``timeout``) bounds the call: OperationTimeout past
+        it. ``abort`` is called about every 50 ms while waiting; whatever it raises (e.g. PeerLostError
+        when a rank of the job died) ends the call at once."""
         t_start = time.monotonic()
-        x = np.ascontiguousarray(array, dtype=np.float32).reshape(-1)
+        limit = self.timeout if timeout is None else float(timeout)
+        dtype = np.float64 if np.asarray(array).dtype == np.float64 else np.float32
+        x = np.ascontiguousarray(array, dtype=dtype).reshape(-1)
         n = x.size
         V = self.value_count
         nfrag = -(-n // V)
@@ -214,7 +256,7 @@ class AtpWorker:
         if nfrag == 0:
             self.last_stats = stats
             return np.zeros(np.shape(array), np.float32), stats
-        padded = np.zeros(nfrag * V, np.float32)
+        padded = np.zeros(nfrag * V, dtype)
         padded[:n] = x
         q, ovf = self.quantizer.quantize_fragments(padded.reshape(nfrag, V))
         stats.overflow_fragments = int(ovf.sum())
@@ -229,6 +271,13 @@ class AtpWorker:
         self._next_seq += nfrag
         self.acked_fragments = 0
         fan_word_args = (self.fan_in0, self.fan_in1)
+        if self.switch_dead and self.switch_addr is not None and not self._switch_answered:
+            self._drain_switch_socket()          # results of the last call that came late
+        if self.switch_dead and self._switch_answered and self.switch_addr is not None:
+            # in the last call the PS's copies of the results came back through the switch: it is alive
+            log.info("job %d worker %d: the switch answers again; using it", self.job_id, self.rank)
+            self.switch_dead = False
+        self._switch_answered = False
         use_direct = self.switch_dead
         if use_direct:
             self._go_direct("switch unreachable earlier in this job", stats)
@@ -262,19 +311,23 @@ class AtpWorker:
 
         while lowest < nfrag:
             now = time.monotonic()
-            if now - t_start > self.timeout:
+            if now - t_start > limit:
                 raise OperationTimeout(f"innet allreduce of job {self.job_id} (worker {self.rank}): "
                                        f"{int(nfrag - acked.sum())} of {nfrag} fragments unacknowledged",
-                                       operation="innet_allreduce", timeout=self.timeout)
+                                       operation="innet_allreduce", timeout=limit)
+            if abort is not None:
+                abort()
             # --- fate sharing: is the switch gone?
             if not use_direct:
                 reason = ""
                 if self.transport.refused > refused0:
                     reason = "switch port unreachable (ICMP)"
-                    self.switch_dead = True
                 elif now - last_progress > self.fallback_timeout:
                     reason = f"no parameter packet for {self.fallback_timeout:g} s"
                 if reason:
+                    # for the rest of the job (later calls do not wait fallback_timeout again), until
+                    # results come back through the switch again (the PS always sends it a copy)
+                    self.switch_dead = True
                     self._go_direct(reason, stats)
                     use_direct = True
                     for i in range(lowest, nxt):
@@ -293,7 +346,7 @@ class AtpWorker:
                 nxt += 1
                 inflight += 1
             # --- wait for parameter packets
-            socks = [self.transport.sock] if self._direct is None else [self.transport.sock, self._direct.sock]
+            socks = [self.transport.sock, self._direct.sock]
             rto = self._rto()
             seg = slice(lowest, nxt)
             open_ = ~acked[seg]
@@ -305,28 +358,36 @@ class AtpWorker:
                 wait = max(0.0, min(0.05, first - time.monotonic()))
             select.select(socks, [], [], wait)
             batch = []
-            for tr in ([self.transport] if self._direct is None else [self.transport, self._direct]):
+            for tr in (self.transport, self._direct):
                 batch.extend(tr.recv_batch(256))
             now = time.monotonic()
-            for data, _src in batch:
-                if len(data) != self.packet_size:
-                    stats.stale_acks += 1
+            for data, src in batch:
+                if len(data) != self.packet_size or src not in self._sources:
+                    stats.rejected_acks += 1
                     continue
                 try:
                     h = decode_header(data)
                 except WireError:
-                    stats.stale_acks += 1
+                    stats.rejected_acks += 1
                     continue
                 if not h.flags & FLAG_ACK or h.job_id != self.job_id:
                     stats.stale_acks += 1
+                    continue
+                if h.bitmap0 != self._ack_bitmap0 or h.bitmap1 != self._ack_bitmap1:
+                    stats.rejected_acks += 1      # not the sum over this job's whole world
                     continue
                 i = (h.seq - base) & SEQ_MASK
                 if i >= nxt:
                     stats.stale_acks += 1
                     continue
+                if h.agg_index != indices[i]:
+                    stats.rejected_acks += 1      # not the aggregator this fragment was sent through
+                    continue
                 if acked[i]:
                     stats.duplicate_acks += 1
                     continue
+                if use_direct and src != self._ps_source:
+                    self._switch_answered = True          # a result through the switch: it is back
                 acked[i] = True
                 self.acked_fragments += 1
                 result[i * V:(i + 1) * V] = np.frombuffer(data, ">f4", V, HEADER_SIZE)

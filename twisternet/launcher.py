@@ -129,16 +129,24 @@ def _connect_host(host: str) -> str:
     return {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)
 
 
-def _start_innet_switch(host: str, env: dict[str, str]) -> Any:
-    """Start the job's in-network switch and put its addresses into ``env`` (the workers' environment)."""
+def _start_innet_switch(host: str, env: dict[str, str], token: str) -> Any:
+    """Start the job's in-network switch and put its addresses into ``env`` (the workers' environment).
+    Its P4Runtime server takes only calls with the token derived from the job token (never the job
+    token itself: see innet.p4runtime.auth)."""
+    import importlib.util
+    # only look for grpc: loading it here, in the process that then forks the workers (with a
+    # preexec_fn), would run gRPC's fork handlers in them (SIGABRT when gRPC threads are busy)
+    missing = next((m for m in ("grpc", "numpy") if importlib.util.find_spec(m) is None), None)
     try:
-        import grpc  # noqa: F401 - the switch's P4Runtime server and the controllers need it
+        if missing is not None:
+            raise ModuleNotFoundError(name=missing)
         from innet.service import start_switch
+        from innet.tokens import p4runtime_token
     except ModuleNotFoundError as e:
         raise LaunchError(f"--innet needs the innet extra ({e.name} is not installed): "
                           "pip install 'twisternet[innet]'") from None
     try:
-        switch = start_switch(host)
+        switch = start_switch(host, p4runtime_token=p4runtime_token(token.encode()))
     except (RuntimeError, OSError) as e:
         raise LaunchError(f"the in-network switch did not start: {e}") from None
     env["TWISTERNET_INNET_SWITCH"] = f"{switch.udp_addr[0]}:{switch.udp_addr[1]}"
@@ -187,7 +195,7 @@ def run(n: int, script: str, args: Sequence[str] = (), *, grace: float = 10.0, h
     switch = None
     if innet:
         try:
-            switch = _start_innet_switch(_connect_host(host), base_env)
+            switch = _start_innet_switch(_connect_host(host), base_env, token)
         except BaseException:
             master.stop()
             raise

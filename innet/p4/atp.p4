@@ -16,6 +16,9 @@
  *     agg_index (16)  aggregator slot chosen by the worker (hash of job+sequence)
  *     job_seq (32)    jobID (top JOB_ID_BITS) + sequence number; 0 never names a job fragment
  *
+ * Source check (before anything else touches state): a parameter (ACK) packet must enter on the
+ * job's ps_port and a gradient packet on a port listed for the job in member_table; anything else is
+ * dropped and counted in `rejected`.
  * Same per-packet semantics as the software switch (innet/switch.py), at slot agg_index:
  *   - parameter (ACK): frees the slot if it holds that job+sequence; multicast to the job's mcast_grp.
  *   - resend: never reserves nor adds; if the slot holds its job+sequence the held aggregate is flushed
@@ -111,6 +114,8 @@ struct metadata_t {
     bit<8>  lanes_parsed;
     bit<JOB_ID_BITS> job_id;
     bit<1>  job_known;
+    bit<1>  member;                         /* member_table hit: the ingress port may send this job's gradients */
+    bit<32> member_key;                     /* job_id ++ ingress port, the key of member_table */
     bit<6>  fan_in;                         /* 1..32 */
     port_t  ps_port;
     bit<16> mcast_grp;
@@ -196,6 +201,7 @@ control AtpIngress(inout headers_t hdr, inout metadata_t meta, inout standard_me
     counter(1, CounterType.packets) resends;
     counter(1, CounterType.packets) acks;
     counter(1, CounterType.packets) dropped;
+    counter(1, CounterType.packets) rejected;
 
     /* Aggregator state, one cell per slot (agg_values: VALUE_COUNT cells per slot). */
     register<bit<32>>(NUM_AGGREGATORS) agg_job_seq;
@@ -229,6 +235,23 @@ control AtpIngress(inout headers_t hdr, inout metadata_t meta, inout standard_me
         size = 256;
     }
 
+    /* Source check: which ports may send gradients of which job. The software switch's ports are UDP
+     * endpoints (port_table), so its ingress port is the port whose address the datagram came from: the
+     * (job, source address) pairs programmed here are the only senders of a job's contributions. */
+    action allow_member() {
+        meta.member = 1;
+    }
+    table member_table {
+        key = {
+            meta.member_key : exact @name("member");
+        }
+        actions = {
+            allow_member;
+            @defaultonly NoAction;
+        }
+        const default_action = NoAction();
+        size = 8192;
+    }
     action to_ps() {
         std.egress_spec = meta.ps_port;
     }
@@ -290,6 +313,23 @@ control AtpIngress(inout headers_t hdr, inout metadata_t meta, inout standard_me
         if (meta.job_known == 0) {          /* unknown job: the default action dropped it */
             dropped.count(0);
             return;
+        }
+        /* Parameter packets only from the job's PS port; gradients only from its member ports. */
+        if (hdr.atp.is_ack == 1) {
+            if (std.ingress_port != meta.ps_port) {
+                drop_packet();
+                rejected.count(0);
+                return;
+            }
+        } else {
+            meta.member = 0;
+            meta.member_key = meta.job_id ++ (bit<24>)std.ingress_port;
+            member_table.apply();
+            if (meta.member == 0) {
+                drop_packet();
+                rejected.count(0);
+                return;
+            }
         }
         meta.index = (bit<32>)hdr.atp.agg_index;
         meta.base = meta.index * VALUE_COUNT;

@@ -4,9 +4,11 @@
 with the ATP P4Info in ``innet/p4/atp.p4info.txtpb``; ``bindings`` lists which P4 object maps to which
 control call. Example, with p4runtime-shell in its own environment::
 
-    server = serve(switch, 9559)                 # in the switch process (--p4runtime-port)
+    server = serve(switch, 9559, token=token)    # in the switch process (--p4runtime-port)
 
-    import p4runtime_sh.shell as sh              # in the controller
+    sys.path.insert(0, "<repo>/innet/p4runtime")  # in the controller: every call carries the token
+    import shell_token; shell_token.install(token)
+    import p4runtime_sh.shell as sh
     sh.setup(device_id=1, grpc_addr="127.0.0.1:9559", election_id=(0, 1))
     te = sh.TableEntry("job_table")(action="set_job")
     te.match["job_id"] = "3"
@@ -16,6 +18,7 @@ control call. Example, with p4runtime-shell in its own environment::
     sh.MulticastGroupEntry(2).add(1).add(5).insert()
     sh.teardown()
 
+Calls without the token are refused with UNAUTHENTICATED (``auth``; docs/innet-security.md).
 Importing this package also makes the stock ``p4.v1.p4runtime_pb2`` modules usable under protobuf >= 4
 (see ``protos``).
 """

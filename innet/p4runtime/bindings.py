@@ -42,6 +42,10 @@ TABLES: dict[str, TableBinding] = {
     "port_table": TableBinding(
         key="port", action="set_port_addr", params=("ipv4", "udp_port"),
         insert="set_port", modify="set_port", delete="delete_port", read="read_ports"),
+    # key = job_id << 24 | port: the (job, ingress port) pairs allowed to send the job's gradients
+    "member_table": TableBinding(
+        key="member", action="allow_member", params=(),
+        insert="insert_member", modify="insert_member", delete="delete_member", read="read_members"),
 }
 
 #: Actions that only serve as constant default actions (no control-plane state behind them).
@@ -50,7 +54,7 @@ DEFAULT_ONLY_ACTIONS: tuple[str, ...] = ("drop_packet", "NoAction")
 #: P4 counter alias -> key of ``SwitchControl.counters()``.
 COUNTERS: dict[str, str] = {
     name: name
-    for name in ("aggregated", "forwarded", "collisions", "resends", "acks", "dropped", "ecn_marked")
+    for name in ("aggregated", "forwarded", "collisions", "resends", "acks", "dropped", "ecn_marked", "rejected")
 }
 
 #: P4 register alias -> how it is backed.

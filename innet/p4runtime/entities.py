@@ -80,6 +80,8 @@ class EntityStore:
                     self.switch.delete_port(port)
                 for group in list(self.switch.read_mcast_groups()):
                     self.switch.delete_mcast_group(group.group_id)
+                for job_id, port in list(self.switch.read_members()):
+                    self.switch.delete_member(job_id, port)
             except ControlError as exc:
                 raise from_control_error(exc) from exc
             self._table_metadata.clear()
@@ -163,6 +165,16 @@ class EntityStore:
             if utype not in (Update.INSERT, Update.MODIFY):
                 raise invalid_argument(f"unknown update type {utype}")
             self.switch.set_port(key, addr)
+        elif spec.alias == "member_table":
+            job_id, port = key >> 24, key & 0xFFFFFF
+            present = (job_id, port) in set(self.switch.read_members())
+            if utype == Update.INSERT:
+                self.switch.insert_member(job_id, port)
+            elif utype == Update.MODIFY:
+                if not present:
+                    raise not_found(f"member_table has no entry for job {job_id} port {port}")
+            else:
+                raise invalid_argument(f"unknown update type {utype}")
         else:  # pragma: no cover - bindings and schema list the same tables
             raise unimplemented(f"table '{spec.alias}' has no SwitchControl mapping")
         if entry.metadata:
@@ -177,6 +189,8 @@ class EntityStore:
             if key not in self.switch.read_ports():
                 raise not_found(f"port_table has no entry for port {key}")
             self.switch.delete_port(key)
+        elif spec.alias == "member_table":
+            self.switch.delete_member(key >> 24, key & 0xFFFFFF)
 
     def _write_pre_entry(self, utype: int, pre: p4runtime_pb2.PacketReplicationEngineEntry) -> None:
         if pre.WhichOneof("type") != "multicast_group_entry":
@@ -316,6 +330,9 @@ class EntityStore:
                     logger.warning("port %d: address %r is not IPv4; not shown in port_table", port, host)
                     continue
                 yield port, {"ipv4": ipv4, "udp_port": udp_port}
+        elif spec.alias == "member_table":
+            for job_id, port in self.switch.read_members():
+                yield job_id << 24 | port, {}
 
     def _table_entity(self, spec: TableSpec, key: int, params: dict[str, int]) -> Entity:
         ent = Entity()

@@ -2,7 +2,8 @@
 
 Implements StreamChannel (arbitration; packet I/O and digests are answered with a StreamError),
 Set/GetForwardingPipelineConfig, Write (per-update ``p4.v1.Error`` details in ``grpc-status-details-bin``
-under status UNKNOWN, as the spec requires), Read (streamed in batches) and Capabilities.
+under status UNKNOWN, as the spec requires), Read (streamed in batches) and Capabilities. With a token
+(``serve(..., token=...)``) every call must carry it (``innet.p4runtime.auth``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import grpc
 from innet.control import SwitchControl
 
 from .arbitration import Arbitrator, election_id_of
+from .auth import TokenInterceptor
 from .entities import EntityStore
 from .errors import P4RuntimeError, invalid_argument, not_found
 from .protos import code_pb2, p4runtime_pb2, p4runtime_pb2_grpc, status_pb2
@@ -285,11 +287,13 @@ class Server:
 
 def serve(switch: SwitchControl, port: int, host: str = "127.0.0.1",
           p4info_path: str | Path | None = None, *, device_id: int = 1,
-          max_workers: int = 32) -> Server:
+          max_workers: int = 32, token: str | None = None) -> Server:
     """Serve P4Runtime for ``switch`` on ``host:port`` (port 0 picks a free one), with the ATP P4Info.
 
     ``p4info_path`` defaults to ``innet/p4/atp.p4info.txtpb``; it must satisfy the binding table.
-    Each open StreamChannel holds one of ``max_workers`` threads.
+    Each open StreamChannel holds one of ``max_workers`` threads. ``token``: every call must carry it
+    (``innet.p4runtime.auth``; others get UNAUTHENTICATED). None serves without authentication, for a
+    switch that only its owner can reach (tests); a shared switch always has a token.
     """
     if not 0 <= port <= 65535:
         raise ValueError(f"port must be 0..65535, got {port}")
@@ -299,9 +303,15 @@ def serve(switch: SwitchControl, port: int, host: str = "127.0.0.1",
         raise ValueError(str(err)) from err
     service = P4RuntimeService(switch, schema, device_id=device_id)
     # no SO_REUSEPORT: a second server on a busy port must fail, not silently share it
+    interceptors = []
+    if token is not None:
+        interceptors.append(TokenInterceptor(token))
+    else:
+        logger.warning("P4Runtime server on %s:%d without a token: any local client can control the switch",
+                       host, port)
     grpc_server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers,
                                                          thread_name_prefix="p4rt"),
-                              options=[("grpc.so_reuseport", 0)])
+                              options=[("grpc.so_reuseport", 0)], interceptors=interceptors)
     p4runtime_pb2_grpc.add_P4RuntimeServicer_to_server(service, grpc_server)
     try:
         bound = grpc_server.add_insecure_port(f"{host}:{port}")

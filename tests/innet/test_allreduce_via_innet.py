@@ -48,6 +48,116 @@ def test_results_within_the_quantization_bound(world: int) -> None:
         assert np.allclose(x64, want, atol=float(error_bound(np.array([want]), DEFAULT_SCALE, world)[0]))
 
 
+@pytest.mark.timeout(240)
+def test_float64_results_within_the_quantization_bound() -> None:
+    """float64 values that float32 cannot hold: quantized from float64, within the bound everywhere."""
+    world, n = 3, 30_000
+
+    def value(rank: int) -> np.ndarray:
+        return np.random.default_rng([rank, 64]).standard_normal(n) * 50
+
+    def body(ctx):
+        with C.AllReduce(ctx, edge=7, op="sum", via="innet") as op:
+            return op.allreduce(value(ctx.rank))
+
+    ref = sum(value(r) for r in range(world))
+    bound = error_bound(ref, DEFAULT_SCALE, world)
+    for out in run_local(world, body, timeout=200):
+        assert out.dtype == np.float64
+        bad = np.abs(out - ref) > bound
+        assert not bad.any(), f"{int(bad.sum())} of {n} elements outside the bound"
+
+
+def test_float64_beyond_the_int32_range_within_the_documented_bound() -> None:
+    """Overflow fragments of float64 inputs travel as float32: the documented extra term covers them."""
+    from innet import InnetCluster, JobSpec
+    world = 3
+    inputs = [np.random.default_rng([r, 65]).standard_normal(500) * 1e4 for r in range(world)]
+    inputs[0][:10] = 1e4 + 1 / 3                             # and some that cancel
+    inputs[1][:10] = -1e4
+    with InnetCluster([JobSpec(1, world)]) as cluster:
+        outs = cluster.allreduce(1, inputs)
+    ref = np.sum(inputs, axis=0)
+    bound = error_bound(ref, DEFAULT_SCALE, world, overflow_abs_sum=np.sum(np.abs(inputs), axis=0))
+    assert all((np.abs(o.astype(np.float64) - ref) <= bound).all() for o in outs)
+    assert all(h.last_stats.overflow_fragments > 0 for h in cluster.jobs[1])
+
+
+@pytest.mark.timeout(120)
+def test_the_operation_timeout_bounds_a_call() -> None:
+    """The call's timeout (default: the operation's, default tn.init(timeout=...)) bounds an in-network
+    call too (it was always 300 s)."""
+    import threading
+    from twisternet.errors import OperationTimeout
+    release = threading.Event()
+
+    def body(ctx):
+        with C.AllReduce(ctx, edge=8, op="sum", via="innet", timeout=60.0) as op:
+            op.allreduce(np.ones(10, np.float32))              # set-up, together (slow on a busy machine)
+            if ctx.rank == 1:
+                release.wait(60)                               # alive, but never calls again
+                return None
+            t0 = time.monotonic()
+            try:
+                op.allreduce(np.ones(10, np.float32), timeout=3.0)
+                return "no error"
+            except OperationTimeout as e:
+                return type(e).__name__, time.monotonic() - t0
+            finally:
+                release.set()
+
+    res = run_local(2, body, timeout=100)
+    name, took = res[0]
+    assert name == "OperationTimeout" and took < 30
+
+
+@pytest.mark.timeout(120)
+def test_a_lost_peer_ends_the_call_at_once() -> None:
+    """A rank that dies mid-job: the others' in-network call raises PeerLostError, no wait for the timeout."""
+    from twisternet.errors import PeerLostError
+    seen: dict = {}
+
+    def body(ctx):
+        with C.AllReduce(ctx, edge=9, op="sum", via="innet", timeout=90.0) as op:
+            op.allreduce(np.ones(10, np.float32))
+            if ctx.rank == 1:
+                raise RuntimeError("rank 1 dies")
+            t0 = time.monotonic()
+            try:
+                op.allreduce(np.ones(10, np.float32))
+            except PeerLostError as e:
+                seen["error"] = (e.rank, time.monotonic() - t0)
+                raise
+
+    with pytest.raises(RuntimeError, match="rank 1 dies"):
+        run_local(2, body, timeout=100)
+    rank, took = seen["error"]
+    assert rank == 1 and took < 30
+
+
+def test_unreachable_innet_host_is_a_config_error() -> None:
+    from collectives.innet_allreduce import _check_reachable
+    _check_reachable("op", [0, 1], "127.0.0.1", [("127.0.0.1", 1), ("127.0.0.1", 2)])
+    _check_reachable("op", [0, 1], "10.0.0.1", [("10.0.0.1", 1), ("10.0.0.2", 2)])
+    with pytest.raises(ConfigError, match="innet_host.*rank.s. 1 at 10.0.0.2"):
+        _check_reachable("op", [0, 1], "127.0.0.1", [("127.0.0.1", 1), ("10.0.0.2", 2)])
+    with pytest.raises(ConfigError, match="bind loopback"):
+        _check_reachable("op", [0, 3], "10.0.0.1", [("10.0.0.1", 1), ("127.0.0.1", 2)])
+    # all on loopback, but two hosts (an MPI job across machines with the default innet_host)
+    _check_reachable("op", [0, 1], "127.0.0.1", [("127.0.0.1", 1), ("127.0.0.1", 2)], [7, 7])
+    with pytest.raises(ConfigError, match="rank.s. 1 at 127.0.0.1 of another host"):
+        _check_reachable("op", [0, 1], "127.0.0.1", [("127.0.0.1", 1), ("127.0.0.1", 2)], [7, 8])
+
+
+def test_innet_host_defaults_to_the_interface_towards_the_master() -> None:
+    from collectives.innet_allreduce import _innet_host
+    from twisternet.config import load_config
+    assert _innet_host(load_config(env={})) == "127.0.0.1"                      # no master: loopback
+    assert _innet_host(load_config(env={}, master="127.0.0.1:9")) == "127.0.0.1"
+    assert _innet_host(load_config(env={}, master="127.0.0.1:9", innet_host="127.0.0.2")) == "127.0.0.2"
+    assert _innet_host(load_config(env={}, master="127.0.0.1:9", advertise_host="127.0.0.3")) == "127.0.0.3"
+
+
 def test_bad_input_is_refused_before_anything_starts() -> None:
     def body(ctx):
         errors = []

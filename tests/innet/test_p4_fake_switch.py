@@ -16,7 +16,8 @@ from innet.control import (
     AggregatorState, AlreadyExists, InvalidArgument, JobEntry, MulticastGroup, NotFound, SwitchControl,
 )
 
-COUNTER_NAMES = ("aggregated", "forwarded", "collisions", "resends", "acks", "dropped", "ecn_marked")
+COUNTER_NAMES = ("aggregated", "forwarded", "collisions", "resends", "acks", "dropped", "ecn_marked",
+                 "rejected")
 
 
 class FakeSwitch:
@@ -29,6 +30,7 @@ class FakeSwitch:
         self._ports: dict[int, tuple[str, int]] = {}
         self._jobs: dict[int, JobEntry] = {}
         self._groups: dict[int, MulticastGroup] = {}
+        self._members: set[tuple[int, int]] = set()
         self._ecn = 0
         self._counters = {name: 0 for name in COUNTER_NAMES}
         self._job_seq = np.zeros(num_aggregators, np.uint32)
@@ -91,6 +93,22 @@ class FakeSwitch:
     def read_jobs(self) -> Sequence[JobEntry]:
         with self._lock:
             return list(self._jobs.values())
+
+    def insert_member(self, job_id: int, port: int) -> None:
+        with self._lock:
+            if (job_id, port) in self._members:
+                raise AlreadyExists(f"member {job_id}/{port}")
+            self._members.add((job_id, port))
+
+    def delete_member(self, job_id: int, port: int) -> None:
+        with self._lock:
+            if (job_id, port) not in self._members:
+                raise NotFound(f"member {job_id}/{port}")
+            self._members.discard((job_id, port))
+
+    def read_members(self) -> Sequence[tuple[int, int]]:
+        with self._lock:
+            return sorted(self._members)
 
     def insert_mcast_group(self, group: MulticastGroup) -> None:
         with self._lock:

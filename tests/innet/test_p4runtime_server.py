@@ -176,6 +176,19 @@ def job_update(utype, job_id: bytes | int, fan_in=3, ps_port=7, mcast=5, level=0
     return u
 
 
+def member_update(utype, job_id: int, port: int):
+    """A member_table entry: ``port`` may send gradients of ``job_id``."""
+    u = pb.Update(type=utype)
+    te = u.entity.table_entry
+    te.table_id = TABLE["member_table"]
+    mf = te.match.add()
+    mf.field_id = 1
+    mf.exact.value = encode_uint(job_id << 24 | port)
+    if utype != pb.Update.DELETE:
+        te.action.action.action_id = ACTION["allow_member"].preamble.id
+    return u
+
+
 def port_update(utype, port: int, ipv4: str = "127.0.0.2", udp_port: int = 40000):
     u = pb.Update(type=utype)
     te = u.entity.table_entry
@@ -605,6 +618,14 @@ def test_software_switch_aggregator_state_over_p4runtime():
             assert client.arbitrate(1).arbitration.status.code == code_pb2.OK
             client.write(job_update(pb.Update.INSERT, 3, fan_in=2, ps_port=1, mcast=1, level=0),
                          port_update(pb.Update.INSERT, 1, "127.0.0.1", 40000))
+            out = switch.process(_gradient(3, 17, 0b01, 6, [5, -6, 7, 8], 2), 2, time.monotonic())
+            assert out == [] and switch.counters()["rejected"] == 1     # port 2 is no member yet
+            client.write(member_update(pb.Update.INSERT, 3, 2))
+            assert list(switch.read_members()) == [(3, 2)]
+            e = pb.Entity()
+            e.table_entry.table_id = TABLE["member_table"]
+            assert [decode_uint(x.table_entry.match[0].exact.value, 32, "member")
+                    for x in client.read(e)] == [3 << 24 | 2]
             out = switch.process(_gradient(3, 17, 0b01, 6, [5, -6, 7, 8], 2), 2, time.monotonic())
             assert out == []                                 # absorbed, waiting for the 2nd worker
             e = pb.Entity()

@@ -23,6 +23,7 @@ import pytest
 
 from innet.control import JobEntry, MulticastGroup
 from innet.p4runtime import DEFAULT_P4INFO_PATH, serve
+from innet.p4runtime.auth import p4runtime_token
 
 from test_p4_fake_switch import FakeSwitch
 
@@ -30,6 +31,8 @@ VENV = Path(os.environ.get("TWISTERNET_P4SHELL_VENV",
                            Path.home() / ".cache" / "twisternet" / "p4shell-venv"))
 VENV_PYTHON = VENV / "bin" / "python"
 SCRIPT_TIMEOUT = 120
+TOKEN = p4runtime_token(b"job token of the shell test")
+SHELL_TOKEN_DIR = Path(__file__).resolve().parents[2] / "innet" / "p4runtime"
 PIP_TIMEOUT = 900
 
 
@@ -59,13 +62,26 @@ def _ensure_venv() -> None:
 
 
 SHELL_SCRIPT = textwrap.dedent('''
-    import json, sys
+    import json, os, sys
+    addr, verbose, p4info_path, bin_path = sys.argv[1], sys.argv[2] == "1", sys.argv[3], sys.argv[4]
+    token_dir, token = sys.argv[5], sys.argv[6]
+    if token:                                   # the supported way: innet/p4runtime/shell_token.py
+        sys.path.insert(0, token_dir)
+        import shell_token
+        shell_token.install(token)
     import p4runtime_sh.shell as sh
     from p4runtime_sh.p4runtime import P4RuntimeWriteException
     from p4.v1 import p4runtime_pb2
 
-    addr, verbose, p4info_path, bin_path = sys.argv[1], sys.argv[2] == "1", sys.argv[3], sys.argv[4]
     out = {}
+    if not token:
+        try:
+            sh.setup(device_id=1, grpc_addr=addr, election_id=(0, 1), verbose=verbose)
+            out["refused"] = None
+        except BaseException as exc:  # noqa: BLE001 - whatever the shell raises, report it
+            out["refused"] = repr(exc)
+        print("RESULT:" + json.dumps(out), flush=True)
+        os._exit(0)                             # the shell's stream thread is not a daemon
     # pushes the pipeline (SetForwardingPipelineConfig VERIFY_AND_COMMIT), then fetches the P4Info back
     sh.setup(device_id=1, grpc_addr=addr, election_id=(0, 1), verbose=verbose,
              config=sh.FwdPipeConfig(p4info_path, bin_path))
@@ -92,7 +108,7 @@ SHELL_SCRIPT = textwrap.dedent('''
                          for g in sh.MulticastGroupEntry().read()]
         out["counters"] = {}
         for name in ("aggregated", "forwarded", "collisions", "resends", "acks", "dropped",
-                     "ecn_marked"):
+                     "ecn_marked", "rejected"):
             for c in sh.CounterEntry(name).read():
                 out["counters"][name] = c.packet_count
         # p4runtime-shell has no RegisterEntry: raw protobuf through its client
@@ -143,15 +159,21 @@ def test_p4runtime_shell_drives_the_switch(make_switch, verbose, tmp_path):
     script.write_text(SHELL_SCRIPT)
     device_config = tmp_path / "atp.bin"
     device_config.write_bytes(b"no compiled target config on this machine")
-    with serve(switch, 0) as server:
-        switch.insert_job(JobEntry(77, 1, 1, 1))              # cleared by the shell's pipeline push
+    def shell(token: str) -> dict:
         proc = subprocess.run([str(VENV_PYTHON), str(script), server.address, "1" if verbose else "0",
-                               str(DEFAULT_P4INFO_PATH), str(device_config)],
+                               str(DEFAULT_P4INFO_PATH), str(device_config), str(SHELL_TOKEN_DIR), token],
                               capture_output=True, text=True, timeout=SCRIPT_TIMEOUT,
                               env={**os.environ, "PYTHONPATH": ""})
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT:")]
-    assert proc.returncode == 0 and lines, f"shell failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    out = json.loads(lines[-1][len("RESULT:"):])
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT:")]
+        assert proc.returncode == 0 and lines, f"shell failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        return {**json.loads(lines[-1][len("RESULT:"):]), "stderr": proc.stderr}
+
+    with serve(switch, 0, token=TOKEN) as server:
+        switch.insert_job(JobEntry(77, 1, 1, 1))              # cleared by the shell's pipeline push
+        refused = shell("")                                    # without the token: refused, nothing done
+        assert refused["refused"] and "UNAUTHENTICATED" in refused["stderr"], refused
+        assert list(switch.read_jobs()) == [JobEntry(77, 1, 1, 1)]
+        out = shell(TOKEN)
 
     assert out["canonical"] is verbose
     # what the shell put on the wire: ps_port is bit<9>, so padded mode sends two bytes

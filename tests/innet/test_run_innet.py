@@ -7,6 +7,7 @@ operations share the switch the launcher started.
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 import subprocess
@@ -43,24 +44,32 @@ PS = ("127.0.0.1", 40100)
 
 def test_place_and_remove_a_job(switch_and_controller) -> None:
     switch, ctl = switch_and_controller
-    job_id = ctl.free_job_id()
-    assert job_id == 1
-    placement = ctl.place_job(job_id, WORKERS, PS)
+    placement = ctl.place_job(1, WORKERS, PS)
     assert placement == JobPlacement(1, (1, 2, 3), 4)
     assert switch.read_ports() == {1: WORKERS[0], 2: WORKERS[1], 3: WORKERS[2], 4: PS}
     assert list(switch.read_jobs()) == [JobEntry(1, fan_in=3, ps_port=4, mcast_group=1, level=0)]
     assert list(switch.read_mcast_groups()) == [MulticastGroup(1, (1, 2, 3))]
-    assert ctl.free_job_id() == 2 and ctl.free_job_id(exclude=[2, 3]) == 4
+    assert list(switch.read_members()) == [(1, 1), (1, 2), (1, 3)]      # the source check's entries
+    assert ctl.job_ids() == {1}
 
     second = ctl.place_job(2, WORKERS[:2], PS)      # the next job gets the next free ports
     assert second == JobPlacement(2, (5, 6), 7)
     ctl.remove_job(placement)
     assert list(switch.read_jobs()) == [JobEntry(2, fan_in=2, ps_port=7, mcast_group=2, level=0)]
     assert set(switch.read_ports()) == {5, 6, 7}
-    assert ctl.free_job_id() == 1
+    assert list(switch.read_members()) == [(2, 5), (2, 6)]
     ctl.remove_job(placement)                       # removing twice is harmless
     ctl.remove_job(second)
     assert not switch.read_ports() and not list(switch.read_jobs()) and not list(switch.read_mcast_groups())
+
+
+def test_free_job_ids_are_random_and_free(switch_and_controller) -> None:
+    """Ids are not predictable (not the lowest free one) and never one in use or excluded."""
+    _, ctl = switch_and_controller
+    for job in range(1, 101):
+        ctl.place_job(job, WORKERS[:1], PS) if job <= 3 else None
+    seen = {ctl.free_job_id(exclude=range(4, 200)) for _ in range(30)}
+    assert seen <= set(range(200, 256)) and len(seen) > 5
 
 
 def test_a_taken_job_id_fails_cleanly(switch_and_controller) -> None:
@@ -116,15 +125,19 @@ def test_launcher_needs_the_innet_extra(monkeypatch, tmp_path) -> None:
 
 
 def test_run_innet_shares_one_switch_between_operations() -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     p = subprocess.run([sys.executable, "-m", "twisternet", "run", "--innet", "-n", "3", str(SCRIPT)],
-                       capture_output=True, text=True, timeout=100, cwd=ROOT)
+                       capture_output=True, text=True, timeout=100, cwd=ROOT, env=env)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     results = re.findall(r"RESULT rank=(\d) op=(\d) size=\d+ ok=(\w+) fallback=(\w+) own_switch=(\w+) job=(\d+)",
                          p.stdout)
     assert len(results) == 12, p.stdout
     assert all(ok == "True" and fb == "False" and own == "False" for _, _, ok, fb, own, _ in results), p.stdout
-    assert {(op, job) for _, op, _, _, _, job in results} == {("0", "1"), ("1", "2")}   # two jobs, one switch
-    assert "JOBS [1, 2] next_free=3" in p.stdout and "AFTER next_free=1" in p.stdout
+    jobs = {(op, job) for _, op, _, _, _, job in results}
+    assert len(jobs) == 2 and len({job for _, job in jobs}) == 2                      # two jobs, one switch
+    m = re.search(r"JOBS \[(\d+), (\d+)\] on_switch=(\[.*\])", p.stdout)
+    assert m and sorted(eval(m.group(3))) == sorted(int(j) for _, j in jobs), p.stdout
+    assert "AFTER on_switch=[]" in p.stdout
     m = re.search(r"in-network switch on udp [\d.]+:\d+ \(P4Runtime ([\d.]+):(\d+)\)", p.stderr)
     assert m, p.stderr
     with socket.socket() as s:                      # the launcher stopped the switch with the job

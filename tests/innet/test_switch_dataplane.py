@@ -28,6 +28,8 @@ def make_switch(fan_in: int = 3, n_agg: int = 8, level: int = 0, jobs=(1,), **kw
     sw.insert_mcast_group(MulticastGroup(2, (4, 5)))
     for j in jobs:
         sw.insert_job(JobEntry(j, fan_in, PS if j == 1 else PS + 1, 1 if j == 1 else 2, level))
+        for p in ((1, 2, 3) if j == 1 else (4, 5)):
+            sw.insert_member(j, p)
     return sw
 
 
@@ -79,8 +81,8 @@ def test_collision_forwards_unaggregated_with_flag() -> None:
     sw = make_switch(jobs=(1, 2))
     sw.process(grad(1, 0, [1, 2, 3, 4], idx=2), 1, 0.0)
     payload = [9, 8, 7, 6]
-    for job, seq, port in ((1, 2, PS), (2, 1, PS + 1)):          # same job other seq; other job
-        out = sw.process(grad(seq, 1, payload, job=job, idx=2), 2, 0.0)
+    for job, seq, port, src in ((1, 2, PS, 2), (2, 1, PS + 1, 4)):   # same job other seq; other job
+        out = sw.process(grad(seq, 1, payload, job=job, idx=2), src, 0.0)
         assert len(out) == 1 and out[0][0] == port
         p = decode(out[0][1], V)
         assert p.collision and not p.edge and (p.job_id, p.seq) == (job, seq)
@@ -233,10 +235,12 @@ def test_two_levels_aggregate_each_contribution_once() -> None:
         t.set_port(1, ("h", 1)), t.set_port(2, ("h", 2)), t.set_port(PS, ("l1", 9))
         t.insert_mcast_group(MulticastGroup(1, (1, 2)))
         t.insert_job(JobEntry(1, 2, PS, 1, level=0))
+        t.insert_member(1, 1), t.insert_member(1, 2)
     l1 = SoftwareSwitch(4, V)
     l1.set_port(1, ("t0", 1)), l1.set_port(2, ("t1", 1)), l1.set_port(PS, ("ps", 1))
     l1.insert_mcast_group(MulticastGroup(1, (1, 2)))
     l1.insert_job(JobEntry(1, 2, PS, 1, level=1))
+    l1.insert_member(1, 1), l1.insert_member(1, 2)
     rng = np.random.default_rng(1)
     vals = rng.integers(-1000, 1000, (2, 2, V))
     to_ps = []
@@ -280,6 +284,8 @@ class _Net:
             t.set_port(PS, ("up", 1))
             t.insert_mcast_group(MulticastGroup(1, tuple(range(1, k + 1))))
             t.insert_job(JobEntry(1, k, PS, 1, level=0))
+            for i in range(k):
+                t.insert_member(1, i + 1)
             self.tors.append(t)
         if two_level:
             self.l1 = SoftwareSwitch(n_agg, V)
@@ -288,6 +294,8 @@ class _Net:
             self.l1.set_port(PS, ("ps", 1))
             self.l1.insert_mcast_group(MulticastGroup(1, tuple(range(1, len(racks) + 1))))
             self.l1.insert_job(JobEntry(1, len(racks), PS, 1, level=1))
+            for r in range(len(racks)):
+                self.l1.insert_member(1, r + 1)
         self.queue: list[tuple[str, int, bytes]] = []
         self.acks: dict[tuple[int, int], dict[int, np.ndarray]] = {}
 
@@ -354,3 +362,45 @@ def test_lossy_network_result_exact_and_counted_once(racks, two_level, n_agg, ns
                 assert np.array_equal(net.acks[key][s], expect[s].astype(np.float32)), (key, s)
     finally:
         net.ps.transport.close()
+
+
+def test_packets_from_unregistered_sources_are_rejected_and_counted() -> None:
+    """The source check: ACKs only from the job's PS port, gradients only from its member ports."""
+    from innet.switch_server import UNKNOWN_PORT
+    sw = make_switch(jobs=(1, 2))
+    sw.process(grad(3, 0, [5, 5, 5, 5], idx=1), 1, 0.0)              # a real contribution is held
+    before = sw.read_aggregator(1)
+    # a forged result from a worker port, another job's PS port and an unknown address
+    for port in (1, PS + 1, UNKNOWN_PORT):
+        assert sw.process(ack(3, idx=1), port, 0.0) == []
+    # forged contributions from another job's member port and from an unknown address
+    for port in (4, UNKNOWN_PORT):
+        assert sw.process(grad(3, 1, [10**6] * 4, idx=1), port, 0.0) == []
+    after = sw.read_aggregator(1)
+    assert (after.job_seq, after.bitmap, after.counter) == (before.job_seq, before.bitmap, before.counter)
+    assert np.array_equal(after.values, before.values)
+    c = sw.counters()
+    assert c["rejected"] == 5 and c["acks"] == 0 and c["aggregated"] == 1
+    # the registered sources still work
+    assert [p for p, _ in sw.process(ack(3, idx=1), PS, 0.0)] == [1, 2, 3]
+    sw.delete_member(1, 2)
+    assert sw.process(grad(4, 1, [1, 1, 1, 1]), 2, 0.0) == [] and sw.counters()["rejected"] == 6
+
+
+def test_ps_accepts_a_job_only_from_its_switch_and_its_workers() -> None:
+    ps = ParameterServer(value_count=V)
+    try:
+        sw, w0, w1 = ("127.0.0.1", 9000), ("127.0.0.1", 9100), ("127.0.0.1", 9101)
+        ps.add_job(PSJobConfig(1, 2, 1.0, switch_addr=sw, workers=(w0, w1)))
+        forged = grad(0, 0, [100, 100, 100, 100], fan0=2)
+        assert ps.handle(forged, ("127.0.0.1", 9999), 0.0) == []        # unregistered address
+        assert ps.handle(forged, w1, 0.0) == []                         # rank 1 speaking for rank 0
+        as_switch = encode(decode(grad(0, 0, [1, 1, 1, 1], fan0=2), V).with_(edge=True, bitmap0=3))
+        assert ps.handle(as_switch, w0, 0.0) == []                      # a worker posing as the switch
+        assert ps.rejected == 3 and ps.stats(1).rejected == 3
+        assert ps.handle(grad(0, 0, [1, 2, 3, 4], fan0=2), w0, 0.0) == []
+        out = ps.handle(grad(0, 1, [1, 1, 1, 1], fan0=2), sw, 0.0)
+        assert sorted(a for a, _ in out) == [sw, w0]                  # to the switch and to direct rank 0
+        assert np.array_equal(decode(out[0][1], V).float_values(), [2, 3, 4, 5])
+    finally:
+        ps.transport.close()

@@ -144,13 +144,19 @@ def test_loss_injection_is_seeded_and_by_kind() -> None:
         sink.close()
 
 
-def test_cli_serves_p4runtime_when_asked() -> None:
+def test_cli_serves_p4runtime_when_asked(tmp_path) -> None:
     pytest.importorskip("grpc")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         grpc_port = s.getsockname()[1]
     env = dict(os.environ, PYTHONPATH=ROOT)
-    proc = subprocess.Popen([*CLI, "--p4runtime-port", str(grpc_port)],
+    # a P4Runtime port without a token is refused (unless --p4runtime-insecure says so)
+    r = subprocess.run([*CLI, "--p4runtime-port", str(grpc_port)], capture_output=True, text=True, env=env,
+                       cwd=ROOT, timeout=60)
+    assert r.returncode == 2 and "--p4runtime-token-file" in r.stderr
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret\n")
+    proc = subprocess.Popen([*CLI, "--p4runtime-port", str(grpc_port), "--p4runtime-token-file", str(token_file)],
                             stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
     try:
         assert "listening on udp" in proc.stdout.readline()

@@ -112,7 +112,10 @@ def test_two_level_topology_end_to_end() -> None:
             sw.set_port(100, l1.address)
             sw.insert_mcast_group(MulticastGroup(1, tuple(r % rack + 1 for r in members)))
             sw.insert_job(JobEntry(4, len(members), 100, 1, level=0))
+            for r in members:
+                sw.insert_member(4, r % rack + 1)
             l1.switch.set_port(t + 1, tor.address)
+            l1.switch.insert_member(4, t + 1)
         l1.switch.set_port(100, ps.address)
         l1.switch.insert_mcast_group(MulticastGroup(1, (1, 2, 3)))
         l1.switch.insert_job(JobEntry(4, 3, 100, 1, level=1))

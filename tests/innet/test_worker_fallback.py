@@ -60,7 +60,7 @@ def test_switch_process_killed_mid_job() -> None:
     jobs = [InnetJob(2, r, world, ("127.0.0.1", sw_port), ("127.0.0.1", ps_port), scale=scale)
             for r in range(world)]
     svc = InnetService.launch(2, [j.address for j in jobs], switch_port=sw_port, ps_port=ps_port,
-                              scale=scale)
+                              scale=scale, direct_addrs=[j.direct_address for j in jobs])
     try:
         rng = np.random.default_rng(2)
         inputs = [rng.standard_normal(150_000).astype(np.float32) for _ in range(world)]
@@ -83,17 +83,24 @@ def test_blackholed_switch_falls_back_on_timeout() -> None:
     hole.bind(("127.0.0.1", 0))
     world, scale = 2, 2.0**20
     with PSThread() as ps:
-        ps.server.add_job(PSJobConfig(3, world, scale, switch_addr=hole.getsockname()))
-        jobs = [InnetJob(3, r, world, hole.getsockname(), ps.address, scale=scale, fallback_timeout=0.5)
+        jobs = [InnetJob(3, r, world, hole.getsockname(), ps.address, scale=scale, fallback_timeout=3.0)
                 for r in range(world)]
+        ps.server.add_job(PSJobConfig(3, world, scale, switch_addr=hole.getsockname(),
+                                      workers=tuple(j.direct_address for j in jobs)))
         try:
             inputs = [np.full(500, r + 0.25, np.float32) for r in range(world)]
             t0 = time.monotonic()
             out = run_ranks([lambda j=j, a=a: j.allreduce(a) for j, a in zip(jobs, inputs)])
-            assert time.monotonic() - t0 >= 0.5
+            assert time.monotonic() - t0 >= 3.0
             _ref_check(out, inputs, scale)
             for j in jobs:
                 assert j.last_stats.fallback and "no parameter packet" in j.last_stats.fallback_reason
+            # the next call goes to the PS at once: it does not wait fallback_timeout again
+            out = run_ranks([lambda j=j, a=a: j.allreduce(a) for j, a in zip(jobs, inputs)])
+            _ref_check(out, inputs, scale)
+            for j in jobs:
+                assert j.last_stats.fallback and "earlier in this job" in j.last_stats.fallback_reason
+                assert j.last_stats.elapsed < 3.0          # no second wait of fallback_timeout
         finally:
             for j in jobs:
                 j.close()
@@ -118,3 +125,32 @@ def test_no_switch_and_no_ps_raises_instead_of_hanging() -> None:
         job.close()
         for h in holes:
             h.close()
+
+
+def test_back_on_the_switch_once_it_answers_again() -> None:
+    """After an ICMP-detected fallback, the PS's copies of the results arriving through a restarted
+    switch put the workers back on it from their next call."""
+    from innet.switch_server import SwitchThread
+    world = 2
+    inputs = [np.full(2000, r + 0.5, np.float32) for r in range(world)]
+    with InnetCluster([JobSpec(1, world)]) as c:
+        addr = c.switch.address
+        config = {"ports": {str(p): list(a) for p, a in c.control.read_ports().items()},
+                  "groups": [{"group_id": g.group_id, "ports": list(g.ports)} for g in c.control.read_mcast_groups()],
+                  "jobs": [{"job_id": j.job_id, "fan_in": j.fan_in, "ps_port": j.ps_port,
+                            "mcast_group": j.mcast_group, "level": j.level} for j in c.control.read_jobs()],
+                  "members": [list(m) for m in c.control.read_members()]}
+        c.kill_switch()
+        out = c.allreduce(1, inputs)
+        _ref_check(out, inputs, c.specs[1].scale)
+        assert all(h.last_stats.fallback for h in c.jobs[1])
+        c.switch = SwitchThread(c.num_aggregators, c.value_count, config=config, bind=addr).start()
+        # the next call, still on the PS, sees results come through the switch too; the one after it
+        # (or, if the switch was slow to forward them, a later one) uses the switch again
+        for _ in range(5):
+            out = c.allreduce(1, inputs)
+            _ref_check(out, inputs, c.specs[1].scale)
+            if not any(h.last_stats.fallback for h in c.jobs[1]):
+                break
+        assert not any(h.last_stats.fallback for h in c.jobs[1])
+        assert c.control.counters()["aggregated"] > 0

@@ -25,6 +25,7 @@ class FakeSwitch:
         self.sock.bind(("127.0.0.1", 0))
         self.sock.settimeout(5.0)
         self.worker_addr: tuple[str, int] | None = None
+        self.index_of: dict[int, int] = {}
 
     @property
     def address(self) -> tuple[str, int]:
@@ -33,13 +34,18 @@ class FakeSwitch:
     def recv(self) -> Packet:
         data, addr = self.sock.recvfrom(65536)
         self.worker_addr = addr
-        return decode(data, V)
+        p = decode(data, V)
+        self.index_of[p.seq] = p.agg_index
+        return p
 
     def recv_n(self, n: int) -> list[Packet]:
         return [self.recv() for _ in range(n)]
 
-    def ack(self, seq: int, values, *, job: int = 1, idx: int = 0, **flags) -> None:
-        self.sock.sendto(encode(Packet(job, seq, np.asarray(values, np.float32), bitmap0=1, bitmap1=1,
+    def ack(self, seq: int, values, *, job: int = 1, idx: int | None = None, bitmap0: int = 0b11,
+            **flags) -> None:
+        """A parameter packet as the PS of a 2-worker job sends it (index: the one the worker used)."""
+        idx = self.index_of.get(seq, 0) if idx is None else idx
+        self.sock.sendto(encode(Packet(job, seq, np.asarray(values, np.float32), bitmap0=bitmap0, bitmap1=1,
                                        agg_index=idx, is_ack=True, **flags)), self.worker_addr)
 
     def close(self) -> None:
@@ -140,6 +146,32 @@ def test_aggregator_slots_follow_the_parameter_packets() -> None:
     finally:
         w.close()
         fake.close()
+
+
+def test_worker_takes_only_results_that_can_be_its_own() -> None:
+    """A parameter packet with another aggregator index or a partial bitmap, or from an address that is
+    neither the switch nor the PS, is rejected; the real one is taken."""
+    fake = FakeSwitch()
+    w = _worker(fake)
+    stranger = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    stranger.bind(("127.0.0.1", 0))
+    try:
+        t, box = _start(w, np.ones(V, np.float32))
+        sent = fake.recv()
+        fake.ack(0, np.full(V, 666.0), idx=(sent.agg_index + 1) % N_AGG)   # another aggregator
+        fake.ack(0, np.full(V, 666.0), bitmap0=0b01)                        # one worker's "sum"
+        stranger.sendto(encode(Packet(1, 0, np.full(V, 666.0, np.float32), bitmap0=3, bitmap1=1,
+                                      agg_index=sent.agg_index, is_ack=True)), fake.worker_addr)
+        # (one sending socket: loopback keeps the order, so the worker sees the forgeries first)
+        fake.ack(0, np.full(V, 2.0))
+        t.join(10)
+        out, stats = box["out"]
+        assert np.array_equal(out, np.full(V, 2.0, np.float32))
+        assert stats.rejected_acks == 2          # the stranger is filtered by the connected socket
+    finally:
+        w.close()
+        fake.close()
+        stranger.close()
 
 
 def test_worker_rejects_bad_configuration() -> None:

@@ -23,11 +23,12 @@ with tn.init(timeout=120) as ctx:
             path = ar._rank_allreduce.innet
             print(f"RESULT rank={ctx.rank} op={i} size={size} ok={ok} fallback={path.last_stats.fallback} "
                   f"own_switch={path.service is not None} job={path.job.job_id}", flush=True)
-    ctl = P4RuntimeController(cfg.innet_p4runtime)
+    from innet.p4runtime.auth import p4runtime_token
+    ctl = P4RuntimeController(cfg.innet_p4runtime, token=p4runtime_token(cfg.token_bytes))
     ids = sorted(ar._rank_allreduce.innet.job.job_id for ar in ops)
     if ctx.rank == 0:
-        print(f"JOBS {ids} next_free={ctl.free_job_id()}", flush=True)
+        print(f"JOBS {ids} on_switch={sorted(ctl.job_ids())}", flush=True)
     ops[0].close()
     ops[1].close()
     if ctx.rank == 0:
-        print(f"AFTER next_free={ctl.free_job_id()}", flush=True)
+        print(f"AFTER on_switch={sorted(ctl.job_ids())}", flush=True)
