@@ -151,3 +151,24 @@ def test_cli_up_status_run_job_down(tmp_path) -> None:
     assert r.returncode == 0 and f"removed {name}" in r.stdout, r.stderr
     assert leftovers(name) == [] and name not in list_testbeds()
     assert cli("down", "not-a-testbed").returncode == 1
+
+
+def test_sigterm_removes_everything() -> None:
+    """``timeout 60 python script-with-a-testbed.py`` ending in SIGTERM leaves nothing behind."""
+    if unavailable():
+        pytest.skip(unavailable())
+    code = textwrap.dedent("""
+        import sys, time
+        from twisternet.testbed import Testbed
+        with Testbed(2, 1, "100mbit") as tb:
+            tb.start_processes([(0, ["sleep", "300"])])
+            print(tb.prefix, flush=True)
+            time.sleep(300)
+    """)
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    prefix = p.stdout.readline().strip()
+    assert prefix.startswith("tntb-") and leftovers(prefix)
+    p.terminate()
+    assert p.wait(60) == 128 + 15
+    assert leftovers(prefix) == []

@@ -358,6 +358,10 @@ class Job:
 
 
 # ------------------------------------------------------------------------------------------ testbed
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
 class Testbed:
     """H hosts (network + mount + UTS namespaces) on a bridge, links shaped to ``rate`` with ``tc tbf``.
 
@@ -394,11 +398,29 @@ class Testbed:
 
     # -------------------------------------------------------------------------------- lifecycle
     def __enter__(self) -> "Testbed":
-        self.up()
+        # A SIGTERM (timeout(1), a CI runner) should clean up like Ctrl-C does: while the testbed is up, the
+        # default action (die at once) becomes SystemExit in the main thread, so close() runs.
+        self._previous_sigterm: Any = None
+        if threading.current_thread() is threading.main_thread() \
+                and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+            self._previous_sigterm = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+        try:
+            self.up()
+        except BaseException:
+            self._restore_sigterm()
+            raise
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.close()
+        try:
+            self.close()
+        finally:
+            self._restore_sigterm()
+
+    def _restore_sigterm(self) -> None:
+        if self._previous_sigterm is not None:
+            signal.signal(signal.SIGTERM, self._previous_sigterm)
+            self._previous_sigterm = None
 
     def up(self) -> "Testbed":
         """Build the hosts, bridge and shaped links (removing stale testbeds first); idempotent."""
