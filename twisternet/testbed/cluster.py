@@ -352,8 +352,9 @@ class Job:
         """Kill every process of the job that still runs (their ``ended`` stays None: they did not exit)."""
         for c in self.main + self.helpers:
             if c.proc.poll() is None:
-                c.killed = True
                 _kill_tree(c.proc)
+                # poll() can miss an exit that another thread is reaping right then: only a SIGKILL is ours
+                c.killed = c.proc.returncode == -signal.SIGKILL
         self.testbed._jobs.discard(self)
 
 
