@@ -91,6 +91,16 @@ def test_link_down_cuts_the_host_off_and_up_restores_it(testbed: Testbed) -> Non
         srv.wait()
 
 
+def test_contiguous_ranks_put_host_h_on_ranks_hk_to_hk_plus_k(testbed: Testbed, tmp_path) -> None:
+    script = tmp_path / "where.py"
+    script.write_text("import socket, twisternet as tn\nwith tn.init() as ctx:\n"
+                      "    print('WHERE', ctx.rank, socket.gethostname(), flush=True)\n")
+    res = testbed.twisternet_job(script, contiguous_ranks=True, timeout=120).check()
+    where = dict(line.split()[1:] for line in res.stdout.splitlines() if line.startswith("WHERE"))
+    k = testbed.ranks_per_host
+    assert where == {str(r): testbed.hostnames[r // k] for r in range(testbed.hosts * k)}, where
+
+
 def test_everything_is_removed_on_error_and_interrupt() -> None:
     if unavailable():
         pytest.skip(unavailable())
