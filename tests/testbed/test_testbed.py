@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-import twisternet.testbed.cluster as cluster
-from twisternet.testbed import STATE_ROOT, Testbed, TestbedError, list_testbeds, unavailable
+from twisternet.testbed import STATE_ROOT, Testbed, TestbedError, cluster, list_testbeds, unavailable
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(180)

@@ -254,8 +254,8 @@ class _Collector:
         self.cond = threading.Condition()
         self.ended: float | None = None
         self.killed = False
-        self.threads = [threading.Thread(target=self._pump, args=(proc.stdout, self.out, True), daemon=True),
-                        threading.Thread(target=self._pump, args=(proc.stderr, self.err, True), daemon=True)]
+        self.threads = [threading.Thread(target=self._pump, args=(proc.stdout, self.out), daemon=True),
+                        threading.Thread(target=self._pump, args=(proc.stderr, self.err), daemon=True)]
         for t in self.threads:
             t.start()
         threading.Thread(target=self._reap, daemon=True).start()
@@ -264,7 +264,7 @@ class _Collector:
         self.proc.wait()
         self.ended = time.monotonic()
 
-    def _pump(self, stream: IO[str] | None, into: list[str], lines: bool) -> None:
+    def _pump(self, stream: IO[str] | None, into: list[str]) -> None:
         if stream is None:
             return
         for line in iter(stream.readline, ""):
@@ -412,7 +412,7 @@ class Testbed:
             raise
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         try:
             self.close()
         finally:
