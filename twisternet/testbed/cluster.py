@@ -87,10 +87,12 @@ def unavailable() -> str | None:
     if r.returncode != 0:
         return f"cannot create a network namespace: {r.stderr.strip()}"
     subprocess.run(["ip", "netns", "del", probe], capture_output=True, timeout=_CMD_TIMEOUT)
-    r = subprocess.run(["unshare", "-m", "-u", "--propagation", "private", "true"], capture_output=True,
-                       text=True, timeout=_CMD_TIMEOUT)
+    # what every host needs, tried in a throwaway mount/UTS namespace: a tmpfs /dev/shm and a hostname
+    r = subprocess.run(["unshare", "-m", "-u", "--propagation", "private", "sh", "-c",
+                        f"mount -t tmpfs -o size=1m tmpfs /dev/shm && hostname {PREFIX_ROOT}-probe"],
+                       capture_output=True, text=True, timeout=_CMD_TIMEOUT)
     if r.returncode != 0:
-        return f"unshare refused mount/UTS namespaces: {r.stderr.strip()}"
+        return f"unshare refused a mount/UTS namespace with its own /dev/shm and hostname: {r.stderr.strip()}"
     return None
 
 
