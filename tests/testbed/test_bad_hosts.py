@@ -186,3 +186,22 @@ def test_link_drop_errors_name_the_lost_host_and_ranks(link_drop) -> None:
             text = m.group(4)
             assert names_host(text, tb, 1), m.group(0)
             assert all(re.search(rf"\brank {r}\b|\branks?\b[^.]*\b{r}\b", text) for r in lost), m.group(0)
+
+
+# ------------------------------------------------------------------------------------ link drop under MPICH
+@pytest.mark.xfail(strict=True, reason="under mpiexec (MPI channel, ofi/tcp on eth0) nothing ends: after host1's "
+                   "link goes down no rank prints an error or exits within peer_timeout (none within 60 s when "
+                   "measured by hand); the job's stop has to kill mpiexec and the proxies")
+def test_link_drop_under_mpich_ends_the_job(testbed: Testbed) -> None:
+    import sys
+    job = testbed.start_mpich_job([sys.executable, str(LOOP), "120"], env=ENV)
+    try:
+        job.main[0].wait_for_line(re.compile(r"STEP rank=\d+ i=3\b"), 120)
+        down = time.monotonic()
+        testbed.link_down(1)
+        res = job.wait(down - job.started + PEER_TIMEOUT + SLACK)
+    finally:
+        job.stop()
+        testbed.link_up(1)
+    assert not res.timed_out, res.describe()
+    assert len(FAILED.findall(res.stdout)) == 4, res.describe()

@@ -32,6 +32,10 @@ def matrix_cases(world: int, mode: str, seeds_per_kind: dict[str, list[int]], n:
         for kind in KINDS:
             for seed in seeds_per_kind[kind]:
                 cases.append({"scenario": "run_op", "params": random_case(world, op, mode, kind, seed, n=n)})
+    for via in ("ring", "tree"):        # both rank-level algorithms across the links, several chunks
+        cases.append({"scenario": "run_allreduce_calls",
+                      "params": {"sizes": [10, 300_000], "chunk_bytes": 64 << 10, "ring_threshold": 256 << 10,
+                                 "via": via}})
     cases.append({"scenario": "run_allreduce_calls", "params": {"sizes": [10, BIG], "via": "auto"}})
     return cases
 
@@ -73,6 +77,13 @@ def check_job(tb: Testbed, res: JobResult, out: dict, cases: list[dict]) -> None
         if case["scenario"] == "run_op":
             merged = {int(d): items for _, result in out[i].values() for d, items in result.items()}
             check(case["params"], merged)
+    for i, case in enumerate(cases):   # ring / tree / auto allreduce calls: right sums, equal on every rank
+        if case["scenario"] == "run_allreduce_calls":
+            sizes = case["params"]["sizes"]
+            got = [out[i][r][1] for r in range(world)]
+            assert all(g == got[0] for g in got), (case, got)
+            for size, call in zip(sizes, got[0]):
+                assert call[0] == pytest.approx(float((np.arange(size) % 97).sum()) * world * (world + 1) / 2)
     # k ranks on every host, each host a different machine name
     hosts = [out[0][r][0] for r in range(world)]
     assert sorted(hosts) == sorted(h for h in tb.hostnames for _ in range(tb.ranks_per_host)), hosts

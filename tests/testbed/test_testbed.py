@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-import twisternet.testbed.cluster as cluster
-from twisternet.testbed import STATE_ROOT, Testbed, TestbedError, list_testbeds, unavailable
+from twisternet.testbed import STATE_ROOT, Testbed, TestbedError, cluster, list_testbeds, unavailable
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(180)
@@ -91,6 +90,16 @@ def test_link_down_cuts_the_host_off_and_up_restores_it(testbed: Testbed) -> Non
         srv.wait()
 
 
+def test_contiguous_ranks_put_host_h_on_ranks_hk_to_hk_plus_k(testbed: Testbed, tmp_path) -> None:
+    script = tmp_path / "where.py"
+    script.write_text("import socket, twisternet as tn\nwith tn.init() as ctx:\n"
+                      "    print('WHERE', ctx.rank, socket.gethostname(), flush=True)\n")
+    res = testbed.twisternet_job(script, contiguous_ranks=True, timeout=120).check()
+    where = dict(line.split()[1:] for line in res.stdout.splitlines() if line.startswith("WHERE"))
+    k = testbed.ranks_per_host
+    assert where == {str(r): testbed.hostnames[r // k] for r in range(testbed.hosts * k)}, where
+
+
 def test_everything_is_removed_on_error_and_interrupt() -> None:
     if unavailable():
         pytest.skip(unavailable())
@@ -151,3 +160,24 @@ def test_cli_up_status_run_job_down(tmp_path) -> None:
     assert r.returncode == 0 and f"removed {name}" in r.stdout, r.stderr
     assert leftovers(name) == [] and name not in list_testbeds()
     assert cli("down", "not-a-testbed").returncode == 1
+
+
+def test_sigterm_removes_everything() -> None:
+    """``timeout 60 python script-with-a-testbed.py`` ending in SIGTERM leaves nothing behind."""
+    if unavailable():
+        pytest.skip(unavailable())
+    code = textwrap.dedent("""
+        import sys, time
+        from twisternet.testbed import Testbed
+        with Testbed(2, 1, "100mbit") as tb:
+            tb.start_processes([(0, ["sleep", "300"])])
+            print(tb.prefix, flush=True)
+            time.sleep(300)
+    """)
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    prefix = p.stdout.readline().strip()
+    assert prefix.startswith("tntb-") and leftovers(prefix)
+    p.terminate()
+    assert p.wait(60) == 128 + 15
+    assert leftovers(prefix) == []

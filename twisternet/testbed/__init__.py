@@ -4,8 +4,19 @@
 See docs/testbed.md.
 """
 
-from .cluster import (PREFIX_ROOT, STATE_ROOT, Job, JobResult, LinkCounters, ProcResult, Testbed, TestbedError,
-                      list_testbeds, sweep_stale, unavailable)
+from .cluster import (
+                      PREFIX_ROOT,
+                      STATE_ROOT,
+                      Job,
+                      JobResult,
+                      LinkCounters,
+                      ProcResult,
+                      Testbed,
+                      TestbedError,
+                      list_testbeds,
+                      sweep_stale,
+                      unavailable,
+)
 
 __all__ = ["Testbed", "TestbedError", "Job", "JobResult", "ProcResult", "LinkCounters", "unavailable",
            "sweep_stale", "list_testbeds", "PREFIX_ROOT", "STATE_ROOT"]

@@ -87,10 +87,12 @@ def unavailable() -> str | None:
     if r.returncode != 0:
         return f"cannot create a network namespace: {r.stderr.strip()}"
     subprocess.run(["ip", "netns", "del", probe], capture_output=True, timeout=_CMD_TIMEOUT)
-    r = subprocess.run(["unshare", "-m", "-u", "--propagation", "private", "true"], capture_output=True,
-                       text=True, timeout=_CMD_TIMEOUT)
+    # what every host needs, tried in a throwaway mount/UTS namespace: a tmpfs /dev/shm and a hostname
+    r = subprocess.run(["unshare", "-m", "-u", "--propagation", "private", "sh", "-c",
+                        f"mount -t tmpfs -o size=1m tmpfs /dev/shm && hostname {PREFIX_ROOT}-probe"],
+                       capture_output=True, text=True, timeout=_CMD_TIMEOUT)
     if r.returncode != 0:
-        return f"unshare refused mount/UTS namespaces: {r.stderr.strip()}"
+        return f"unshare refused a mount/UTS namespace with its own /dev/shm and hostname: {r.stderr.strip()}"
     return None
 
 
@@ -254,8 +256,8 @@ class _Collector:
         self.cond = threading.Condition()
         self.ended: float | None = None
         self.killed = False
-        self.threads = [threading.Thread(target=self._pump, args=(proc.stdout, self.out, True), daemon=True),
-                        threading.Thread(target=self._pump, args=(proc.stderr, self.err, True), daemon=True)]
+        self.threads = [threading.Thread(target=self._pump, args=(proc.stdout, self.out), daemon=True),
+                        threading.Thread(target=self._pump, args=(proc.stderr, self.err), daemon=True)]
         for t in self.threads:
             t.start()
         threading.Thread(target=self._reap, daemon=True).start()
@@ -264,7 +266,7 @@ class _Collector:
         self.proc.wait()
         self.ended = time.monotonic()
 
-    def _pump(self, stream: IO[str] | None, into: list[str], lines: bool) -> None:
+    def _pump(self, stream: IO[str] | None, into: list[str]) -> None:
         if stream is None:
             return
         for line in iter(stream.readline, ""):
@@ -352,12 +354,17 @@ class Job:
         """Kill every process of the job that still runs (their ``ended`` stays None: they did not exit)."""
         for c in self.main + self.helpers:
             if c.proc.poll() is None:
-                c.killed = True
                 _kill_tree(c.proc)
+                # poll() can miss an exit that another thread is reaping right then: only a SIGKILL is ours
+                c.killed = c.proc.returncode == -signal.SIGKILL
         self.testbed._jobs.discard(self)
 
 
 # ------------------------------------------------------------------------------------------ testbed
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
 class Testbed:
     """H hosts (network + mount + UTS namespaces) on a bridge, links shaped to ``rate`` with ``tc tbf``.
 
@@ -394,11 +401,29 @@ class Testbed:
 
     # -------------------------------------------------------------------------------- lifecycle
     def __enter__(self) -> "Testbed":
-        self.up()
+        # A SIGTERM (timeout(1), a CI runner) should clean up like Ctrl-C does: while the testbed is up, the
+        # default action (die at once) becomes SystemExit in the main thread, so close() runs.
+        self._previous_sigterm: Any = None
+        if threading.current_thread() is threading.main_thread() \
+                and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+            self._previous_sigterm = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+        try:
+            self.up()
+        except BaseException:
+            self._restore_sigterm()
+            raise
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.close()
+        finally:
+            self._restore_sigterm()
+
+    def _restore_sigterm(self) -> None:
+        if self._previous_sigterm is not None:
+            signal.signal(signal.SIGTERM, self._previous_sigterm)
+            self._previous_sigterm = None
 
     def up(self) -> "Testbed":
         """Build the hosts, bridge and shaped links (removing stale testbeds first); idempotent."""

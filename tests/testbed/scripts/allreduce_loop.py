@@ -18,6 +18,7 @@ import numpy as np
 import twisternet as tn
 from collectives import AllReduce
 
+
 def main() -> int:
     seconds = float(sys.argv[1])
     size = int(sys.argv[2]) if len(sys.argv) > 2 else 1 << 16

@@ -1,0 +1,50 @@
+"""The ``cluster`` benchmark suite keeps working (figures are not checked: they belong to the benchmark)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.cluster import bound_s, rate_bits, slowest
+from tests.jobs import job_env
+from twisternet.testbed import unavailable
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_rate_and_bound() -> None:
+    assert rate_bits("1gbit") == 1e9 and rate_bits("100Mbit") == 1e8 and rate_bits("1.5gbit") == 1.5e9
+    with pytest.raises(ValueError):
+        rate_bits("1gbps")
+    # 4 hosts at 1 Gbit/s, 64 MiB: 2 * 3/4 * 67108864 B / 125e6 B/s = 0.805 s
+    assert bound_s(64 << 20, 4, "1gbit") == pytest.approx(0.80530636, rel=1e-6)
+
+
+def test_slowest_takes_the_maximum_over_ranks_even_glued() -> None:
+    out = ('CLUSTER {"rank": 1, "host": "host1", "median_s": {"1024": 0.5}}CLUSTER {"rank": 0, "host": "host0", '
+           '"median_s": {"1024": 0.25}}\n')
+    assert slowest(out, 2) == {1024: 0.5}
+    with pytest.raises(RuntimeError, match="ranks 0..2"):
+        slowest(out, 3)
+
+
+@pytest.mark.timeout(400)
+def test_quick_cluster_suite(tmp_path) -> None:
+    why = unavailable()
+    if why:
+        print(f"skipping: {why}")
+        pytest.skip(why)
+    p = subprocess.run([sys.executable, "-m", "benchmarks", "--suite", "cluster", "--quick", "--json",
+                        str(tmp_path / "r.json"), "--set", "cluster.gloo=0"], env=job_env(), capture_output=True,
+                       text=True, timeout=380, cwd=ROOT)
+    suite = json.loads((tmp_path / "r.json").read_text())["suites"][0]
+    assert p.returncode == 0 and suite["status"] == "ok", p.stdout[-3000:] + p.stderr[-3000:]
+    table = suite["tables"][0]
+    assert table["headers"][:3] == ["size", "tn auto", "MPICH"] and "bound" in table["headers"]
+    assert [r[0] for r in table["rows"]] == ["1 KB", "64 KB"]
+    assert all(isinstance(v, float) and v > 0 for r in table["rows"] for v in r[1:4])
+    assert "2 hosts x 1 rank(s) per host" in table["title"]
