@@ -15,10 +15,10 @@ import threading
 from collections import deque
 from typing import Any, Callable, ClassVar, Iterable, Iterator, Literal, Sequence
 
-from twisternet.errors import (BackPressureTimeout, ClosedError, ConfigError, OperationTimeout,
-                               ProtocolError, TwisternetError)
+from twisternet.errors import (BackPressureTimeout, ClosedError, ConfigError, MismatchError, OperationTimeout,
+                               PeerLostError, ProtocolError, RemoteError, TwisternetError)
 
-from .edges import channel_edge, check_user_edge, claim_edge, release_edge
+from .edges import ABORT, channel_edge, check_user_edge, claim_edge, release_edge
 from .reduction import own, own_values
 
 log = logging.getLogger(__name__)
@@ -113,6 +113,9 @@ class Operation:
         self._registered: list[int] = []
         self._changed = False
         self._active = False        # send/finish called or records handled: close() waits for duties
+        self._spread: list[BaseException] = []   # local failures still to tell the other ranks about
+        #: Ranks that take part in this operation (sources' and destinations'): a failure reaches them all.
+        self.member_ranks = sorted(set(self.source_ranks) | set(self.destination_ranks))
         claim_edge(ctx, self.edge, f"{self.operation}(edge={self.edge})")
         # Coflow hook (twisternet.coflow.live): with coflow_policy set, this operation instance is a
         # coflow (or joins the one of an enclosing ``ctx.coflow(...)`` block) until _teardown.
@@ -123,6 +126,7 @@ class Operation:
                 self._coflow_id = coflows.attach(self.edge, self.operation, self.source_ranks,
                                                  self.destination_ranks)
             with self._lock:  # records buffered before registration may arrive at once: hold them off
+                self._register(ABORT, self._on_abort, activates=False)
                 self._setup()
         except BaseException:
             self._teardown()
@@ -155,7 +159,18 @@ class Operation:
             self._raise_if_failed()
             self._active = True
             self._finished_local.add(task)
-            self._on_local_finish(task)
+            try:
+                self._on_local_finish(task)
+            except TwisternetError:
+                raise
+            except Exception as e:  # noqa: BLE001 - e.g. the reduction raised: every rank must hear of it
+                self._fail(e, f"in finish() of task {task}")
+                failed: BaseException | None = e
+            else:
+                failed = None
+        if failed is not None:
+            self._after()
+            raise failed
         self._settle(None)
         self._after()
 
@@ -370,7 +385,18 @@ class Operation:
         with self._lock:
             self._raise_if_failed()
             self._active = True
-            mutate()
+            try:
+                mutate()
+            except TwisternetError:
+                raise
+            except Exception as e:  # noqa: BLE001 - e.g. the reduction raised: every rank must hear of it
+                self._fail(e, f"in send() of task {task}")
+                failed: BaseException | None = e
+            else:
+                failed = None
+        if failed is not None:
+            self._after()
+            raise failed
         if block:
             self._settle(timeout)
         else:
@@ -396,10 +422,54 @@ class Operation:
             raise ClosedError(f"{self.describe()} on edge {self.edge} was closed")
 
     def _fail(self, e: BaseException, where: str = "") -> None:
+        """The operation failed with ``e``: every waiter in this process raises it, and (unless it came
+        from another rank or is a lost peer, which every rank sees itself) it is sent to the other ranks
+        of the operation (by :meth:`_after`, outside the lock), so they raise too instead of waiting."""
         if self._error is None:
             self._error = e
             log.error("rank %d: %s on edge %d failed %s: %r", self.rank, self.describe(), self.edge, where, e)
+            if not isinstance(e, (RemoteError, PeerLostError)) and not getattr(e, "remote", False):
+                self._spread.append(e)
         self._changed = True
+
+    def _spread_failure(self) -> None:
+        """Tell every other rank of the operation why it failed here (one record each on ``ABORT``)."""
+        with self._lock:
+            if not self._spread:
+                return
+            e = self._spread.pop()
+            self._spread.clear()
+        notice = [self.rank, type(e).__name__, str(e), list(getattr(e, "ranks", []) or []), getattr(e, "call", None)]
+        edge = channel_edge(self.edge, ABORT)
+        for r in self.member_ranks:
+            if r == self.rank or r in self.ctx.lost_peers:
+                continue
+            try:
+                self.ctx.send(r, edge, notice, timeout=min(self.timeout, 5.0))
+            except TwisternetError as err:   # a peer that is gone or stuck hears of it some other way
+                log.debug("rank %d: could not tell rank %d of the failure: %r", self.rank, r, err)
+
+    def _on_abort(self, src: int, notice: Any) -> bool:
+        """Another rank's part of the operation failed: fail here with the same error."""
+        try:
+            origin, kind, message, ranks, call = notice
+        except (TypeError, ValueError):
+            raise self._protocol(src, notice) from None
+        err: BaseException
+        if kind == "MismatchError":
+            err = MismatchError(str(message), ranks)
+        else:
+            err = RemoteError(int(origin), f"{kind}: {message}")
+        err.remote = True   # type: ignore[attr-defined]  # do not send it back
+        if call is not None and self._defer_failure(call, err):
+            return True
+        self._fail(err, f"on rank {origin}")
+        return True
+
+    def _defer_failure(self, call: int, err: BaseException) -> bool:
+        """Whether a failure another rank had in its call ``call`` (of a rank-level collective such as
+        ``allreduce``) waits until this rank makes that call, because it is still in an earlier one."""
+        return False
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:
@@ -498,9 +568,11 @@ class Operation:
             self.ctx.resume(e)
 
     def _after(self) -> None:
-        """Outside the lock: run queued callbacks, wake waiters."""
+        """Outside the lock: run queued callbacks, tell other ranks of a failure, wake waiters."""
         if self._cbq:
             self._run_callbacks()
+        if self._spread:
+            self._spread_failure()
         if self._changed:
             self._changed = False
             self.ctx.notify()

@@ -5,6 +5,7 @@ An operation created with ``edge=e`` owns the block of channel edges ``[e * EDGE
 * offset 0 (``DIRECT``): direct source -> destination records (Partition, KeyedPartition);
 * offset 1 (``DOWN``): records flowing down a broadcast tree (Broadcast, AllReduce, AllGather);
 * offsets 2-4 (``AR_UP``, ``AR_DOWN``, ``RING``): the rank-level ``AllReduce.allreduce`` algorithms;
+* offset 5 (``ABORT``): a rank whose part of the operation failed tells the others why (every operation);
 * offsets 8 .. EDGE_SPAN-1 (``UP_BASE + level``): records flowing up a reduce/gather tree towards a node at
   depth ``level``. One channel edge per tree level keeps the "refuse while the way onward is congested"
   dependencies acyclic even when several keyed trees share ranks, so back pressure can never deadlock.
@@ -29,6 +30,7 @@ DOWN = 1
 AR_UP = 2
 AR_DOWN = 3
 RING = 4
+ABORT = 5
 UP_BASE = 8
 #: Deepest tree level an operation can use (a fanout-2 tree of 2**56 ranks).
 MAX_LEVELS = EDGE_SPAN - UP_BASE
