@@ -18,7 +18,7 @@ from typing import Any, Callable, ClassVar, Iterable, Iterator, Literal, Sequenc
 from twisternet.errors import (BackPressureTimeout, ClosedError, ConfigError, MismatchError, OperationTimeout,
                                PeerLostError, ProtocolError, RemoteError, TwisternetError)
 
-from .edges import ABORT, channel_edge, check_user_edge, claim_edge, release_edge
+from .edges import ABORT, channel_edge, channel_edges, check_user_edge, claim_edge, release_edge
 from .reduction import own, own_values
 
 log = logging.getLogger(__name__)
@@ -116,7 +116,11 @@ class Operation:
         self._spread: list[BaseException] = []   # local failures still to tell the other ranks about
         #: Ranks that take part in this operation (sources' and destinations'): a failure reaches them all.
         self.member_ranks = sorted(set(self.source_ranks) | set(self.destination_ranks))
-        claim_edge(ctx, self.edge, f"{self.operation}(edge={self.edge})")
+        #: Incarnation of the edge (the how-many-th operation on it in this process, alike on every rank).
+        self.epoch = claim_edge(ctx, self.edge, f"{self.operation}(edge={self.edge})")
+        tag = getattr(ctx, "tag_edges", None)
+        if tag is not None:   # records of this incarnation carry its epoch and what it is (context doc)
+            tag(channel_edges(self.edge), self.epoch, self.fingerprint(), self._on_edge_error)
         # Coflow hook (twisternet.coflow.live): with coflow_policy set, this operation instance is a
         # coflow (or joins the one of an enclosing ``ctx.coflow(...)`` block) until _teardown.
         coflows = getattr(ctx, "coflows", None)
@@ -151,6 +155,17 @@ class Operation:
     def describe(self) -> str:
         """Short human description used in errors and logs."""
         return f"{self.mode} {self.operation}"
+
+    def fingerprint(self) -> str:
+        """What every rank's operation on this edge must agree on (kind, reduction, tasks, fanout): the
+        first record of each stream carries it, and a receiver running something else raises."""
+        def tasks(ts: list[int]) -> str:
+            if len(ts) <= 8:
+                return str(ts)
+            import zlib
+            return f"{len(ts)} tasks #{zlib.crc32(repr(ts).encode()):08x}"
+        return (f"{self.describe()} (edge {self.edge}, sources {tasks(self.sources)}, destinations "
+                f"{tasks(self.destinations)}, fanout {self.fanout})")
 
     def finish(self, task: int) -> None:
         """End the stream of source ``task`` (batch: required; streaming: ends it)."""
@@ -272,6 +287,9 @@ class Operation:
         coflows = getattr(self.ctx, "coflows", None)
         if coflows is not None:
             coflows.detach(self.edge)
+        untag = getattr(self.ctx, "untag_edges", None)
+        if untag is not None:
+            untag(channel_edges(self.edge))
         release_edge(self.ctx, self.edge)
         try:
             self._release_storage()
@@ -280,7 +298,11 @@ class Operation:
 
     def _register(self, offset: int, fn: Callable[[int, Any], bool], *, activates: bool = True) -> None:
         e = channel_edge(self.edge, offset)
-        self.ctx.register(e, self._wrap(fn, activates), name=f"{self.operation}(edge={self.edge})+{offset}")
+        name = f"{self.operation}(edge={self.edge})+{offset}"
+        if getattr(self.ctx, "tag_edges", None) is not None:
+            self.ctx.register(e, self._wrap(fn, activates), name=name, on_error=self._on_edge_error)
+        else:
+            self.ctx.register(e, self._wrap(fn, activates), name=name)
         self._registered.append(e)
 
     def _wrap(self, fn: Callable[[int, Any], bool], activates: bool = True) -> Callable[[int, Any], bool]:
@@ -448,6 +470,13 @@ class Operation:
                 self.ctx.send(r, edge, notice, timeout=min(self.timeout, 5.0))
             except TwisternetError as err:   # a peer that is gone or stuck hears of it some other way
                 log.debug("rank %d: could not tell rank %d of the failure: %r", self.rank, r, err)
+
+    def _on_edge_error(self, e: BaseException) -> None:
+        """The Context found records of another operation on this one's edges (MismatchError): fail."""
+        e.remote = True   # type: ignore[attr-defined]  # the Context told the peer itself
+        with self._lock:
+            self._fail(e, "")
+        self._after()
 
     def _on_abort(self, src: int, notice: Any) -> bool:
         """Another rank's part of the operation failed: fail here with the same error."""

@@ -39,6 +39,7 @@ MAX_USER_EDGE = CONTROL_EDGE_BASE // EDGE_SPAN
 
 _lock = threading.Lock()
 _claims: "weakref.WeakKeyDictionary[Any, dict[int, str]]" = weakref.WeakKeyDictionary()
+_epochs: "weakref.WeakKeyDictionary[Any, dict[int, int]]" = weakref.WeakKeyDictionary()
 
 
 def check_user_edge(edge: object) -> int:
@@ -55,8 +56,13 @@ def channel_edge(edge: int, offset: int) -> int:
     return edge * EDGE_SPAN + offset
 
 
-def claim_edge(ctx: Any, edge: int, owner: str) -> None:
-    """Reserve user edge ``edge`` in ``ctx`` for ``owner``; raises ConfigError if a live op holds it."""
+def claim_edge(ctx: Any, edge: int, owner: str) -> int:
+    """Reserve user edge ``edge`` in ``ctx`` for ``owner``; raises ConfigError if a live op holds it.
+
+    Returns the edge's incarnation (epoch): 0 for the first operation on it in this process, 1 for the
+    one after it was closed, ... Every rank creates the operations on an edge in the same order, so the
+    numbers agree across ranks and tell the records of consecutive operations apart (see
+    ``twisternet.context``)."""
     with _lock:
         table = _claims.setdefault(ctx, {})
         if edge in table:
@@ -64,6 +70,15 @@ def claim_edge(ctx: Any, edge: int, owner: str) -> None:
                                       f"is already used by {table[edge]} in this process; give each concurrent "
                                       "operation its own edge or close the earlier one")
         table[edge] = owner
+        counts = _epochs.setdefault(ctx, {})
+        epoch = counts.get(edge, -1) + 1
+        counts[edge] = epoch
+        return epoch
+
+
+def channel_edges(edge: int) -> range:
+    """Every channel edge owned by user edge ``edge``."""
+    return range(edge * EDGE_SPAN, (edge + 1) * EDGE_SPAN)
 
 
 def release_edge(ctx: Any, edge: int) -> None:

@@ -15,11 +15,23 @@ Threading rules that operations rely on:
   :meth:`can_send` and returns False (refusing its input) while the way onward is congested.
 * Records on one (source rank, edge) are delivered in the order they were sent; a refused record and
   everything after it from that source on that edge wait until it is accepted.
+
+Edge incarnations: an edge may be used by one operation after another (an operation per epoch on the
+same edge id). Whoever uses an edge tags it (:meth:`tag_edges`) with an *epoch* (the how-many-th
+incarnation of the edge this is, counted alike on every rank) and a *fingerprint* (what runs on it,
+e.g. ``Gather(edge=7) batch ...``), and registers its handler with the same tag. The first message on a
+(peer, edge) stream after the tag changed carries the new tag in front of its payload (no extra
+message), and the receiver delivers a record only to a handler of the same epoch: records of a later
+epoch wait (buffered) until that epoch's handler registers, records of an earlier one are dropped. A
+record whose epoch matches but whose fingerprint differs means the ranks run different operations on
+one edge: both the receiver and (through a notice on a control edge) the sender fail with
+MismatchError, through the handler's ``on_error`` (or the Context's failure if none is registered).
 """
 
 from __future__ import annotations
 
 import logging
+import struct
 import threading
 import time
 from collections import deque
@@ -28,8 +40,8 @@ from typing import Any, Callable
 from .channel import CONTROL_EDGE_BASE, MAX_EDGE, Channel
 from .codec import Codec, join, record_size
 from .config import Config
-from .errors import (BackPressureTimeout, ClosedError, OperationTimeout, PeerLostError, ProtocolError,
-                     TwisternetError)
+from .errors import (BackPressureTimeout, ClosedError, MismatchError, OperationTimeout, PeerLostError,
+                     ProtocolError, TwisternetError)
 from .framing import BufferPool, Packer, Unpacker
 from .task_plan import TaskPlan
 
@@ -38,6 +50,12 @@ log = logging.getLogger(__name__)
 Handler = Callable[[int, Any], bool]
 _BATCH = b"\x00"
 _DIRECT = b"\x01"
+#: Prefix of a message that starts a new edge tag on its stream: ``_TAGGED, epoch (u32), len (u16),
+#: fingerprint (utf-8)``, then the message's own tag and payload.
+_TAGGED = b"\x02"
+_TAG_HEAD = struct.Struct("<IH")
+#: The tag of an edge nobody tagged (raw handlers, control edges): never stamped on the wire.
+_NO_TAG: tuple[int, str] = (0, "")
 _RETRY_INTERVAL = 0.005
 #: The progress thread leaves the engine to a caller that drove it within this many seconds.
 _DRIVER_GRACE = 0.001
@@ -48,6 +66,22 @@ _SEND_LOCK_WAIT = 0.002
 _DRIVE_SPIN = 0.0005
 #: Control edge on which a closing rank tells every peer it is done (see Context.close).
 _LEAVE_EDGE = CONTROL_EDGE_BASE + 3
+#: Control edge on which a rank tells a peer that its records on an edge belong to another operation.
+_MISMATCH_EDGE = CONTROL_EDGE_BASE + 4
+
+
+class _Mark:
+    """In a stream's pending records: the records after it carry edge tag ``tag`` (epoch, fingerprint)."""
+
+    __slots__ = ("tag",)
+
+    def __init__(self, tag: tuple[int, str]) -> None:
+        self.tag = tag
+
+
+def _stamp_bytes(tag: tuple[int, str]) -> bytes:
+    fp = tag[1].encode()[:65535]
+    return _TAGGED + _TAG_HEAD.pack(tag[0] & 0xFFFFFFFF, len(fp)) + fp
 
 
 class _Sent:
@@ -79,7 +113,7 @@ class _OutMsg:
 
 
 class _OutStream:
-    __slots__ = ("peer", "edge", "packer", "queue", "queued_bytes")
+    __slots__ = ("peer", "edge", "packer", "queue", "queued_bytes", "tag", "stamp")
 
     def __init__(self, peer: int, edge: int, pool: BufferPool) -> None:
         self.peer = peer
@@ -87,6 +121,8 @@ class _OutStream:
         self.packer = Packer(pool)
         self.queue: deque[_OutMsg] = deque()
         self.queued_bytes = 0
+        self.tag = _NO_TAG                   # the edge tag the receiver knows this stream by
+        self.stamp: bytes | None = None      # the new tag, for the next message queued
 
 
 class _MsgRef:
@@ -106,13 +142,15 @@ class _MsgRef:
 
 
 class _InStream:
-    __slots__ = ("src", "edge", "unpacker", "pending")
+    __slots__ = ("src", "edge", "unpacker", "pending", "tag", "local_tag")
 
     def __init__(self, src: int, edge: int) -> None:
         self.src = src
         self.edge = edge
         self.unpacker = Unpacker()
-        self.pending: deque[tuple[Any, _MsgRef]] = deque()
+        self.pending: deque[tuple[Any, _MsgRef | None]] = deque()   # (record, ref) or (_Mark, None)
+        self.tag = _NO_TAG          # tag of the records being delivered (the last _Mark passed)
+        self.local_tag = _NO_TAG    # this rank's own sends to itself: tag of the last one queued
 
 
 class _LocalRef(_MsgRef):
@@ -188,7 +226,10 @@ class Context:
         self._in: dict[tuple[int, int], _InStream] = {}
         self._in_dirty: set[tuple[int, int]] = set()      # streams with deliverable records
         self._local_bytes: dict[int, int] = {}
-        self._handlers: dict[int, tuple[Handler, str]] = {}
+        self._handlers: dict[int, tuple[Handler, str, tuple[int, str], Callable[[BaseException], None] | None]] = {}
+        self._tags: dict[int, tuple[int, str]] = {}      # channel edge -> (epoch, fingerprint) of its user
+        self._mismatched: set[tuple] = set()              # (stream, handler tag) already reported
+        self._tag_errors: dict[int, Callable[[BaseException], None]] = {}   # see tag_edges
         self._refused: dict[tuple[int, int], float] = {}  # stream -> time of refusal
         self._lost: dict[int, str] = {}
         self._failure: BaseException | None = None
@@ -209,6 +250,7 @@ class Context:
         self.channel.start(self)
         self._left_peers: set[int] = set()
         self._register_control(_LEAVE_EDGE, self._on_leave)
+        self._register_control(_MISMATCH_EDGE, self._on_mismatch_notice)
         from .services import ServiceLink
         #: Link to the job's coordinator services (barrier manager, coflow coordinator).
         self.services = ServiceLink(self)
@@ -237,8 +279,11 @@ class Context:
         """Tasks that run in this process."""
         return self.plan.tasks_of(self.rank)
 
-    def register(self, edge: int, handler: Handler, *, name: str = "") -> None:
-        """Deliver records arriving on ``edge`` to ``handler(src_rank, obj) -> accepted``."""
+    def register(self, edge: int, handler: Handler, *, name: str = "",
+                 on_error: Callable[[BaseException], None] | None = None) -> None:
+        """Deliver records arriving on ``edge`` to ``handler(src_rank, obj) -> accepted``: those of the
+        edge's current tag (see :meth:`tag_edges` and the module doc). ``on_error(exc)`` hears of records
+        of another operation on the edge (MismatchError); without it, the Context fails."""
         self._check_edge(edge)
         with self._lock:
             if self._closed:
@@ -246,7 +291,7 @@ class Context:
             if edge in self._handlers:
                 raise TwisternetError(f"edge {edge} is already used by {self._handlers[edge][1] or 'an operation'}; "
                                       "give each concurrent operation its own edge")
-            self._handlers[edge] = (handler, name)
+            self._handlers[edge] = (handler, name, self._tags.get(edge, _NO_TAG), on_error)
             for key, ins in self._in.items():
                 if key[1] == edge and ins.pending:
                     self._in_dirty.add(key)
@@ -257,11 +302,33 @@ class Context:
         if not CONTROL_EDGE_BASE <= edge < MAX_EDGE:
             raise TwisternetError(f"control edges are in [{CONTROL_EDGE_BASE}, {MAX_EDGE}), got {edge}")
         with self._lock:
-            self._handlers[edge] = (handler, "control")
+            self._handlers[edge] = (handler, "control", _NO_TAG, None)
             for key, ins in self._in.items():
                 if key[1] == edge and ins.pending:
                     self._in_dirty.add(key)
         self.channel.wakeup()
+
+    def tag_edges(self, edges: "range | list[int]", epoch: int, fingerprint: str,
+                  on_error: Callable[[BaseException], None] | None = None) -> None:
+        """Tag ``edges`` for what uses them now: incarnation ``epoch`` (counted alike on every rank) of an
+        operation described by ``fingerprint``. Sends on them carry the tag; handlers registered after
+        this take only records of the same tag (see the module doc). ``on_error`` hears of records of
+        another operation arriving on one of the edges that has no handler here."""
+        tag = (int(epoch), str(fingerprint))
+        with self._lock:
+            for e in edges:
+                self._tags[e] = tag
+                if on_error is not None:
+                    self._tag_errors[e] = on_error
+                else:
+                    self._tag_errors.pop(e, None)
+
+    def untag_edges(self, edges: "range | list[int]") -> None:
+        """Forget the tags of ``edges`` (their user is gone); the next user tags them again."""
+        with self._lock:
+            for e in edges:
+                self._tags.pop(e, None)
+                self._tag_errors.pop(e, None)
 
     def unregister(self, edge: int) -> None:
         """Stop delivering ``edge``; records still arriving for it are kept until a new register."""
@@ -459,6 +526,57 @@ class Context:
             self._wait_change(gen, min(0.5, deadline - time.monotonic()))
         self._drain(deadline)
 
+    def _check_unhandled(self, key: tuple[int, int], ins: _InStream) -> None:
+        """Records wait on an edge without a handler here: if the edge is tagged for this incarnation and
+        they come from another operation, nobody would ever take them; report the mismatch."""
+        with self._lock:
+            tag = self._tags.get(key[1])
+            if tag is None or not tag[1]:
+                return
+            marks = [obj.tag for obj, ref in ins.pending if ref is None]
+            on_error = self._tag_errors.get(key[1])
+        for m in marks:
+            if m[0] == tag[0] and m[1] and m[1] != tag[1] and (key, tag) not in self._mismatched:
+                self._mismatched.add((key, tag))
+                self._edge_mismatch(key[0], key[1], m, tag, on_error, notify_peer=True)
+                return
+
+    def _edge_mismatch(self, peer: int, edge: int, theirs: tuple[int, str], mine: tuple[int, str],
+                       on_error: Callable[[BaseException], None] | None, *, notify_peer: bool) -> None:
+        """Rank ``peer`` runs another operation than this rank on ``edge``: fail here, tell the peer."""
+        err = MismatchError(f"ranks {sorted({peer, self.rank})} run different operations on one edge: rank "
+                            f"{peer} runs {theirs[1]}, rank {self.rank} runs {mine[1]} (channel edge {edge}, "
+                            f"incarnation {mine[0]}); every rank must create the same operations on an edge, "
+                            "in the same order", [peer, self.rank])
+        log.error("rank %d: %s", self.rank, err)
+        if notify_peer:
+            try:
+                self._send(peer, _MISMATCH_EDGE, [edge, theirs[0], mine[1], theirs[1]], block=False, timeout=0.0)
+            except TwisternetError:
+                log.debug("rank %d: could not tell rank %d of the mismatch", self.rank, peer, exc_info=True)
+        if on_error is not None:
+            on_error(err)
+        else:
+            with self._lock:
+                if self._failure is None:
+                    self._failure = err
+            self.notify()
+
+    def _on_mismatch_notice(self, src: int, obj: Any) -> bool:
+        """A peer found that our records on an edge went to another operation there."""
+        try:
+            edge, epoch, theirs, mine = obj
+        except (TypeError, ValueError):
+            raise ProtocolError(f"rank {src}: bad mismatch notice {obj!r:.200}") from None
+        with self._lock:
+            entry = self._handlers.get(edge)
+            tag = self._tags.get(edge)
+            on_error = entry[3] if entry is not None and entry[2][0] == epoch else None
+            if on_error is None and tag is not None and tag[0] == epoch:
+                on_error = self._tag_errors.get(edge)
+        self._edge_mismatch(src, edge, (epoch, str(theirs)), (epoch, str(mine)), on_error, notify_peer=False)
+        return True
+
     def _on_leave(self, src: int, obj: Any) -> bool:
         with self._lock:
             self._left_peers.add(src)
@@ -566,7 +684,21 @@ class Context:
         s = self._out.get((dst, edge))
         if s is None:
             s = self._out[(dst, edge)] = _OutStream(dst, edge, self.pool)
+        tag = self._tags.get(edge, _NO_TAG)
+        if s.tag != tag:
+            if s.packer.pending_bytes:
+                self._emit_partial(s)       # the records of the old tag go first, in their own message
+            s.tag = tag
+            s.stamp = _stamp_bytes(tag)     # carried by the next message on the stream
         return s
+
+    @staticmethod
+    def _stamp(s: _OutStream, msg: _OutMsg) -> None:
+        """Put the stream's new tag in front of ``msg`` (its first message since the tag changed)."""
+        if s.stamp is not None:
+            msg.parts = [s.stamp + msg.parts[0], *msg.parts[1:]]
+            msg.nbytes += len(s.stamp)
+            s.stamp = None
 
     def _send_own(self, dst: int, edge: int, parts: list, n: int, deadline: float, limit: float) -> bool:
         """Send a large message that this thread waits for anyway by writing it itself (Channel.push).
@@ -590,6 +722,7 @@ class Context:
                     if room:
                         if s.packer.pending_bytes:
                             self._emit_partial(s)
+                        self._stamp(s, msg)
                         # nothing queued before it: straight to the channel if it has credit
                         handed = engine and not s.queue and ch.send(dst, edge, msg.parts, msg)
                         if not handed:
@@ -704,6 +837,10 @@ class Context:
                     ins = self._in.get(key)
                     if ins is None:
                         ins = self._in[key] = _InStream(self.rank, edge)
+                    tag = self._tags.get(edge, _NO_TAG)
+                    if ins.local_tag != tag:
+                        ins.local_tag = tag
+                        ins.pending.append((_Mark(tag), None))
                     ins.pending.append((obj, _LocalRef(self, edge, n)))
                     self._in_dirty.add(key)
                     break
@@ -722,6 +859,8 @@ class Context:
         self._wait_change(gen, min(deadline - time.monotonic(), 0.5))
 
     def _queue(self, s: _OutStream, msg: _OutMsg) -> None:
+        if s.stamp is not None:
+            self._stamp(s, msg)
         s.queue.append(msg)
         s.queued_bytes += msg.nbytes
         self._out_ready.add((s.peer, s.edge))
@@ -894,9 +1033,12 @@ class Context:
             with self._lock:
                 ins = self._in.get(key)
                 entry = self._handlers.get(key[1])
-            if ins is None or entry is None:
+            if ins is None:
                 continue
-            handler = entry[0]
+            if entry is None:
+                self._check_unhandled(key, ins)
+                continue
+            handler, _, htag, on_error = entry
             src = ins.src
             while True:
                 with self._lock:
@@ -905,9 +1047,28 @@ class Context:
                     batch = list(ins.pending)
                     ins.pending.clear()
                 i = 0
+                early = False
+                mismatch: tuple[int, str] | None = None
                 progress = self._in_progress
                 try:
                     for obj, ref in batch:
+                        if ref is None:            # a _Mark: the records after it carry its tag
+                            ins.tag = obj.tag
+                            i += 1
+                            continue
+                        if ins.tag is not htag and ins.tag != htag:
+                            if ins.tag[0] > htag[0]:
+                                early = True       # the edge's next incarnation: wait for its handler
+                                break
+                            if ins.tag[0] < htag[0] or mismatch is not None:
+                                ref.done_one()     # stale: an earlier incarnation of the edge
+                                i += 1
+                                continue
+                            if ins.tag[1] and htag[1]:
+                                mismatch = ins.tag  # same incarnation, another operation: drop, fail
+                                ref.done_one()
+                                i += 1
+                                continue
                         progress.views = ref.views
                         if handler(src, obj) is False:
                             break
@@ -922,10 +1083,17 @@ class Context:
                 finally:
                     progress.views = True     # outside a handler, record_views() gives the safe answer
                 did = did or i > 0
+                if mismatch is not None and (key, htag) not in self._mismatched:
+                    self._mismatched.add((key, htag))
+                    self._edge_mismatch(src, key[1], mismatch, htag, on_error, notify_peer=True)
                 if i < len(batch):
                     with self._lock:
                         ins.pending.extendleft(reversed(batch[i:]))   # keep order: refused one first
-                        self._refused[key] = time.monotonic()
+                        if not early:
+                            self._refused[key] = time.monotonic()
+                        elif self._handlers.get(key[1]) is not entry:
+                            # the next incarnation registered meanwhile (finding nothing pending): now
+                            self._in_dirty.add(key)
                     break
         return did
 
@@ -1015,6 +1183,13 @@ class Context:
             if ins is None:
                 ins = self._in[key] = _InStream(peer, edge)
         tag = data[:1]
+        mark = None
+        if tag == _TAGGED:
+            epoch, flen = _TAG_HEAD.unpack_from(data, 1)
+            end = 1 + _TAG_HEAD.size + flen
+            mark = _Mark((epoch, bytes(data[1 + _TAG_HEAD.size:end]).decode("utf-8", "replace")))
+            data = data[end:]
+            tag = data[:1]
         if tag == _BATCH:
             records = ins.unpacker.feed(data[1:])
         elif tag == _DIRECT:
@@ -1031,6 +1206,10 @@ class Context:
             decoded.append(obj)
             views = views or v
         ref.views = views
+        if mark is not None:
+            with self._lock:
+                ins.pending.append((mark, None))
+                self._in_dirty.add(key)
         if not decoded:
             release()  # only a piece of a split record: its bytes were copied out
             return

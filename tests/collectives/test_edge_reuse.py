@@ -1,0 +1,71 @@
+"""An edge id is reusable at once after close(): a training loop that makes a new AllReduce on one edge
+per epoch gets every epoch right under both launchers (it stalled in most runs when records of the
+next incarnation reached the previous one, or stale ones reached the next), and two ranks that run
+different operations on one edge both raise MismatchError instead of dropping data."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.jobs import lines, mpiexec, run_mpi, run_tcp
+from twisternet.testing import run_local
+
+pytestmark = pytest.mark.timeout(400)
+SCRIPT = Path(__file__).parent / "scripts" / "edge_reuse.py"
+
+
+@pytest.mark.parametrize("launcher", ["tcp", "mpi"])
+@pytest.mark.parametrize("via", ["auto", "ring", "tree"])
+def test_training_loop_reuses_the_edge_every_epoch(launcher: str, via: str) -> None:
+    if launcher == "mpi" and mpiexec() is None:
+        pytest.skip("no mpiexec")
+    epochs = 40
+    run = run_tcp if launcher == "tcp" else run_mpi
+    p = run(3, SCRIPT, str(epochs), via, timeout=300)
+    got = lines(p, "REUSE")
+    assert sorted(got) == [f"REUSE rank={r} ok={epochs}" for r in range(3)], p.stdout[-3000:] + p.stderr[-3000:]
+    assert p.returncode == 0
+
+
+def test_threads_reuse_the_edge_every_epoch() -> None:
+    import numpy as np
+
+    import collectives as C
+
+    def body(ctx):
+        ok = 0
+        for epoch in range(40):
+            with C.AllReduce(ctx, edge=5, op="sum", timeout=20, ring_threshold=64) as op:
+                a = op.allreduce(np.full(64, float(ctx.rank + epoch)))
+                b = op.allreduce(ctx.rank * epoch)
+            ok += bool(np.all(a == sum(r + epoch for r in range(ctx.world)))
+                       and b == sum(r * epoch for r in range(ctx.world)))
+        return ok
+    assert run_local(3, body, timeout=200) == [40] * 3
+
+
+def _kinds_job(ctx, kinds: tuple[str, str]):
+    import collectives as C
+    kind = kinds[ctx.rank]
+    op = (C.Gather if kind == "gather" else C.Reduce if kind == "reduce" else
+          C.AllGather if kind == "allgather" else C.AllReduce)(ctx, edge=7, timeout=20)
+    try:
+        op.send(ctx.rank, ctx.rank + 1)
+        op.finish(ctx.rank)
+        if ctx.rank in op.local_destinations:
+            list(op.results())
+        op.close()
+        # a rank with nothing left to wait for on the edge hears of it at its next blocking call
+        ctx.wait_until(lambda: False, timeout=10)
+    except Exception as e:  # noqa: BLE001 - the test checks what each rank raised
+        return type(e).__name__, str(e)
+    return "no error", ""
+
+
+@pytest.mark.parametrize("kinds", [("gather", "reduce"), ("allgather", "allreduce")])
+def test_different_operations_on_one_edge_raise_on_every_rank(kinds: tuple[str, str]) -> None:
+    for name, msg in run_local(2, _kinds_job, kinds, timeout=60):
+        assert name == "MismatchError", (name, msg)
+        assert "different operations on one edge" in msg and "edge 7" in msg, msg
