@@ -190,23 +190,28 @@ class Operation:
         self._after()
 
     def results(self, task: int | None = None, *, timeout: float | None = None) -> Iterator[Any]:
-        """Results for local destination ``task`` (default: the only one in this process).
+        """Results for local destination ``task`` (default: the only one in this process; on a rank
+        that runs no destination task, nothing: every rank may iterate, as SPMD code does).
 
         Batch: waits until every source finished, then yields every result. Streaming: yields results
         as they form and stops once every source finished. ``timeout`` bounds each wait and raises
         OperationTimeout naming the sources that never finished.
         """
-        task = self._dest(task)
+        task = self._dest(task, none_here=True)
         if self.callback is not None:
             raise TwisternetError(f"{self.describe()} on edge {self.edge} delivers its results to the callback")
+        if task is None:
+            return iter(())     # this rank runs no destination task: it has no results
         return self._iter_results(task, timeout)
 
     def drain(self, task: int | None = None) -> list[Any]:
         """Streaming: the results available now, without waiting (empty list if none)."""
-        task = self._dest(task)
+        task = self._dest(task, none_here=True)
         if self.mode != "streaming":
             raise TwisternetError("drain() is for streaming operations; use results() in batch mode")
         self._raise_if_failed()
+        if task is None:
+            return []
         with self._lock:
             sink = self._sinks[task]
             items = list(sink.items)
@@ -381,11 +386,23 @@ class Operation:
         if task in self._finished_local:
             raise ValueError(f"source task {task} of {self.describe()} (edge {self.edge}) already finished")
 
-    def _dest(self, task: int | None) -> int:
+    def _dest(self, task: int | None, *, none_here: bool = False) -> int | None:
+        """The local destination ``task`` names (default: the only one here). With ``none_here``, a rank
+        that runs no destination gets None (it has no results: iterating them yields nothing)."""
         if task is None:
-            if len(self.local_destinations) != 1:
-                raise ValueError(f"rank {self.rank} runs destinations {self.local_destinations} of "
-                                 f"{self.describe()} (edge {self.edge}); pass task=")
+            if not self.local_destinations and none_here:
+                return None
+            if not self.local_destinations:
+                raise ValueError(
+                    f"rank {self.rank} runs none of the destination tasks {self.destinations} of {self.describe()} "
+                    f"(edge {self.edge}), so it has no result; call this on the ranks that run them "
+                    f"({self.destination_ranks}), e.g. under `if ctx.rank in op.destination_ranks:`, or "
+                    "iterate results(), which yields nothing on other ranks")
+            if len(self.local_destinations) > 1:
+                raise ValueError(
+                    f"rank {self.rank} runs several destination tasks {self.local_destinations} of "
+                    f"{self.describe()} (edge {self.edge}); say which one: pass task=, e.g. "
+                    f"`for t in op.local_destinations: op.results(task=t)`")
             return self.local_destinations[0]
         if task not in self._sinks:
             raise ValueError(f"task {task!r} is not a destination of {self.describe()} (edge {self.edge}) "
@@ -556,11 +573,13 @@ class Operation:
 
     def _iter_values(self, task: int | None, timeout: float | None) -> Iterator[Any]:
         """Batch results that are ``(source_task, value)`` pairs, without the source tasks."""
-        task = self._dest(task)
+        task = self._dest(task, none_here=True)
         if self.callback is not None:
             raise TwisternetError(f"{self.describe()} on edge {self.edge} delivers its results to the callback")
         if self.mode != "batch":
             raise TwisternetError("values() is for batch operations; use results() in streaming mode")
+        if task is None:
+            return iter(())     # this rank runs no destination task: it has no results
         return self._values_gen(task, timeout)
 
     def _values_gen(self, task: int, timeout: float | None) -> Iterator[Any]:

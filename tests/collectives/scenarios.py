@@ -339,7 +339,28 @@ def run_failing_reduction(ctx: Any, p: dict) -> dict:
     return got
 
 
+def run_kinds(ctx: Any, p: dict) -> dict:
+    """Rank r runs operation ``p["kinds"][r]`` on edge 7 (send, finish, results, close), then waits on the
+    context: what it raised."""
+    import collectives as C
+    kinds = {"gather": C.Gather, "reduce": C.Reduce, "allgather": C.AllGather, "allreduce": C.AllReduce}
+    op = kinds[p["kinds"][ctx.rank]](ctx, edge=7, timeout=20)
+
+    def body() -> None:
+        op.send(ctx.rank, ctx.rank + 1)
+        op.finish(ctx.rank)
+        if ctx.rank in op.local_destinations:
+            list(op.results())
+        op.close()
+        # a rank with nothing left to wait for on the edge hears of it at its next blocking call
+        ctx.wait_until(lambda: False, timeout=10)
+    got = _outcome(body)
+    op.abort()
+    return got
+
+
 SCENARIOS: dict[str, Callable[[Any, dict], Any]] = {
+    "run_kinds": run_kinds,
     "run_mismatch": run_mismatch,
     "run_failing_reduction": run_failing_reduction,
     "run_shm_allreduce": run_shm_allreduce,

@@ -12,6 +12,8 @@ import pytest
 from tests.jobs import lines, mpiexec, run_mpi, run_tcp
 from twisternet.testing import run_local
 
+from .launchers import run_scenario
+
 pytestmark = pytest.mark.timeout(400)
 SCRIPT = Path(__file__).parent / "scripts" / "edge_reuse.py"
 
@@ -69,3 +71,11 @@ def test_different_operations_on_one_edge_raise_on_every_rank(kinds: tuple[str, 
     for name, msg in run_local(2, _kinds_job, kinds, timeout=60):
         assert name == "MismatchError", (name, msg)
         assert "different operations on one edge" in msg and "edge 7" in msg, msg
+
+
+@pytest.mark.parametrize("launcher", ["tcp", "mpi"])
+@pytest.mark.parametrize("kinds", [["gather", "reduce"], ["allgather", "allreduce"]])
+def test_processes_different_operations_on_one_edge_raise_on_every_rank(launcher: str, kinds: list) -> None:
+    for r in run_scenario(launcher, 2, "run_kinds", {"kinds": kinds}, timeout=120):
+        assert r["error"] == "MismatchError", r
+        assert "different operations on one edge" in r["message"] and "edge 7" in r["message"], r
