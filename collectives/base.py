@@ -116,6 +116,9 @@ class Operation:
         self._spread: list[BaseException] = []   # local failures still to tell the other ranks about
         #: Ranks that take part in this operation (sources' and destinations'): a failure reaches them all.
         self.member_ranks = sorted(set(self.source_ranks) | set(self.destination_ranks))
+        # the Context's (live) table of lost peers: every blocking call looks at it first, cheaply
+        lost = getattr(ctx, "_lost", None)
+        self._ctx_lost: dict = lost if isinstance(lost, dict) else {}
         #: Incarnation of the edge (the how-many-th operation on it in this process, alike on every rank).
         self.epoch = claim_edge(ctx, self.edge, f"{self.operation}(edge={self.edge})")
         tag = getattr(ctx, "tag_edges", None)
@@ -170,6 +173,8 @@ class Operation:
     def finish(self, task: int) -> None:
         """End the stream of source ``task`` (batch: required; streaming: ends it)."""
         self._check_source(task)
+        if self._ctx_lost:
+            self._check_peers()
         with self._lock:
             self._raise_if_failed()
             self._active = True
@@ -409,11 +414,19 @@ class Operation:
                              f"on rank {self.rank}; local destinations: {self.local_destinations}")
         return task
 
+    def _check_peers(self) -> None:
+        """PeerLostError (naming the first rank lost) if a rank of this operation is gone: a send that
+        only buffers locally (batch) would otherwise notice no earlier than finish()."""
+        if self._ctx_lost and any(r in self._ctx_lost for r in self.member_ranks):
+            self.ctx.check_lost()
+
     def _input(self, task: int, capacity: Callable[[], bool], mutate: Callable[[], None], *,
                block: bool = True, timeout: float | None = None) -> bool:
         """Common path of a local source's send: wait for capacity, mutate under the lock, hand over."""
         self._check_source(task)
         self._raise_if_failed()
+        if self._ctx_lost:
+            self._check_peers()
 
         # The capacity check is advisory (limits are soft), so it runs without the lock: taking it for
         # every record would contend with the progress thread.

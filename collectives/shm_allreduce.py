@@ -307,9 +307,12 @@ class ShmAllReduce:
             raise ClosedError(f"{op.describe()} was closed during allreduce()")
         late = [self.rar.ranks[j] for j in range(self.n) if self.seq[j * self.stride + field] < k]
         lost = op.ctx.lost_peers
-        for r in late:
-            if r in lost:
-                raise PeerLostError(r, lost[r])
+        if any(r in lost for r in late):
+            check = getattr(op.ctx, "check_lost", None)
+            if check is not None:
+                check()          # names the first rank lost, not one that left in reaction
+            r = next(r for r in late if r in lost)
+            raise PeerLostError(r, lost[r])
         if now >= deadline:
             raise OperationTimeout(f"allreduce() through shared memory: no {what} from ranks {late} "
                                    f"(round {k})", edge=op.edge, operation=op.operation, timeout=t)

@@ -68,6 +68,11 @@ _DRIVE_SPIN = 0.0005
 _LEAVE_EDGE = CONTROL_EDGE_BASE + 3
 #: Control edge on which a rank tells a peer that its records on an edge belong to another operation.
 _MISMATCH_EDGE = CONTROL_EDGE_BASE + 4
+#: Control edge on which a rank that lost a peer tells the others which one (before it may fail and exit
+#: itself): they then name that rank, the first lost, and not the one that left in reaction.
+_CAUSE_EDGE = CONTROL_EDGE_BASE + 5
+#: How long a failing rank's close() waits for its loss notices to leave before it aborts the channel.
+_NOTICE_FLUSH = 0.5
 
 
 class _Mark:
@@ -232,6 +237,8 @@ class Context:
         self._tag_errors: dict[int, Callable[[BaseException], None]] = {}   # see tag_edges
         self._refused: dict[tuple[int, int], float] = {}  # stream -> time of refusal
         self._lost: dict[int, str] = {}
+        self._lost_after: dict[int, int] = {}   # peer -> the rank whose loss it reported (its cause)
+        self._told: set[int] = set()            # lost ranks this rank told its peers about
         self._failure: BaseException | None = None
         self._closed = False
         self._stop = False
@@ -486,6 +493,8 @@ class Context:
                 self._thread.join(max(1.0, deadline - time.monotonic()))
             with self._chan_lock:
                 try:
+                    if self._failure is not None or self._lost:
+                        self._flush_notices(time.monotonic() + _NOTICE_FLUSH)
                     if self._failure is not None:
                         self.channel.abort(f"rank {self.rank} failed: {self._failure!r}")
                     else:
@@ -499,6 +508,22 @@ class Context:
             self.notify()
             if self._on_close is not None:
                 self._on_close()
+
+    def _flush_notices(self, deadline: float) -> None:
+        """Before a failing rank drops its connections: get its loss notices (and what is queued before
+        them) out, for at most until ``deadline`` (engine stopped, channel lock held)."""
+        def pending() -> bool:
+            with self._lock:
+                return any(s.queue for k, s in self._out.items() if k[1] == _CAUSE_EDGE)
+        try:
+            with self._lock:
+                for key in [k for k in self._out_partial if k[1] == _CAUSE_EDGE]:
+                    self._emit_partial(self._out[key])
+            while time.monotonic() < deadline and (pending() or self.channel.has_pending()):
+                self._pump()
+                self.channel.progress(0.005)
+        except Exception:  # noqa: BLE001 - best effort on the way out
+            log.debug("rank %d: flushing loss notices failed", self.rank, exc_info=True)
 
     def _linger(self, deadline: float) -> None:
         """Collective leave: tell every peer we are done, then keep the engine running (delivering,
@@ -607,7 +632,7 @@ class Context:
         return threading.get_ident() == self._progress_thread_id or getattr(self._in_progress, "active", False)
 
     def _send(self, dst: int, edge: int, obj: Any, *, block: bool, timeout: float | None,
-              closing: bool = False, wait_sent: bool = True) -> "bool | SendHandle":
+              closing: bool = False, wait_sent: bool = True, force: bool = False) -> "bool | SendHandle":
         if not isinstance(dst, int) or not 0 <= dst < self.world:
             raise TwisternetError(f"destination rank must be in [0, {self.world}), got {dst!r}")
         if edge < CONTROL_EDGE_BASE:
@@ -618,7 +643,7 @@ class Context:
             raise ClosedError("context is closed")
         parts = self.codec.encode(obj)
         n = record_size(parts)
-        forced = self._on_engine_thread()
+        forced = force or self._on_engine_thread()
         limit = self.config.timeout if timeout is None else timeout
         deadline = time.monotonic() + limit
         if dst == self.rank:
@@ -680,7 +705,7 @@ class Context:
         """The stream of messages to ``dst`` on ``edge`` (made on first use); PeerLostError if ``dst`` is
         lost. Called with ``self._lock`` held."""
         if dst in self._lost:
-            raise PeerLostError(dst, self._lost[dst])
+            raise self._lost_error(dst)
         s = self._out.get((dst, edge))
         if s is None:
             s = self._out[(dst, edge)] = _OutStream(dst, edge, self.pool)
@@ -774,7 +799,7 @@ class Context:
                     ch.end_push(dst)
         with self._lock:
             if dst in self._lost:  # its buffers were let go because the peer died, not sent
-                raise PeerLostError(dst, self._lost[dst])
+                raise self._lost_error(dst)
         return True
 
     def _after_push(self) -> None:
@@ -797,7 +822,7 @@ class Context:
             self._blocked(gen, deadline, limit, edge, "large send did not complete")
         with self._lock:
             if dst in self._lost:  # its buffers were let go because the peer died, not sent
-                raise PeerLostError(dst, self._lost[dst])
+                raise self._lost_error(dst)
 
     def _drive_send(self, deadline: float) -> bool:
         """Over MPI, a thread waiting for its own large send to complete polls the request itself (as a
@@ -1173,7 +1198,25 @@ class Context:
             # the original exception (a handler's or the engine's), so callers see what really failed
             raise failure
         if lost is not None:
-            raise PeerLostError(lost[0], lost[1])
+            raise self._lost_error(lost[0])
+
+    def _lost_error(self, peer: int) -> PeerLostError:
+        """PeerLostError for the loss of ``peer``, naming the first rank lost: if ``peer`` (or the rank
+        it left after) reported losing another rank before it went, that one; the others are "lost
+        after" it."""
+        with self._lock:
+            roots = [r for r in self._lost if r not in self._lost_after]
+            root = roots[0] if roots else peer
+            reason = self._lost.get(root, "lost")
+            after = sorted(r for r in self._lost if r != root)
+        if after:
+            reason += f"; rank{'s' if len(after) > 1 else ''} {', '.join(map(str, after))} lost after rank {root}"
+        return PeerLostError(root, reason)
+
+    def check_lost(self) -> None:
+        """Raise PeerLostError (naming the first rank lost) if any peer was lost."""
+        if self._lost:
+            raise self._lost_error(next(iter(self._lost)))
 
     # ------------------------------------------------------------------------------ channel events
     def on_message(self, peer: int, edge: int, data: memoryview, release: Callable[[], None]) -> None:
@@ -1206,6 +1249,12 @@ class Context:
             decoded.append(obj)
             views = views or v
         ref.views = views
+        if edge == _CAUSE_EDGE:
+            # handled at once: the sender's own loss may be reported right after this message
+            for obj in decoded:
+                self._on_cause(peer, obj)
+            release()
+            return
         if mark is not None:
             with self._lock:
                 ins.pending.append((mark, None))
@@ -1236,6 +1285,57 @@ class Context:
         with self._lock:
             if peer in self._lost:
                 return
+            cause = self._lost_after.get(peer)
+        if cause is None:
+            # queued before the loss is visible: a caller that raises on it and closes flushes them
+            self._tell_loss(peer, reason)
+        with self._lock:
+            if peer in self._lost:
+                return
+            if cause is not None:
+                reason += f" (it left after rank {cause} was lost)"
             self._lost[peer] = reason
         log.error("rank %d: peer rank %d lost: %s", self.rank, peer, reason)
+        self.notify()
+
+    def _tell_loss(self, peer: int, reason: str) -> None:
+        """Tell every live peer that ``peer`` was lost, so that when this rank fails in reaction they
+        name ``peer`` and not this rank."""
+        with self._lock:
+            if peer in self._told:
+                return
+            self._told.add(peer)
+            live = [r for r in range(self.world) if r not in (self.rank, peer) and r not in self._lost]
+        for r in live:
+            try:
+                self._send(r, _CAUSE_EDGE, [peer, reason], block=False, timeout=0.0, closing=True, force=True)
+            except TwisternetError:
+                log.debug("rank %d: could not tell rank %d of the loss", self.rank, r, exc_info=True)
+        with self._lock:    # now, not after the flush delay: this rank may fail and exit any moment
+            for r in live:
+                if (r, _CAUSE_EDGE) in self._out_partial:
+                    self._emit_partial(self._out[(r, _CAUSE_EDGE)])
+        self.channel.wakeup()
+
+    def _on_cause(self, src: int, obj: Any) -> None:
+        """Rank ``src`` lost rank ``obj[0]``: remember it (before ``src`` itself may go)."""
+        try:
+            lost, reason = int(obj[0]), str(obj[1])
+        except (TypeError, ValueError, IndexError):
+            log.warning("rank %d: bad loss notice from rank %d: %r", self.rank, src, obj)
+            return
+        if lost == self.rank:
+            return
+        with self._lock:
+            self._lost_after.setdefault(src, lost)
+            if lost in self._lost:
+                return
+        # pass it on too (before the loss is visible here): a rank that fails because of it must be
+        # known to have left after it
+        self._tell_loss(lost, reason)
+        with self._lock:
+            if lost in self._lost:
+                return
+            self._lost[lost] = f"{reason} (seen by rank {src})"
+        log.error("rank %d: peer rank %d lost (reported by rank %d): %s", self.rank, lost, src, reason)
         self.notify()
