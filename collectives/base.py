@@ -13,6 +13,8 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
+
+import numpy as np
 from typing import Any, Callable, ClassVar, Iterable, Iterator, Literal, Sequence
 
 from twisternet.errors import (BackPressureTimeout, ClosedError, ConfigError, MismatchError, OperationTimeout,
@@ -30,12 +32,33 @@ MODES = ("streaming", "batch")
 _BATCH_MARK = object()
 
 
+def record_nbytes(item: Any) -> int:
+    """Bytes of the large parts of a result (arrays, bytes, strings; one level into a tuple or list,
+    e.g. a ``(source, array)`` pair): what the streaming byte bound counts. 0 for small records."""
+    t = type(item)
+    if t is np.ndarray:
+        return item.nbytes
+    if t is bytes or t is str or t is bytearray:
+        return len(item)
+    if (t is tuple or t is list) and len(item) <= 4:
+        n = 0
+        for x in item:
+            tx = type(x)
+            if tx is np.ndarray:
+                n += x.nbytes
+            elif tx is bytes or tx is str or tx is bytearray:
+                n += len(x)
+        return n
+    return 0
+
+
 class _Sink:
     """Results waiting for one local destination task."""
 
-    __slots__ = ("items", "ended", "complete", "batch", "values", "consumed")
+    __slots__ = ("items", "ended", "complete", "batch", "values", "consumed", "nbytes")
 
     def __init__(self) -> None:
+        self.nbytes = 0             # record_nbytes of the items (streaming)
         self.items: deque = deque()
         self.ended = False          # streaming: no more items will come
         self.complete = False       # batch: the result is ready
@@ -94,6 +117,8 @@ class Operation:
         self.destinations = _task_list(self.plan, destinations, "destinations", self.plan.tasks)
         self.callback = callback
         self.limit: int = limit if limit is not None else ctx.config.receive_pending_limit
+        #: Bytes of streaming results held per local destination before back pressure (see config).
+        self.byte_limit: int = getattr(ctx.config, "receive_pending_bytes", 64 << 20)
         self.timeout: float = timeout if timeout is not None else ctx.config.timeout
         self.fanout = fanout
         self.local_sources = [t for t in self.sources if self.plan.rank_of(t) == self.rank]
@@ -221,6 +246,7 @@ class Operation:
             sink = self._sinks[task]
             items = list(sink.items)
             sink.items.clear()
+            sink.nbytes = 0
         if items:
             self._resume_all()
         return items
@@ -539,7 +565,10 @@ class Operation:
 
     # ------------------------------------------------------------------ results
     def _sink_room(self, task: int) -> bool:
-        return self.callback is not None or self.mode == "batch" or len(self._sinks[task].items) < self.limit
+        if self.callback is not None or self.mode == "batch":
+            return True
+        sink = self._sinks[task]
+        return len(sink.items) < self.limit and (sink.nbytes < self.byte_limit or not sink.items)
 
     def _sinks_room(self) -> bool:
         return all(self._sink_room(t) for t in self._sinks)
@@ -549,7 +578,9 @@ class Operation:
         if self.callback is not None:
             self._cbq.append((task, item))
         else:
-            self._sinks[task].items.append(item)
+            sink = self._sinks[task]
+            sink.items.append(item)
+            sink.nbytes += record_nbytes(item)
         self._changed = True
 
     def _deliver_many(self, task: int, items: list) -> None:
@@ -557,7 +588,12 @@ class Operation:
         if self.callback is not None:
             self._cbq.extend((task, it) for it in items)
         else:
-            self._sinks[task].items.extend(items)
+            sink = self._sinks[task]
+            sink.items.extend(items)
+            n = 0
+            for it in items:
+                n += record_nbytes(it)
+            sink.nbytes += n
         self._changed = True
 
     def _end(self, task: int) -> None:
@@ -612,17 +648,31 @@ class Operation:
             yield from sink.batch()
             self._consumed(task)
             return
-        while True:
-            self._wait(lambda: bool(sink.items) or sink.ended, "no streaming result arrived", task, timeout)
-            with self._lock:
-                items = list(sink.items)
-                sink.items.clear()
-                ended = sink.ended
-            if items:
-                self._resume_all()
-            yield from items
-            if ended:
-                return
+        # The items taken out stay counted against the byte bound until the caller has moved past them
+        # (a slow consumer holds them meanwhile), so held + queued bytes stay within the bound.
+        in_hand = 0
+        try:
+            while True:
+                if in_hand:
+                    with self._lock:
+                        sink.nbytes -= in_hand
+                    in_hand = 0
+                    self._resume_all()
+                self._wait(lambda: bool(sink.items) or sink.ended, "no streaming result arrived", task, timeout)
+                with self._lock:
+                    items = list(sink.items)
+                    sink.items.clear()
+                    in_hand = sink.nbytes
+                    ended = sink.ended
+                if items and self._sink_room(task):
+                    self._resume_all()
+                yield from items
+                if ended:
+                    return
+        finally:
+            if in_hand:
+                with self._lock:
+                    sink.nbytes -= in_hand
 
     def _resume_all(self) -> None:
         for e in self._registered:
