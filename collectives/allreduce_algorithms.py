@@ -41,6 +41,8 @@ if TYPE_CHECKING:
     from .reduce import AllReduce
 
 VIAS = ("auto", "tree", "ring", "shm", "innet")
+#: Which algorithm sends each record kind ("x": none, see Operation's ABORT edge).
+_PATH = {"u": "tree", "w": "tree", "r": "ring", "s": "shm"}
 
 
 def describe_value(value: Any) -> str:
@@ -103,6 +105,8 @@ class RankAllReduce:
         self.shm: Any = None                 # the shared-memory path, once set up (see _shm_path)
         self.shm_tried = False
         self.deferred: tuple[int, BaseException] | None = None   # another rank's failure in a later call
+        self.current: tuple[int, str] | None = None   # (call, algorithm) of the call in progress
+        self.mine_desc = "-"                          # describe_value of this rank's value in that call
         for offset in (AR_UP, AR_DOWN, RING):
             op._register(offset, self._on_record, activates=False)
         op._defer_failure = self._defer_failure
@@ -124,6 +128,9 @@ class RankAllReduce:
                 kind, call, step, chunk, payload = msg
         except (TypeError, ValueError):
             raise self.op._protocol(src, msg) from None
+        cur = self.current
+        if cur is not None and call == cur[0] and _PATH.get(kind, cur[1]) != cur[1]:
+            raise self._path_error(call, cur[1], kind, src)
         rc = self.ring
         if kind == "r" and rc is not None and call == rc.call:
             self._apply(rc, step, chunk, payload, src)
@@ -151,6 +158,31 @@ class RankAllReduce:
         op._raise_if_failed()
         with op._lock:
             return self.stash.pop(key)
+
+    def _path_error(self, call: int, mine: str, kind: str, src: int) -> MismatchError:
+        """Rank ``src`` sent a record of another algorithm than this rank's in call ``call``: their values
+        differ (in type, size or dtype) or their operations were created with different ``via``."""
+        groups: dict[str, list[int]] = {}
+        with self.op._lock:
+            theirs = self.groups.get((kind, call, src))
+        merge_groups(groups, theirs if theirs is not None else {f"? ({_PATH[kind]})": [src]})
+        groups.setdefault(self.mine_desc, []).append(self.op.rank)
+        if len(groups) > 1:
+            return mismatch_error(call, groups)
+        err = MismatchError(f"allreduce() call {call}: rank {src} used the {_PATH[kind]} algorithm and rank "
+                            f"{self.op.rank} the {mine}; create the operation with the same via=, chunk and "
+                            "threshold arguments on every rank", [src, self.op.rank])
+        err.call = call    # type: ignore[attr-defined]
+        return err
+
+    def _start(self, call: int, path: str, value: Any) -> None:
+        """Call ``call`` goes by ``path`` here: records of another algorithm for it mean a mismatch."""
+        self.mine_desc = describe_value(value)
+        with self.op._lock:
+            self.current = (call, path)
+            odd = next((k for k in self.stash if k[1] == call and _PATH.get(k[0], path) != path), None)
+        if odd is not None:
+            raise self._failed(self._path_error(call, path, odd[0], odd[4]), f"in allreduce() call {call}", call)
 
     def _failed(self, e: BaseException, where: str, call: int | None = None) -> BaseException:
         """Fail the operation with ``e`` (raised here by the caller) and tell every other rank."""
@@ -233,17 +265,24 @@ class RankAllReduce:
             raise ConfigError("via", "via='ring' needs a numpy array (at least one element per rank) and a "
                                      "named reduction (sum, prod, max, min)")
         shm_ok = is_array and op.reduction.named and n > 1 and value.size >= 1 and not value.dtype.hasobject
+        if self.shm is not None and not shm_ok and n > 1:
+            # the other ranks may be in a shared-memory round: join it with "no array", so that a
+            # mismatch raises on every rank at once (if all passed such values, go on below)
+            self.shm.announce_other(t)
         if op.via == "shm" and n > 1 and not shm_ok:
             raise ConfigError("via", "via='shm' needs a non-empty numpy array of numbers and a named reduction "
                                      "(sum, prod, max, min)")
         if n == 1:
             return snapshot(value)
         if shm_ok and (op.via == "shm" or (op.via == "auto" and self._auto_shm())):
+            self._start(call, "shm", value)
             shm = self._shm_path(call, t)
             if shm is not None:
                 return shm.run(value, t, out)
         if ring_ok and (op.via == "ring" or (op.via == "auto" and value.nbytes >= op.ring_threshold)):
+            self._start(call, "ring", value)
             return self._ring(value, call, t, out)
+        self._start(call, "tree", value)
         return self._tree(value, call, t)
 
     # ------------------------------------------------------------------ in-network (hook)

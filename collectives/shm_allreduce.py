@@ -95,6 +95,9 @@ def describe(dtype: np.dtype, shape: tuple) -> tuple[int, int]:
     return got
 
 
+_NOT_ARRAY = _int64(b"-")
+
+
 def _dtype_of(word: int) -> np.dtype | None:
     """The dtype a header word names (None if it holds a digest)."""
     try:
@@ -206,6 +209,28 @@ class ShmAllReduce:
             raise
         return result.reshape(value.shape) if out is None else out
 
+    def announce_other(self, t: float) -> None:
+        """This rank's value cannot go through the segment (not a non-empty array of numbers): take part
+        in the round anyway with a "no array" descriptor, so that if the other ranks passed arrays, all
+        of them (this one included) raise the same MismatchError at once instead of waiting for a peer
+        that took another path. Returns if every rank passed such a value (they then use the tree)."""
+        if self.failed is not None:
+            raise ProtocolError(f"{self.op.describe()} edge {self.op.edge}: a previous shared-memory allreduce "
+                                f"failed ({self.failed}); the operation cannot be used any more")
+        seq, stride, me = self.seq, self.stride, self.i
+        k = self.round + 1
+        par = k & 1
+        base = me * stride + _DESC * par
+        seq[base + _NBYTES], seq[base + _DTYPE], seq[base + _SHAPE] = -1, _NOT_ARRAY, 0
+        seq[me * stride + _IN_SEQ] = k
+        try:
+            self._await(_IN_SEQ, k, time.monotonic() + t, t, "chunk")
+            self.round = k
+            self._check_same(None, (), par)
+        except BaseException as e:
+            self.failed = e
+            raise
+
     def _reduce(self, src: np.ndarray, result: np.ndarray, deadline: float, t: float,
                 shape: tuple | None = None) -> None:
         shape = (src.size,) if shape is None else shape
@@ -246,7 +271,7 @@ class ShmAllReduce:
                 result[a:b] = outs[par][:m]
             self.round = k
 
-    def _check_same(self, src: np.ndarray, shape: tuple, par: int) -> None:
+    def _check_same(self, src: np.ndarray | None, shape: tuple, par: int) -> None:
         """Every rank reads every rank's header, so all of them find the same difference and raise the
         same MismatchError (no message needed, nobody left waiting)."""
         seq, stride = self.seq, self.stride
@@ -261,13 +286,17 @@ class ShmAllReduce:
         odd = sorted(r for _, rs in ordered[1:] for r in rs)
 
         def text(w: tuple) -> str:
+            if w[0] < 0:
+                return "a value that is not a non-empty numpy array of numbers"
+            if w == mine and src is not None:
+                return f"{w[0]} bytes of {src.dtype.name} ({src.dtype.str}), shape {shape}"
             dt = _dtype_of(w[1])
             what = f"{dt.name} ({dt.str})" if dt is not None else "another dtype"
             if dt is not None and dt.itemsize and w[0] % dt.itemsize == 0 \
                     and describe(dt, (w[0] // dt.itemsize,))[1] == w[2]:
                 shp = f"shape {(w[0] // dt.itemsize,)}"
             else:
-                shp = f"shape {shape}" if w[2] == mine[2] else "another shape"
+                shp = f"shape {shape}" if w[2] == mine[2] and src is not None else "another shape"
             return f"{w[0]} bytes of {what}, {shp}"
         listing = "; ".join(f"rank{'s' if len(rs) > 1 else ''} {rs}: {text(w)}" for w, rs in ordered)
         raise MismatchError(f"allreduce() through shared memory: ranks {odd} passed arrays that differ from "

@@ -38,11 +38,21 @@ def test_threads_every_rank_raises(via: str, case: str) -> None:
     check_mismatch(res, 2, case)
 
 
+def test_threads_ranks_that_pick_different_algorithms_raise() -> None:
+    """24 float32 are 96 bytes, under ring_threshold=100: the tree; 25 are 100 bytes: the ring."""
+    res = run_local(3, run_mismatch, {"case": "length", "via": "auto", "odd": 1, "ring_threshold": 100,
+                                      "timeout": 20}, timeout=90)
+    check_mismatch(res, 1, "length")
+
+
 @pytest.mark.skipif(not shm_allreduce.supported(), reason="needs /dev/shm on an x86-64 machine")
 @pytest.mark.parametrize("launcher", ["tcp", "mpi"])
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("case", CASES + ["scalar"])
 def test_processes_shared_memory(launcher: str, case: str) -> None:
-    res = run_scenario(launcher, 3, "run_mismatch", {"case": case, "via": "shm", "odd": 1, "timeout": 20},
+    # a scalar takes the tree while the others are in a shared-memory round ("auto"): it joins the
+    # round as "no array", so every rank raises at once
+    via = "auto" if case == "scalar" else "shm"
+    res = run_scenario(launcher, 3, "run_mismatch", {"case": case, "via": via, "odd": 1, "timeout": 20},
                        timeout=150)
     check_mismatch(res, 1, case)
 
