@@ -1302,14 +1302,14 @@ class Context:
         """Tell every live peer that ``peer`` was lost, so that when this rank fails in reaction they
         name ``peer`` and not this rank."""
         with self._lock:
-            if peer in self._told:
+            if peer in self._told or self._stop:    # stopped: the channel is closing, nobody to tell
                 return
             self._told.add(peer)
             live = [r for r in range(self.world) if r not in (self.rank, peer) and r not in self._lost]
         for r in live:
             try:
                 self._send(r, _CAUSE_EDGE, [peer, reason], block=False, timeout=0.0, closing=True, force=True)
-            except TwisternetError:
+            except Exception:  # noqa: BLE001 - best effort: the loss itself is reported regardless
                 log.debug("rank %d: could not tell rank %d of the loss", self.rank, r, exc_info=True)
         with self._lock:    # now, not after the flush delay: this rank may fail and exit any moment
             for r in live:
