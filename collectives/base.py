@@ -655,7 +655,7 @@ class Operation:
             while True:
                 if in_hand:
                     with self._lock:
-                        sink.nbytes -= in_hand
+                        sink.nbytes = max(0, sink.nbytes - in_hand)
                     in_hand = 0
                     self._resume_all()
                 self._wait(lambda: bool(sink.items) or sink.ended, "no streaming result arrived", task, timeout)
@@ -672,7 +672,7 @@ class Operation:
         finally:
             if in_hand:
                 with self._lock:
-                    sink.nbytes -= in_hand
+                    sink.nbytes = max(0, sink.nbytes - in_hand)
 
     def _resume_all(self) -> None:
         for e in self._registered:

@@ -1078,7 +1078,7 @@ class Context:
                 try:
                     for obj, ref in batch:
                         if ref is None:            # a _Mark: the records after it carry its tag
-                            ins.tag = obj.tag
+                            ins.tag = htag if obj.tag == htag else obj.tag   # same object: cheap check
                             i += 1
                             continue
                         if ins.tag is not htag and ins.tag != htag:

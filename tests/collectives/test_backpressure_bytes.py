@@ -33,3 +33,38 @@ def test_slow_consumer_bounds_receiver_rss(launcher: str) -> None:
     # the bound, the credit of two senders (twice: receive buffers and their decoded copies), 1 MB
     # records in hand, and a constant for allocator slack; far below the 800 MB sent
     assert growth < BOUND_MB + 4 * CREDIT_MB + 100, growth
+
+
+def test_threads_sink_stops_at_the_byte_bound() -> None:
+    """A destination that reads nothing: the sender is held back once the results waiting there reach
+    ``receive_pending_bytes`` (4 arrays of 100 kB here), not after receive_pending_limit records."""
+    import numpy as np
+
+    import collectives as C
+    from twisternet.errors import BackPressureTimeout
+    from twisternet.testing import run_local
+
+    def body(ctx):
+        op = C.Gather(ctx, sources=[1], destinations=[0], edge=1, mode="streaming", timeout=30)
+        if ctx.rank == 1:
+            sent = 0
+            try:
+                for _ in range(60):
+                    op.send(1, np.zeros(100_000 // 8), timeout=3)
+                    sent += 1
+            except BackPressureTimeout:
+                pass
+            ctx.send(0, 5, sent)
+            return sent
+        got = []
+        ctx.register(5, lambda src, obj: got.append(obj) or True)
+        ctx.wait_until(lambda: got, timeout=60)
+        sink = op._sinks[0]
+        held = (len(sink.items), sink.nbytes)
+        op.abort()
+        return held
+
+    held, sent = run_local(2, body, timeout=120, receive_pending_bytes=400_000, buffer_size=65536,
+                           buffer_count=2)
+    assert held[1] <= 400_000 + 100_000 and held[0] <= 5, held
+    assert sent < 60, sent
