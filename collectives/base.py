@@ -192,7 +192,10 @@ class Operation:
                 return str(ts)
             import zlib
             return f"{len(ts)} tasks #{zlib.crc32(repr(ts).encode()):08x}"
-        return (f"{self.describe()} (edge {self.edge}, sources {tasks(self.sources)}, destinations "
+        import re
+        # a callable's repr may hold its address (functools.partial, instances): alike in no two processes
+        what = re.sub(r" at 0x[0-9a-fA-F]+", "", self.describe())
+        return (f"{what} (edge {self.edge}, sources {tasks(self.sources)}, destinations "
                 f"{tasks(self.destinations)}, fanout {self.fanout})")
 
     def finish(self, task: int) -> None:

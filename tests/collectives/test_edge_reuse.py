@@ -80,3 +80,23 @@ def test_processes_different_operations_on_one_edge_raise_on_every_rank(launcher
     for r in run_scenario(launcher, 2, "run_kinds", {"kinds": kinds}, timeout=120):
         assert r["error"] == "MismatchError", r
         assert "different operations on one edge" in r["message"] and "edge 7" in r["message"], r
+
+
+def test_a_reduction_whose_repr_holds_an_address_is_not_a_mismatch() -> None:
+    """functools.partial objects print their function's address, which differs between processes."""
+    import functools
+    import operator
+
+    import collectives as C
+
+    def body(ctx):
+        # a fresh partial (and function object) per rank: only the address differs
+        fn = functools.partial(lambda k, a, b: operator.add(a, b) * k, 1)
+        op = C.Reduce(ctx, edge=3, reduce=fn, timeout=20)
+        assert " at 0x" not in op.fingerprint()
+        op.send(ctx.rank, ctx.rank + 1)
+        op.finish(ctx.rank)
+        got = op.result() if ctx.rank == 0 else None
+        op.close()
+        return got
+    assert run_local(2, body, timeout=60)[0] == 3
