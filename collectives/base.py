@@ -13,12 +13,14 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
+
+import numpy as np
 from typing import Any, Callable, ClassVar, Iterable, Iterator, Literal, Sequence
 
-from twisternet.errors import (BackPressureTimeout, ClosedError, ConfigError, OperationTimeout,
-                               ProtocolError, TwisternetError)
+from twisternet.errors import (BackPressureTimeout, ClosedError, ConfigError, MismatchError, OperationTimeout,
+                               PeerLostError, ProtocolError, RemoteError, TwisternetError)
 
-from .edges import channel_edge, check_user_edge, claim_edge, release_edge
+from .edges import ABORT, channel_edge, channel_edges, check_user_edge, claim_edge, release_edge
 from .reduction import own, own_values
 
 log = logging.getLogger(__name__)
@@ -30,12 +32,33 @@ MODES = ("streaming", "batch")
 _BATCH_MARK = object()
 
 
+def record_nbytes(item: Any) -> int:
+    """Bytes of the large parts of a result (arrays, bytes, strings; one level into a tuple or list,
+    e.g. a ``(source, array)`` pair): what the streaming byte bound counts. 0 for small records."""
+    t = type(item)
+    if t is np.ndarray:
+        return item.nbytes
+    if t is bytes or t is str or t is bytearray:
+        return len(item)
+    if (t is tuple or t is list) and len(item) <= 4:
+        n = 0
+        for x in item:
+            tx = type(x)
+            if tx is np.ndarray:
+                n += x.nbytes
+            elif tx is bytes or tx is str or tx is bytearray:
+                n += len(x)
+        return n
+    return 0
+
+
 class _Sink:
     """Results waiting for one local destination task."""
 
-    __slots__ = ("items", "ended", "complete", "batch", "values", "consumed")
+    __slots__ = ("items", "ended", "complete", "batch", "values", "consumed", "nbytes")
 
     def __init__(self) -> None:
+        self.nbytes = 0             # record_nbytes of the items (streaming)
         self.items: deque = deque()
         self.ended = False          # streaming: no more items will come
         self.complete = False       # batch: the result is ready
@@ -94,6 +117,8 @@ class Operation:
         self.destinations = _task_list(self.plan, destinations, "destinations", self.plan.tasks)
         self.callback = callback
         self.limit: int = limit if limit is not None else ctx.config.receive_pending_limit
+        #: Bytes of streaming results held per local destination before back pressure (see config).
+        self.byte_limit: int = getattr(ctx.config, "receive_pending_bytes", 64 << 20)
         self.timeout: float = timeout if timeout is not None else ctx.config.timeout
         self.fanout = fanout
         self.local_sources = [t for t in self.sources if self.plan.rank_of(t) == self.rank]
@@ -113,7 +138,17 @@ class Operation:
         self._registered: list[int] = []
         self._changed = False
         self._active = False        # send/finish called or records handled: close() waits for duties
-        claim_edge(ctx, self.edge, f"{self.operation}(edge={self.edge})")
+        self._spread: list[BaseException] = []   # local failures still to tell the other ranks about
+        #: Ranks that take part in this operation (sources' and destinations'): a failure reaches them all.
+        self.member_ranks = sorted(set(self.source_ranks) | set(self.destination_ranks))
+        # the Context's (live) table of lost peers: every blocking call looks at it first, cheaply
+        lost = getattr(ctx, "_lost", None)
+        self._ctx_lost: dict = lost if isinstance(lost, dict) else {}
+        #: Incarnation of the edge (the how-many-th operation on it in this process, alike on every rank).
+        self.epoch = claim_edge(ctx, self.edge, f"{self.operation}(edge={self.edge})")
+        tag = getattr(ctx, "tag_edges", None)
+        if tag is not None:   # records of this incarnation carry its epoch and what it is (context doc)
+            tag(channel_edges(self.edge), self.epoch, self.fingerprint(), self._on_edge_error)
         # Coflow hook (twisternet.coflow.live): with coflow_policy set, this operation instance is a
         # coflow (or joins the one of an enclosing ``ctx.coflow(...)`` block) until _teardown.
         coflows = getattr(ctx, "coflows", None)
@@ -123,6 +158,7 @@ class Operation:
                 self._coflow_id = coflows.attach(self.edge, self.operation, self.source_ranks,
                                                  self.destination_ranks)
             with self._lock:  # records buffered before registration may arrive at once: hold them off
+                self._register(ABORT, self._on_abort, activates=False)
                 self._setup()
         except BaseException:
             self._teardown()
@@ -148,39 +184,72 @@ class Operation:
         """Short human description used in errors and logs."""
         return f"{self.mode} {self.operation}"
 
+    def fingerprint(self) -> str:
+        """What every rank's operation on this edge must agree on (kind, reduction, tasks, fanout): the
+        first record of each stream carries it, and a receiver running something else raises."""
+        def tasks(ts: list[int]) -> str:
+            if len(ts) <= 8:
+                return str(ts)
+            import zlib
+            return f"{len(ts)} tasks #{zlib.crc32(repr(ts).encode()):08x}"
+        import re
+        # a callable's repr may hold its address (functools.partial, instances): alike in no two processes
+        what = re.sub(r" at 0x[0-9a-fA-F]+", "", self.describe())
+        return (f"{what} (edge {self.edge}, sources {tasks(self.sources)}, destinations "
+                f"{tasks(self.destinations)}, fanout {self.fanout})")
+
     def finish(self, task: int) -> None:
         """End the stream of source ``task`` (batch: required; streaming: ends it)."""
         self._check_source(task)
+        if self._ctx_lost:
+            self._check_peers()
         with self._lock:
             self._raise_if_failed()
             self._active = True
             self._finished_local.add(task)
-            self._on_local_finish(task)
+            try:
+                self._on_local_finish(task)
+            except TwisternetError:
+                raise
+            except Exception as e:  # noqa: BLE001 - e.g. the reduction raised: every rank must hear of it
+                self._fail(e, f"in finish() of task {task}")
+                failed: BaseException | None = e
+            else:
+                failed = None
+        if failed is not None:
+            self._after()
+            raise failed
         self._settle(None)
         self._after()
 
     def results(self, task: int | None = None, *, timeout: float | None = None) -> Iterator[Any]:
-        """Results for local destination ``task`` (default: the only one in this process).
+        """Results for local destination ``task`` (default: the only one in this process; on a rank
+        that runs no destination task, nothing: every rank may iterate, as SPMD code does).
 
         Batch: waits until every source finished, then yields every result. Streaming: yields results
         as they form and stops once every source finished. ``timeout`` bounds each wait and raises
         OperationTimeout naming the sources that never finished.
         """
-        task = self._dest(task)
+        task = self._dest(task, none_here=True)
         if self.callback is not None:
             raise TwisternetError(f"{self.describe()} on edge {self.edge} delivers its results to the callback")
+        if task is None:
+            return iter(())     # this rank runs no destination task: it has no results
         return self._iter_results(task, timeout)
 
     def drain(self, task: int | None = None) -> list[Any]:
         """Streaming: the results available now, without waiting (empty list if none)."""
-        task = self._dest(task)
+        task = self._dest(task, none_here=True)
         if self.mode != "streaming":
             raise TwisternetError("drain() is for streaming operations; use results() in batch mode")
         self._raise_if_failed()
+        if task is None:
+            return []
         with self._lock:
             sink = self._sinks[task]
             items = list(sink.items)
             sink.items.clear()
+            sink.nbytes = 0
         if items:
             self._resume_all()
         return items
@@ -257,6 +326,9 @@ class Operation:
         coflows = getattr(self.ctx, "coflows", None)
         if coflows is not None:
             coflows.detach(self.edge)
+        untag = getattr(self.ctx, "untag_edges", None)
+        if untag is not None:
+            untag(channel_edges(self.edge))
         release_edge(self.ctx, self.edge)
         try:
             self._release_storage()
@@ -265,7 +337,11 @@ class Operation:
 
     def _register(self, offset: int, fn: Callable[[int, Any], bool], *, activates: bool = True) -> None:
         e = channel_edge(self.edge, offset)
-        self.ctx.register(e, self._wrap(fn, activates), name=f"{self.operation}(edge={self.edge})+{offset}")
+        name = f"{self.operation}(edge={self.edge})+{offset}"
+        if getattr(self.ctx, "tag_edges", None) is not None:
+            self.ctx.register(e, self._wrap(fn, activates), name=name, on_error=self._on_edge_error)
+        else:
+            self.ctx.register(e, self._wrap(fn, activates), name=name)
         self._registered.append(e)
 
     def _wrap(self, fn: Callable[[int, Any], bool], activates: bool = True) -> Callable[[int, Any], bool]:
@@ -344,22 +420,42 @@ class Operation:
         if task in self._finished_local:
             raise ValueError(f"source task {task} of {self.describe()} (edge {self.edge}) already finished")
 
-    def _dest(self, task: int | None) -> int:
+    def _dest(self, task: int | None, *, none_here: bool = False) -> int | None:
+        """The local destination ``task`` names (default: the only one here). With ``none_here``, a rank
+        that runs no destination gets None (it has no results: iterating them yields nothing)."""
         if task is None:
-            if len(self.local_destinations) != 1:
-                raise ValueError(f"rank {self.rank} runs destinations {self.local_destinations} of "
-                                 f"{self.describe()} (edge {self.edge}); pass task=")
+            if not self.local_destinations and none_here:
+                return None
+            if not self.local_destinations:
+                raise ValueError(
+                    f"rank {self.rank} runs none of the destination tasks {self.destinations} of {self.describe()} "
+                    f"(edge {self.edge}), so it has no result; call this on the ranks that run them "
+                    f"({self.destination_ranks}), e.g. under `if ctx.rank in op.destination_ranks:`, or "
+                    "iterate results(), which yields nothing on other ranks")
+            if len(self.local_destinations) > 1:
+                raise ValueError(
+                    f"rank {self.rank} runs several destination tasks {self.local_destinations} of "
+                    f"{self.describe()} (edge {self.edge}); say which one: pass task=, e.g. "
+                    f"`for t in op.local_destinations: op.results(task=t)`")
             return self.local_destinations[0]
         if task not in self._sinks:
             raise ValueError(f"task {task!r} is not a destination of {self.describe()} (edge {self.edge}) "
                              f"on rank {self.rank}; local destinations: {self.local_destinations}")
         return task
 
+    def _check_peers(self) -> None:
+        """PeerLostError (naming the first rank lost) if a rank of this operation is gone: a send that
+        only buffers locally (batch) would otherwise notice no earlier than finish()."""
+        if self._ctx_lost and any(r in self._ctx_lost for r in self.member_ranks):
+            self.ctx.check_lost()
+
     def _input(self, task: int, capacity: Callable[[], bool], mutate: Callable[[], None], *,
                block: bool = True, timeout: float | None = None) -> bool:
         """Common path of a local source's send: wait for capacity, mutate under the lock, hand over."""
         self._check_source(task)
         self._raise_if_failed()
+        if self._ctx_lost:
+            self._check_peers()
 
         # The capacity check is advisory (limits are soft), so it runs without the lock: taking it for
         # every record would contend with the progress thread.
@@ -370,7 +466,18 @@ class Operation:
         with self._lock:
             self._raise_if_failed()
             self._active = True
-            mutate()
+            try:
+                mutate()
+            except TwisternetError:
+                raise
+            except Exception as e:  # noqa: BLE001 - e.g. the reduction raised: every rank must hear of it
+                self._fail(e, f"in send() of task {task}")
+                failed: BaseException | None = e
+            else:
+                failed = None
+        if failed is not None:
+            self._after()
+            raise failed
         if block:
             self._settle(timeout)
         else:
@@ -396,10 +503,61 @@ class Operation:
             raise ClosedError(f"{self.describe()} on edge {self.edge} was closed")
 
     def _fail(self, e: BaseException, where: str = "") -> None:
+        """The operation failed with ``e``: every waiter in this process raises it, and (unless it came
+        from another rank or is a lost peer, which every rank sees itself) it is sent to the other ranks
+        of the operation (by :meth:`_after`, outside the lock), so they raise too instead of waiting."""
         if self._error is None:
             self._error = e
             log.error("rank %d: %s on edge %d failed %s: %r", self.rank, self.describe(), self.edge, where, e)
+            if not isinstance(e, (RemoteError, PeerLostError)) and not getattr(e, "remote", False):
+                self._spread.append(e)
         self._changed = True
+
+    def _spread_failure(self) -> None:
+        """Tell every other rank of the operation why it failed here (one record each on ``ABORT``)."""
+        with self._lock:
+            if not self._spread:
+                return
+            e = self._spread.pop()
+            self._spread.clear()
+        notice = [self.rank, type(e).__name__, str(e), list(getattr(e, "ranks", []) or []), getattr(e, "call", None)]
+        edge = channel_edge(self.edge, ABORT)
+        for r in self.member_ranks:
+            if r == self.rank or r in self.ctx.lost_peers:
+                continue
+            try:
+                self.ctx.send(r, edge, notice, timeout=min(self.timeout, 5.0))
+            except TwisternetError as err:   # a peer that is gone or stuck hears of it some other way
+                log.debug("rank %d: could not tell rank %d of the failure: %r", self.rank, r, err)
+
+    def _on_edge_error(self, e: BaseException) -> None:
+        """The Context found records of another operation on this one's edges (MismatchError): fail."""
+        e.remote = True   # type: ignore[attr-defined]  # the Context told the peer itself
+        with self._lock:
+            self._fail(e, "")
+        self._after()
+
+    def _on_abort(self, src: int, notice: Any) -> bool:
+        """Another rank's part of the operation failed: fail here with the same error."""
+        try:
+            origin, kind, message, ranks, call = notice
+        except (TypeError, ValueError):
+            raise self._protocol(src, notice) from None
+        err: BaseException
+        if kind == "MismatchError":
+            err = MismatchError(str(message), ranks)
+        else:
+            err = RemoteError(int(origin), f"{kind}: {message}")
+        err.remote = True   # type: ignore[attr-defined]  # do not send it back
+        if call is not None and self._defer_failure(call, err):
+            return True
+        self._fail(err, f"on rank {origin}")
+        return True
+
+    def _defer_failure(self, call: int, err: BaseException) -> bool:
+        """Whether a failure another rank had in its call ``call`` (of a rank-level collective such as
+        ``allreduce``) waits until this rank makes that call, because it is still in an earlier one."""
+        return False
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:
@@ -410,7 +568,10 @@ class Operation:
 
     # ------------------------------------------------------------------ results
     def _sink_room(self, task: int) -> bool:
-        return self.callback is not None or self.mode == "batch" or len(self._sinks[task].items) < self.limit
+        if self.callback is not None or self.mode == "batch":
+            return True
+        sink = self._sinks[task]
+        return len(sink.items) < self.limit and (sink.nbytes < self.byte_limit or not sink.items)
 
     def _sinks_room(self) -> bool:
         return all(self._sink_room(t) for t in self._sinks)
@@ -420,7 +581,9 @@ class Operation:
         if self.callback is not None:
             self._cbq.append((task, item))
         else:
-            self._sinks[task].items.append(item)
+            sink = self._sinks[task]
+            sink.items.append(item)
+            sink.nbytes += record_nbytes(item)
         self._changed = True
 
     def _deliver_many(self, task: int, items: list) -> None:
@@ -428,7 +591,12 @@ class Operation:
         if self.callback is not None:
             self._cbq.extend((task, it) for it in items)
         else:
-            self._sinks[task].items.extend(items)
+            sink = self._sinks[task]
+            sink.items.extend(items)
+            n = 0
+            for it in items:
+                n += record_nbytes(it)
+            sink.nbytes += n
         self._changed = True
 
     def _end(self, task: int) -> None:
@@ -457,11 +625,13 @@ class Operation:
 
     def _iter_values(self, task: int | None, timeout: float | None) -> Iterator[Any]:
         """Batch results that are ``(source_task, value)`` pairs, without the source tasks."""
-        task = self._dest(task)
+        task = self._dest(task, none_here=True)
         if self.callback is not None:
             raise TwisternetError(f"{self.describe()} on edge {self.edge} delivers its results to the callback")
         if self.mode != "batch":
             raise TwisternetError("values() is for batch operations; use results() in streaming mode")
+        if task is None:
+            return iter(())     # this rank runs no destination task: it has no results
         return self._values_gen(task, timeout)
 
     def _values_gen(self, task: int, timeout: float | None) -> Iterator[Any]:
@@ -481,26 +651,42 @@ class Operation:
             yield from sink.batch()
             self._consumed(task)
             return
-        while True:
-            self._wait(lambda: bool(sink.items) or sink.ended, "no streaming result arrived", task, timeout)
-            with self._lock:
-                items = list(sink.items)
-                sink.items.clear()
-                ended = sink.ended
-            if items:
-                self._resume_all()
-            yield from items
-            if ended:
-                return
+        # The items taken out stay counted against the byte bound until the caller has moved past them
+        # (a slow consumer holds them meanwhile), so held + queued bytes stay within the bound.
+        in_hand = 0
+        try:
+            while True:
+                if in_hand:
+                    with self._lock:
+                        sink.nbytes = max(0, sink.nbytes - in_hand)
+                    in_hand = 0
+                    self._resume_all()
+                self._wait(lambda: bool(sink.items) or sink.ended, "no streaming result arrived", task, timeout)
+                with self._lock:
+                    items = list(sink.items)
+                    sink.items.clear()
+                    in_hand = sink.nbytes
+                    ended = sink.ended
+                if items and self._sink_room(task):
+                    self._resume_all()
+                yield from items
+                if ended:
+                    return
+        finally:
+            if in_hand:
+                with self._lock:
+                    sink.nbytes = max(0, sink.nbytes - in_hand)
 
     def _resume_all(self) -> None:
         for e in self._registered:
             self.ctx.resume(e)
 
     def _after(self) -> None:
-        """Outside the lock: run queued callbacks, wake waiters."""
+        """Outside the lock: run queued callbacks, tell other ranks of a failure, wake waiters."""
         if self._cbq:
             self._run_callbacks()
+        if self._spread:
+            self._spread_failure()
         if self._changed:
             self._changed = False
             self.ctx.notify()

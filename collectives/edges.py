@@ -5,6 +5,7 @@ An operation created with ``edge=e`` owns the block of channel edges ``[e * EDGE
 * offset 0 (``DIRECT``): direct source -> destination records (Partition, KeyedPartition);
 * offset 1 (``DOWN``): records flowing down a broadcast tree (Broadcast, AllReduce, AllGather);
 * offsets 2-4 (``AR_UP``, ``AR_DOWN``, ``RING``): the rank-level ``AllReduce.allreduce`` algorithms;
+* offset 5 (``ABORT``): a rank whose part of the operation failed tells the others why (every operation);
 * offsets 8 .. EDGE_SPAN-1 (``UP_BASE + level``): records flowing up a reduce/gather tree towards a node at
   depth ``level``. One channel edge per tree level keeps the "refuse while the way onward is congested"
   dependencies acyclic even when several keyed trees share ranks, so back pressure can never deadlock.
@@ -29,6 +30,7 @@ DOWN = 1
 AR_UP = 2
 AR_DOWN = 3
 RING = 4
+ABORT = 5
 UP_BASE = 8
 #: Deepest tree level an operation can use (a fanout-2 tree of 2**56 ranks).
 MAX_LEVELS = EDGE_SPAN - UP_BASE
@@ -37,6 +39,7 @@ MAX_USER_EDGE = CONTROL_EDGE_BASE // EDGE_SPAN
 
 _lock = threading.Lock()
 _claims: "weakref.WeakKeyDictionary[Any, dict[int, str]]" = weakref.WeakKeyDictionary()
+_epochs: "weakref.WeakKeyDictionary[Any, dict[int, int]]" = weakref.WeakKeyDictionary()
 
 
 def check_user_edge(edge: object) -> int:
@@ -53,8 +56,13 @@ def channel_edge(edge: int, offset: int) -> int:
     return edge * EDGE_SPAN + offset
 
 
-def claim_edge(ctx: Any, edge: int, owner: str) -> None:
-    """Reserve user edge ``edge`` in ``ctx`` for ``owner``; raises ConfigError if a live op holds it."""
+def claim_edge(ctx: Any, edge: int, owner: str) -> int:
+    """Reserve user edge ``edge`` in ``ctx`` for ``owner``; raises ConfigError if a live op holds it.
+
+    Returns the edge's incarnation (epoch): 0 for the first operation on it in this process, 1 for the
+    one after it was closed, ... Every rank creates the operations on an edge in the same order, so the
+    numbers agree across ranks and tell the records of consecutive operations apart (see
+    ``twisternet.context``)."""
     with _lock:
         table = _claims.setdefault(ctx, {})
         if edge in table:
@@ -62,6 +70,15 @@ def claim_edge(ctx: Any, edge: int, owner: str) -> None:
                                       f"is already used by {table[edge]} in this process; give each concurrent "
                                       "operation its own edge or close the earlier one")
         table[edge] = owner
+        counts = _epochs.setdefault(ctx, {})
+        epoch = counts.get(edge, -1) + 1
+        counts[edge] = epoch
+        return epoch
+
+
+def channel_edges(edge: int) -> range:
+    """Every channel edge owned by user edge ``edge``."""
+    return range(edge * EDGE_SPAN, (edge + 1) * EDGE_SPAN)
 
 
 def release_edge(ctx: Any, edge: int) -> None:

@@ -141,6 +141,7 @@ class Reduce(UpTreeOperation):
         """Batch: the reduced value at local destination ``task`` (None if no source sent anything)."""
         if self.mode != "batch":
             raise ConfigError("mode", "result() is for batch mode; iterate results() in streaming mode")
+        task = self._dest(task)     # a rank without a destination has no result: a clear error
         got = list(self.results(task, timeout=timeout))
         return got[0] if got else None
 

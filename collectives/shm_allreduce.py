@@ -10,8 +10,8 @@ every case (all mapped it, one refused, one timed out or was lost): from then on
 mappings. A first rank killed during set-up leaves it behind, and the next Context started on the
 machine removes it (:func:`twisternet.shm.sweep_stale`). Otherwise the operation keeps its ring/tree.
 
-The segment holds, per rank, a 64-byte header (``in_seq``, ``out_seq``, the call's byte count and
-dtype character) and two input slots of ``chunk`` bytes, plus two shared output slots. An array is reduced one
+The segment holds, per rank, a 64-byte header (``in_seq``, ``out_seq``, and per call parity the
+call's byte count, dtype string with byte order, and a digest of the shape) and two input slots of ``chunk`` bytes, plus two shared output slots. An array is reduced one
 chunk ("round" ``k``, counted over the operation's life) at a time:
 
 * every rank copies its chunk into its input slot ``k % 2`` and publishes ``in_seq = k``, then waits
@@ -33,6 +33,7 @@ x86-64 only.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import mmap
 import os
@@ -43,7 +44,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from twisternet import shm
-from twisternet.errors import ClosedError, OperationTimeout, PeerLostError, ProtocolError
+from twisternet.errors import ClosedError, MismatchError, OperationTimeout, PeerLostError, ProtocolError
 
 from .edges import AR_DOWN, AR_UP
 
@@ -60,9 +61,11 @@ KIND = "ar"
 #: ones are split among the ranks (two waits, but each rank combines only its share).
 DIRECT_BYTES = 64 << 10
 _HDR = 64                      # bytes of header per rank (one cache line: no false sharing)
-# int64 fields of a rank's header; a call's byte count and dtype sit at _NBYTES/_DTYPE + 2 * (round % 2),
-# because a rank may already announce its next call while a slower one still checks this one
-_IN_SEQ, _OUT_SEQ, _NBYTES, _DTYPE = 0, 1, 2, 3
+# int64 fields of a rank's header; a call's byte count, dtype and shape digest sit at
+# _NBYTES/_DTYPE/_SHAPE + _DESC * (round % 2), because a rank may already announce its next call while
+# a slower one still checks this one
+_IN_SEQ, _OUT_SEQ, _NBYTES, _DTYPE, _SHAPE = 0, 1, 2, 3, 4
+_DESC = 3
 _NONCE = 32                    # bytes of nonce after the headers
 _ALIGN = 4096
 _SPIN = 200                    # polls before yielding the CPU
@@ -72,6 +75,40 @@ _YIELD = 0.002                 # seconds of yield-polling before sleeping
 def supported() -> bool:
     """Whether this machine can offer the path at all (a tmpfs at SHM_DIR, a TSO CPU)."""
     return shm.supported() and platform.machine().lower() in ("x86_64", "amd64")
+
+
+def _int64(b: bytes) -> int:
+    return int.from_bytes(b[:8].ljust(8, b"\0"), "little", signed=True)
+
+
+def _digest(text: str) -> int:
+    return _int64(hashlib.blake2b(text.encode(), digest_size=8).digest())
+
+
+_DESCS: dict[tuple[np.dtype, tuple], tuple[int, int]] = {}
+
+
+def describe(dtype: np.dtype, shape: tuple) -> tuple[int, int]:
+    """The header words for an array of ``dtype`` (its byte-order string, e.g. ``>f4``, in 8 bytes, or a
+    digest of a longer one) and ``shape`` (a digest)."""
+    got = _DESCS.get((dtype, shape))
+    if got is None:
+        s = dtype.str.encode()
+        got = (_int64(s) if len(s) <= 8 else _digest(dtype.str), _digest(repr(tuple(shape))))
+        if len(_DESCS) < 1024:
+            _DESCS[(dtype, shape)] = got
+    return got
+
+
+_NOT_ARRAY = _int64(b"-")
+
+
+def _dtype_of(word: int) -> np.dtype | None:
+    """The dtype a header word names (None if it holds a digest)."""
+    try:
+        return np.dtype(word.to_bytes(8, "little", signed=True).rstrip(b"\0").decode("ascii"))
+    except (UnicodeDecodeError, TypeError, ValueError):
+        return None
 
 
 def _round_up(n: int, k: int = _ALIGN) -> int:
@@ -184,13 +221,37 @@ class ShmAllReduce:
         result = np.empty_like(src) if out is None else out.reshape(-1)
         deadline = time.monotonic() + t
         try:
-            self._reduce(src, result, deadline, t)
+            self._reduce(src, result, deadline, t, value.shape)
         except BaseException as e:
             self.failed = e
             raise
         return result.reshape(value.shape) if out is None else out
 
-    def _reduce(self, src: np.ndarray, result: np.ndarray, deadline: float, t: float) -> None:
+    def announce_other(self, t: float) -> None:
+        """This rank's value cannot go through the segment (not a non-empty array of numbers): take part
+        in the round anyway with a "no array" descriptor, so that if the other ranks passed arrays, all
+        of them (this one included) raise the same MismatchError at once instead of waiting for a peer
+        that took another path. Returns if every rank passed such a value (they then use the tree)."""
+        if self.failed is not None:
+            raise ProtocolError(f"{self.op.describe()} edge {self.op.edge}: a previous shared-memory allreduce "
+                                f"failed ({self.failed}); the operation cannot be used any more")
+        seq, stride, me = self.seq, self.stride, self.i
+        k = self.round + 1
+        par = k & 1
+        base = me * stride + _DESC * par
+        seq[base + _NBYTES], seq[base + _DTYPE], seq[base + _SHAPE] = -1, _NOT_ARRAY, 0
+        seq[me * stride + _IN_SEQ] = k
+        try:
+            self._await(_IN_SEQ, k, time.monotonic() + t, t, "chunk")
+            self.round = k
+            self._check_same(None, (), par)
+        except BaseException as e:
+            self.failed = e
+            raise
+
+    def _reduce(self, src: np.ndarray, result: np.ndarray, deadline: float, t: float,
+                shape: tuple | None = None) -> None:
+        shape = (src.size,) if shape is None else shape
         seq, stride, me, n = self.seq, self.stride, self.i, self.n
         ins, outs = self._slot_views(src.dtype)
         ufunc = self.op.reduction.ufunc
@@ -204,12 +265,13 @@ class ShmAllReduce:
             par = k & 1
             ins[par][me][:m] = src[a:b]
             if first:
-                seq[me * stride + _NBYTES + 2 * par] = src.nbytes
-                seq[me * stride + _DTYPE + 2 * par] = ord(src.dtype.char)
+                base = me * stride + _DESC * par
+                seq[base + _NBYTES] = src.nbytes
+                seq[base + _DTYPE], seq[base + _SHAPE] = describe(src.dtype, shape)
             seq[me * stride + _IN_SEQ] = k
             self._await(_IN_SEQ, k, deadline, t, "chunk")
             if first:
-                self._check_same(src, par)
+                self._check_same(src, shape, par)
                 first = False
             if m * src.itemsize <= DIRECT_BYTES:
                 dst = result[a:b]
@@ -227,16 +289,37 @@ class ShmAllReduce:
                 result[a:b] = outs[par][:m]
             self.round = k
 
-    def _check_same(self, src: np.ndarray, par: int) -> None:
+    def _check_same(self, src: np.ndarray | None, shape: tuple, par: int) -> None:
+        """Every rank reads every rank's header, so all of them find the same difference and raise the
+        same MismatchError (no message needed, nobody left waiting)."""
         seq, stride = self.seq, self.stride
-        mine = (src.nbytes, ord(src.dtype.char))
-        for j in range(self.n):
-            theirs = (seq[j * stride + _NBYTES + 2 * par], seq[j * stride + _DTYPE + 2 * par])
-            if theirs != mine:
-                raise ValueError(
-                    f"allreduce(): rank {self.rar.ranks[j]} passed {theirs[0]} bytes of {np.dtype(chr(theirs[1]))}, "
-                    f"rank {self.op.rank} {mine[0]} bytes of {src.dtype} (every rank must pass arrays of the "
-                    "same shape and dtype)")
+        words = [tuple(seq[j * stride + _DESC * par + f] for f in (_NBYTES, _DTYPE, _SHAPE)) for j in range(self.n)]
+        if all(w == words[0] for w in words):
+            return
+        mine = words[self.i]
+        groups: dict[tuple, list[int]] = {}
+        for j, w in enumerate(words):
+            groups.setdefault(w, []).append(self.rar.ranks[j])
+        ordered = sorted(groups.items(), key=lambda kv: (-len(kv[1]), min(kv[1])))
+        odd = sorted(r for _, rs in ordered[1:] for r in rs)
+
+        def text(w: tuple) -> str:
+            if w[0] < 0:
+                return "a value that is not a non-empty numpy array of numbers"
+            if w == mine and src is not None:
+                return f"{w[0]} bytes of {src.dtype.name} ({src.dtype.str}), shape {shape}"
+            dt = _dtype_of(w[1])
+            what = f"{dt.name} ({dt.str})" if dt is not None else "another dtype"
+            if dt is not None and dt.itemsize and w[0] % dt.itemsize == 0 \
+                    and describe(dt, (w[0] // dt.itemsize,))[1] == w[2]:
+                shp = f"shape {(w[0] // dt.itemsize,)}"
+            else:
+                shp = f"shape {shape}" if w[2] == mine[2] and src is not None else "another shape"
+            return f"{w[0]} bytes of {what}, {shp}"
+        listing = "; ".join(f"rank{'s' if len(rs) > 1 else ''} {rs}: {text(w)}" for w, rs in ordered)
+        raise MismatchError(f"allreduce() through shared memory: ranks {odd} passed arrays that differ from "
+                            f"the others' ({listing}); every rank must pass arrays of the same shape and dtype, "
+                            "byte order included", odd)
 
     def _await(self, field: int, k: int, deadline: float, t: float, what: str) -> None:
         """Until every rank has published ``k`` in ``field``: spin, then yield, then sleep, checking."""
@@ -271,9 +354,12 @@ class ShmAllReduce:
             raise ClosedError(f"{op.describe()} was closed during allreduce()")
         late = [self.rar.ranks[j] for j in range(self.n) if self.seq[j * self.stride + field] < k]
         lost = op.ctx.lost_peers
-        for r in late:
-            if r in lost:
-                raise PeerLostError(r, lost[r])
+        if any(r in lost for r in late):
+            check = getattr(op.ctx, "check_lost", None)
+            if check is not None:
+                check()          # names the first rank lost, not one that left in reaction
+            r = next(r for r in late if r in lost)
+            raise PeerLostError(r, lost[r])
         if now >= deadline:
             raise OperationTimeout(f"allreduce() through shared memory: no {what} from ranks {late} "
                                    f"(round {k})", edge=op.edge, operation=op.operation, timeout=t)

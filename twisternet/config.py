@@ -70,6 +70,11 @@ class Config:
     #: Records an operation may hold undelivered at a destination before it stops accepting
     #: (back pressure then reaches the senders through withheld credit).
     receive_pending_limit: int = 100_000
+    #: Bytes of results (numpy arrays, bytes, strings, also inside (source, value) pairs) a streaming
+    #: operation may hold undelivered per destination in a process before it stops accepting, so a slow
+    #: consumer of large records bounds the receiver's memory by bytes, not by record count. At
+    #: least one record is always accepted.
+    receive_pending_bytes: int = 64 << 20
     #: Seconds a waiting caller keeps polling the engine (when it is free) before it sleeps: waking a
     #: sleeping process costs ~150 µs on a VM, more than a short busy poll (MPI does the same).
     spin_time: float = 0.0002
@@ -185,7 +190,7 @@ class Config:
 
 _FIELDS = {f.name: f for f in fields(Config)}
 _SIZE_KEYS = {"buffer_size", "zero_copy_threshold", "memory_limit", "socket_buffer", "coflow_inflight",
-              "coflow_slice_limit"}
+              "coflow_slice_limit", "receive_pending_bytes"}
 _BUILTIN_COFLOW_POLICIES = ("none", "fifo", "fair", "sebf", "deadline", "dag")
 _CHOICES = {"progress": ("thread", "manual"), "channel": ("auto", "tcp", "mpi", "local")}
 
@@ -200,6 +205,7 @@ def _validate(c: Config) -> None:
     positive("buffer_count")
     positive("pool_buffers", 2)
     positive("receive_pending_limit")
+    positive("receive_pending_bytes", 1)
     positive("zero_copy_threshold", 0)
     positive("memory_limit", 1024)
     if not 0 <= c.spin_time <= 1:

@@ -15,11 +15,23 @@ Threading rules that operations rely on:
   :meth:`can_send` and returns False (refusing its input) while the way onward is congested.
 * Records on one (source rank, edge) are delivered in the order they were sent; a refused record and
   everything after it from that source on that edge wait until it is accepted.
+
+Edge incarnations: an edge may be used by one operation after another (an operation per epoch on the
+same edge id). Whoever uses an edge tags it (:meth:`tag_edges`) with an *epoch* (the how-many-th
+incarnation of the edge this is, counted alike on every rank) and a *fingerprint* (what runs on it,
+e.g. ``Gather(edge=7) batch ...``), and registers its handler with the same tag. The first message on a
+(peer, edge) stream after the tag changed carries the new tag in front of its payload (no extra
+message), and the receiver delivers a record only to a handler of the same epoch: records of a later
+epoch wait (buffered) until that epoch's handler registers, records of an earlier one are dropped. A
+record whose epoch matches but whose fingerprint differs means the ranks run different operations on
+one edge: both the receiver and (through a notice on a control edge) the sender fail with
+MismatchError, through the handler's ``on_error`` (or the Context's failure if none is registered).
 """
 
 from __future__ import annotations
 
 import logging
+import struct
 import threading
 import time
 from collections import deque
@@ -29,8 +41,8 @@ from . import leftovers
 from .channel import CONTROL_EDGE_BASE, MAX_EDGE, Channel
 from .codec import Codec, join, record_size
 from .config import Config
-from .errors import (BackPressureTimeout, ClosedError, OperationTimeout, PeerLostError, ProtocolError,
-                     TwisternetError)
+from .errors import (BackPressureTimeout, ClosedError, MismatchError, OperationTimeout, PeerLostError,
+                     ProtocolError, TwisternetError)
 from .framing import BufferPool, Packer, Unpacker
 from .task_plan import TaskPlan
 
@@ -39,6 +51,12 @@ log = logging.getLogger(__name__)
 Handler = Callable[[int, Any], bool]
 _BATCH = b"\x00"
 _DIRECT = b"\x01"
+#: Prefix of a message that starts a new edge tag on its stream: ``_TAGGED, epoch (u32), len (u16),
+#: fingerprint (utf-8)``, then the message's own tag and payload.
+_TAGGED = b"\x02"
+_TAG_HEAD = struct.Struct("<IH")
+#: The tag of an edge nobody tagged (raw handlers, control edges): never stamped on the wire.
+_NO_TAG: tuple[int, str] = (0, "")
 _RETRY_INTERVAL = 0.005
 #: The progress thread leaves the engine to a caller that drove it within this many seconds.
 _DRIVER_GRACE = 0.001
@@ -49,6 +67,27 @@ _SEND_LOCK_WAIT = 0.002
 _DRIVE_SPIN = 0.0005
 #: Control edge on which a closing rank tells every peer it is done (see Context.close).
 _LEAVE_EDGE = CONTROL_EDGE_BASE + 3
+#: Control edge on which a rank tells a peer that its records on an edge belong to another operation.
+_MISMATCH_EDGE = CONTROL_EDGE_BASE + 4
+#: Control edge on which a rank that lost a peer tells the others which one (before it may fail and exit
+#: itself): they then name that rank, the first lost, and not the one that left in reaction.
+_CAUSE_EDGE = CONTROL_EDGE_BASE + 5
+#: How long a failing rank's close() waits for its loss notices to leave before it aborts the channel.
+_NOTICE_FLUSH = 0.5
+
+
+class _Mark:
+    """In a stream's pending records: the records after it carry edge tag ``tag`` (epoch, fingerprint)."""
+
+    __slots__ = ("tag",)
+
+    def __init__(self, tag: tuple[int, str]) -> None:
+        self.tag = tag
+
+
+def _stamp_bytes(tag: tuple[int, str]) -> bytes:
+    fp = tag[1].encode()[:65535]
+    return _TAGGED + _TAG_HEAD.pack(tag[0] & 0xFFFFFFFF, len(fp)) + fp
 
 
 class _Sent:
@@ -80,7 +119,7 @@ class _OutMsg:
 
 
 class _OutStream:
-    __slots__ = ("peer", "edge", "packer", "queue", "queued_bytes")
+    __slots__ = ("peer", "edge", "packer", "queue", "queued_bytes", "tag", "stamp")
 
     def __init__(self, peer: int, edge: int, pool: BufferPool) -> None:
         self.peer = peer
@@ -88,6 +127,8 @@ class _OutStream:
         self.packer = Packer(pool)
         self.queue: deque[_OutMsg] = deque()
         self.queued_bytes = 0
+        self.tag = _NO_TAG                   # the edge tag the receiver knows this stream by
+        self.stamp: bytes | None = None      # the new tag, for the next message queued
 
 
 class _MsgRef:
@@ -107,13 +148,15 @@ class _MsgRef:
 
 
 class _InStream:
-    __slots__ = ("src", "edge", "unpacker", "pending")
+    __slots__ = ("src", "edge", "unpacker", "pending", "tag", "local_tag")
 
     def __init__(self, src: int, edge: int) -> None:
         self.src = src
         self.edge = edge
         self.unpacker = Unpacker()
-        self.pending: deque[tuple[Any, _MsgRef]] = deque()
+        self.pending: deque[tuple[Any, _MsgRef | None]] = deque()   # (record, ref) or (_Mark, None)
+        self.tag = _NO_TAG          # tag of the records being delivered (the last _Mark passed)
+        self.local_tag = _NO_TAG    # this rank's own sends to itself: tag of the last one queued
 
 
 class _LocalRef(_MsgRef):
@@ -190,9 +233,14 @@ class Context:
         self._in: dict[tuple[int, int], _InStream] = {}
         self._in_dirty: set[tuple[int, int]] = set()      # streams with deliverable records
         self._local_bytes: dict[int, int] = {}
-        self._handlers: dict[int, tuple[Handler, str]] = {}
+        self._handlers: dict[int, tuple[Handler, str, tuple[int, str], Callable[[BaseException], None] | None]] = {}
+        self._tags: dict[int, tuple[int, str]] = {}      # channel edge -> (epoch, fingerprint) of its user
+        self._mismatched: set[tuple] = set()              # (stream, handler tag) already reported
+        self._tag_errors: dict[int, Callable[[BaseException], None]] = {}   # see tag_edges
         self._refused: dict[tuple[int, int], float] = {}  # stream -> time of refusal
         self._lost: dict[int, str] = {}
+        self._lost_after: dict[int, int] = {}   # peer -> the rank whose loss it reported (its cause)
+        self._told: set[int] = set()            # lost ranks this rank told its peers about
         self._failure: BaseException | None = None
         self._closed = False
         self._stop = False
@@ -211,6 +259,7 @@ class Context:
         self.channel.start(self)
         self._left_peers: set[int] = set()
         self._register_control(_LEAVE_EDGE, self._on_leave)
+        self._register_control(_MISMATCH_EDGE, self._on_mismatch_notice)
         from .services import ServiceLink
         #: Link to the job's coordinator services (barrier manager, coflow coordinator).
         self.services = ServiceLink(self)
@@ -239,8 +288,11 @@ class Context:
         """Tasks that run in this process."""
         return self.plan.tasks_of(self.rank)
 
-    def register(self, edge: int, handler: Handler, *, name: str = "") -> None:
-        """Deliver records arriving on ``edge`` to ``handler(src_rank, obj) -> accepted``."""
+    def register(self, edge: int, handler: Handler, *, name: str = "",
+                 on_error: Callable[[BaseException], None] | None = None) -> None:
+        """Deliver records arriving on ``edge`` to ``handler(src_rank, obj) -> accepted``: those of the
+        edge's current tag (see :meth:`tag_edges` and the module doc). ``on_error(exc)`` hears of records
+        of another operation on the edge (MismatchError); without it, the Context fails."""
         self._check_edge(edge)
         with self._lock:
             if self._closed:
@@ -248,7 +300,7 @@ class Context:
             if edge in self._handlers:
                 raise TwisternetError(f"edge {edge} is already used by {self._handlers[edge][1] or 'an operation'}; "
                                       "give each concurrent operation its own edge")
-            self._handlers[edge] = (handler, name)
+            self._handlers[edge] = (handler, name, self._tags.get(edge, _NO_TAG), on_error)
             for key, ins in self._in.items():
                 if key[1] == edge and ins.pending:
                     self._in_dirty.add(key)
@@ -259,11 +311,33 @@ class Context:
         if not CONTROL_EDGE_BASE <= edge < MAX_EDGE:
             raise TwisternetError(f"control edges are in [{CONTROL_EDGE_BASE}, {MAX_EDGE}), got {edge}")
         with self._lock:
-            self._handlers[edge] = (handler, "control")
+            self._handlers[edge] = (handler, "control", _NO_TAG, None)
             for key, ins in self._in.items():
                 if key[1] == edge and ins.pending:
                     self._in_dirty.add(key)
         self.channel.wakeup()
+
+    def tag_edges(self, edges: "range | list[int]", epoch: int, fingerprint: str,
+                  on_error: Callable[[BaseException], None] | None = None) -> None:
+        """Tag ``edges`` for what uses them now: incarnation ``epoch`` (counted alike on every rank) of an
+        operation described by ``fingerprint``. Sends on them carry the tag; handlers registered after
+        this take only records of the same tag (see the module doc). ``on_error`` hears of records of
+        another operation arriving on one of the edges that has no handler here."""
+        tag = (int(epoch), str(fingerprint))
+        with self._lock:
+            for e in edges:
+                self._tags[e] = tag
+                if on_error is not None:
+                    self._tag_errors[e] = on_error
+                else:
+                    self._tag_errors.pop(e, None)
+
+    def untag_edges(self, edges: "range | list[int]") -> None:
+        """Forget the tags of ``edges`` (their user is gone); the next user tags them again."""
+        with self._lock:
+            for e in edges:
+                self._tags.pop(e, None)
+                self._tag_errors.pop(e, None)
 
     def unregister(self, edge: int) -> None:
         """Stop delivering ``edge``; records still arriving for it are kept until a new register."""
@@ -421,6 +495,8 @@ class Context:
                 self._thread.join(max(1.0, deadline - time.monotonic()))
             with self._chan_lock:
                 try:
+                    if self._failure is not None or self._lost:
+                        self._flush_notices(time.monotonic() + _NOTICE_FLUSH)
                     if self._failure is not None:
                         self.channel.abort(f"rank {self.rank} failed: {self._failure!r}")
                     else:
@@ -434,6 +510,22 @@ class Context:
             self.notify()
             if self._on_close is not None:
                 self._on_close()
+
+    def _flush_notices(self, deadline: float) -> None:
+        """Before a failing rank drops its connections: get its loss notices (and what is queued before
+        them) out, for at most until ``deadline`` (engine stopped, channel lock held)."""
+        def pending() -> bool:
+            with self._lock:
+                return any(s.queue for k, s in self._out.items() if k[1] == _CAUSE_EDGE)
+        try:
+            with self._lock:
+                for key in [k for k in self._out_partial if k[1] == _CAUSE_EDGE]:
+                    self._emit_partial(self._out[key])
+            while time.monotonic() < deadline and (pending() or self.channel.has_pending()):
+                self._pump()
+                self.channel.progress(0.005)
+        except Exception:  # noqa: BLE001 - best effort on the way out
+            log.debug("rank %d: flushing loss notices failed", self.rank, exc_info=True)
 
     def _linger(self, deadline: float) -> None:
         """Collective leave: tell every peer we are done, then keep the engine running (delivering,
@@ -460,6 +552,57 @@ class Context:
                 break
             self._wait_change(gen, min(0.5, deadline - time.monotonic()))
         self._drain(deadline)
+
+    def _check_unhandled(self, key: tuple[int, int], ins: _InStream) -> None:
+        """Records wait on an edge without a handler here: if the edge is tagged for this incarnation and
+        they come from another operation, nobody would ever take them; report the mismatch."""
+        with self._lock:
+            tag = self._tags.get(key[1])
+            if tag is None or not tag[1]:
+                return
+            marks = [obj.tag for obj, ref in ins.pending if ref is None]
+            on_error = self._tag_errors.get(key[1])
+        for m in marks:
+            if m[0] == tag[0] and m[1] and m[1] != tag[1] and (key, tag) not in self._mismatched:
+                self._mismatched.add((key, tag))
+                self._edge_mismatch(key[0], key[1], m, tag, on_error, notify_peer=True)
+                return
+
+    def _edge_mismatch(self, peer: int, edge: int, theirs: tuple[int, str], mine: tuple[int, str],
+                       on_error: Callable[[BaseException], None] | None, *, notify_peer: bool) -> None:
+        """Rank ``peer`` runs another operation than this rank on ``edge``: fail here, tell the peer."""
+        err = MismatchError(f"ranks {sorted({peer, self.rank})} run different operations on one edge: rank "
+                            f"{peer} runs {theirs[1]}, rank {self.rank} runs {mine[1]} (channel edge {edge}, "
+                            f"incarnation {mine[0]}); every rank must create the same operations on an edge, "
+                            "in the same order", [peer, self.rank])
+        log.error("rank %d: %s", self.rank, err)
+        if notify_peer:
+            try:
+                self._send(peer, _MISMATCH_EDGE, [edge, theirs[0], mine[1], theirs[1]], block=False, timeout=0.0)
+            except TwisternetError:
+                log.debug("rank %d: could not tell rank %d of the mismatch", self.rank, peer, exc_info=True)
+        if on_error is not None:
+            on_error(err)
+        else:
+            with self._lock:
+                if self._failure is None:
+                    self._failure = err
+            self.notify()
+
+    def _on_mismatch_notice(self, src: int, obj: Any) -> bool:
+        """A peer found that our records on an edge went to another operation there."""
+        try:
+            edge, epoch, theirs, mine = obj
+        except (TypeError, ValueError):
+            raise ProtocolError(f"rank {src}: bad mismatch notice {obj!r:.200}") from None
+        with self._lock:
+            entry = self._handlers.get(edge)
+            tag = self._tags.get(edge)
+            on_error = entry[3] if entry is not None and entry[2][0] == epoch else None
+            if on_error is None and tag is not None and tag[0] == epoch:
+                on_error = self._tag_errors.get(edge)
+        self._edge_mismatch(src, edge, (epoch, str(theirs)), (epoch, str(mine)), on_error, notify_peer=False)
+        return True
 
     def _on_leave(self, src: int, obj: Any) -> bool:
         with self._lock:
@@ -491,7 +634,7 @@ class Context:
         return threading.get_ident() == self._progress_thread_id or getattr(self._in_progress, "active", False)
 
     def _send(self, dst: int, edge: int, obj: Any, *, block: bool, timeout: float | None,
-              closing: bool = False, wait_sent: bool = True) -> "bool | SendHandle":
+              closing: bool = False, wait_sent: bool = True, force: bool = False) -> "bool | SendHandle":
         if not isinstance(dst, int) or not 0 <= dst < self.world:
             raise TwisternetError(f"destination rank must be in [0, {self.world}), got {dst!r}")
         if edge < CONTROL_EDGE_BASE:
@@ -502,7 +645,7 @@ class Context:
             raise ClosedError("context is closed")
         parts = self.codec.encode(obj)
         n = record_size(parts)
-        forced = self._on_engine_thread()
+        forced = force or self._on_engine_thread()
         limit = self.config.timeout if timeout is None else timeout
         deadline = time.monotonic() + limit
         if dst == self.rank:
@@ -564,11 +707,25 @@ class Context:
         """The stream of messages to ``dst`` on ``edge`` (made on first use); PeerLostError if ``dst`` is
         lost. Called with ``self._lock`` held."""
         if dst in self._lost:
-            raise PeerLostError(dst, self._lost[dst])
+            raise self._lost_error(dst)
         s = self._out.get((dst, edge))
         if s is None:
             s = self._out[(dst, edge)] = _OutStream(dst, edge, self.pool)
+        tag = self._tags.get(edge, _NO_TAG)
+        if s.tag != tag:
+            if s.packer.pending_bytes:
+                self._emit_partial(s)       # the records of the old tag go first, in their own message
+            s.tag = tag
+            s.stamp = _stamp_bytes(tag)     # carried by the next message on the stream
         return s
+
+    @staticmethod
+    def _stamp(s: _OutStream, msg: _OutMsg) -> None:
+        """Put the stream's new tag in front of ``msg`` (its first message since the tag changed)."""
+        if s.stamp is not None:
+            msg.parts = [s.stamp + msg.parts[0], *msg.parts[1:]]
+            msg.nbytes += len(s.stamp)
+            s.stamp = None
 
     def _send_own(self, dst: int, edge: int, parts: list, n: int, deadline: float, limit: float) -> bool:
         """Send a large message that this thread waits for anyway by writing it itself (Channel.push).
@@ -592,6 +749,7 @@ class Context:
                     if room:
                         if s.packer.pending_bytes:
                             self._emit_partial(s)
+                        self._stamp(s, msg)
                         # nothing queued before it: straight to the channel if it has credit
                         handed = engine and not s.queue and ch.send(dst, edge, msg.parts, msg)
                         if not handed:
@@ -643,7 +801,7 @@ class Context:
                     ch.end_push(dst)
         with self._lock:
             if dst in self._lost:  # its buffers were let go because the peer died, not sent
-                raise PeerLostError(dst, self._lost[dst])
+                raise self._lost_error(dst)
         return True
 
     def _after_push(self) -> None:
@@ -666,7 +824,7 @@ class Context:
             self._blocked(gen, deadline, limit, edge, "large send did not complete")
         with self._lock:
             if dst in self._lost:  # its buffers were let go because the peer died, not sent
-                raise PeerLostError(dst, self._lost[dst])
+                raise self._lost_error(dst)
 
     def _drive_send(self, deadline: float) -> bool:
         """Over MPI, a thread waiting for its own large send to complete polls the request itself (as a
@@ -706,6 +864,10 @@ class Context:
                     ins = self._in.get(key)
                     if ins is None:
                         ins = self._in[key] = _InStream(self.rank, edge)
+                    tag = self._tags.get(edge, _NO_TAG)
+                    if ins.local_tag != tag:
+                        ins.local_tag = tag
+                        ins.pending.append((_Mark(tag), None))
                     ins.pending.append((obj, _LocalRef(self, edge, n)))
                     self._in_dirty.add(key)
                     break
@@ -724,6 +886,8 @@ class Context:
         self._wait_change(gen, min(deadline - time.monotonic(), 0.5))
 
     def _queue(self, s: _OutStream, msg: _OutMsg) -> None:
+        if s.stamp is not None:
+            self._stamp(s, msg)
         s.queue.append(msg)
         s.queued_bytes += msg.nbytes
         self._out_ready.add((s.peer, s.edge))
@@ -896,9 +1060,12 @@ class Context:
             with self._lock:
                 ins = self._in.get(key)
                 entry = self._handlers.get(key[1])
-            if ins is None or entry is None:
+            if ins is None:
                 continue
-            handler = entry[0]
+            if entry is None:
+                self._check_unhandled(key, ins)
+                continue
+            handler, _, htag, on_error = entry
             src = ins.src
             while True:
                 with self._lock:
@@ -907,9 +1074,28 @@ class Context:
                     batch = list(ins.pending)
                     ins.pending.clear()
                 i = 0
+                early = False
+                mismatch: tuple[int, str] | None = None
                 progress = self._in_progress
                 try:
                     for obj, ref in batch:
+                        if ref is None:            # a _Mark: the records after it carry its tag
+                            ins.tag = htag if obj.tag == htag else obj.tag   # same object: cheap check
+                            i += 1
+                            continue
+                        if ins.tag is not htag and ins.tag != htag:
+                            if ins.tag[0] > htag[0]:
+                                early = True       # the edge's next incarnation: wait for its handler
+                                break
+                            if ins.tag[0] < htag[0] or mismatch is not None:
+                                ref.done_one()     # stale: an earlier incarnation of the edge
+                                i += 1
+                                continue
+                            if ins.tag[1] and htag[1]:
+                                mismatch = ins.tag  # same incarnation, another operation: drop, fail
+                                ref.done_one()
+                                i += 1
+                                continue
                         progress.views = ref.views
                         if handler(src, obj) is False:
                             break
@@ -924,10 +1110,17 @@ class Context:
                 finally:
                     progress.views = True     # outside a handler, record_views() gives the safe answer
                 did = did or i > 0
+                if mismatch is not None and (key, htag) not in self._mismatched:
+                    self._mismatched.add((key, htag))
+                    self._edge_mismatch(src, key[1], mismatch, htag, on_error, notify_peer=True)
                 if i < len(batch):
                     with self._lock:
                         ins.pending.extendleft(reversed(batch[i:]))   # keep order: refused one first
-                        self._refused[key] = time.monotonic()
+                        if not early:
+                            self._refused[key] = time.monotonic()
+                        elif self._handlers.get(key[1]) is not entry:
+                            # the next incarnation registered meanwhile (finding nothing pending): now
+                            self._in_dirty.add(key)
                     break
         return did
 
@@ -1007,7 +1200,25 @@ class Context:
             # the original exception (a handler's or the engine's), so callers see what really failed
             raise failure
         if lost is not None:
-            raise PeerLostError(lost[0], lost[1])
+            raise self._lost_error(lost[0])
+
+    def _lost_error(self, peer: int) -> PeerLostError:
+        """PeerLostError for the loss of ``peer``, naming the first rank lost: if ``peer`` (or the rank
+        it left after) reported losing another rank before it went, that one; the others are "lost
+        after" it."""
+        with self._lock:
+            roots = [r for r in self._lost if r not in self._lost_after]
+            root = roots[0] if roots else peer
+            reason = self._lost.get(root, "lost")
+            after = sorted(r for r in self._lost if r != root)
+        if after:
+            reason += f"; rank{'s' if len(after) > 1 else ''} {', '.join(map(str, after))} lost after rank {root}"
+        return PeerLostError(root, reason)
+
+    def check_lost(self) -> None:
+        """Raise PeerLostError (naming the first rank lost) if any peer was lost."""
+        if self._lost:
+            raise self._lost_error(next(iter(self._lost)))
 
     # ------------------------------------------------------------------------------ channel events
     def on_message(self, peer: int, edge: int, data: memoryview, release: Callable[[], None]) -> None:
@@ -1017,6 +1228,13 @@ class Context:
             if ins is None:
                 ins = self._in[key] = _InStream(peer, edge)
         tag = data[:1]
+        mark = None
+        if tag == _TAGGED:
+            epoch, flen = _TAG_HEAD.unpack_from(data, 1)
+            end = 1 + _TAG_HEAD.size + flen
+            mark = _Mark((epoch, bytes(data[1 + _TAG_HEAD.size:end]).decode("utf-8", "replace")))
+            data = data[end:]
+            tag = data[:1]
         if tag == _BATCH:
             records = ins.unpacker.feed(data[1:])
         elif tag == _DIRECT:
@@ -1033,6 +1251,16 @@ class Context:
             decoded.append(obj)
             views = views or v
         ref.views = views
+        if edge == _CAUSE_EDGE:
+            # handled at once: the sender's own loss may be reported right after this message
+            for obj in decoded:
+                self._on_cause(peer, obj)
+            release()
+            return
+        if mark is not None:
+            with self._lock:
+                ins.pending.append((mark, None))
+                self._in_dirty.add(key)
         if not decoded:
             release()  # only a piece of a split record: its bytes were copied out
             return
@@ -1059,6 +1287,57 @@ class Context:
         with self._lock:
             if peer in self._lost:
                 return
+            cause = self._lost_after.get(peer)
+        if cause is None:
+            # queued before the loss is visible: a caller that raises on it and closes flushes them
+            self._tell_loss(peer, reason)
+        with self._lock:
+            if peer in self._lost:
+                return
+            if cause is not None:
+                reason += f" (it left after rank {cause} was lost)"
             self._lost[peer] = reason
         log.error("rank %d: peer rank %d lost: %s", self.rank, peer, reason)
+        self.notify()
+
+    def _tell_loss(self, peer: int, reason: str) -> None:
+        """Tell every live peer that ``peer`` was lost, so that when this rank fails in reaction they
+        name ``peer`` and not this rank."""
+        with self._lock:
+            if peer in self._told or self._stop:    # stopped: the channel is closing, nobody to tell
+                return
+            self._told.add(peer)
+            live = [r for r in range(self.world) if r not in (self.rank, peer) and r not in self._lost]
+        for r in live:
+            try:
+                self._send(r, _CAUSE_EDGE, [peer, reason], block=False, timeout=0.0, closing=True, force=True)
+            except Exception:  # noqa: BLE001 - best effort: the loss itself is reported regardless
+                log.debug("rank %d: could not tell rank %d of the loss", self.rank, r, exc_info=True)
+        with self._lock:    # now, not after the flush delay: this rank may fail and exit any moment
+            for r in live:
+                if (r, _CAUSE_EDGE) in self._out_partial:
+                    self._emit_partial(self._out[(r, _CAUSE_EDGE)])
+        self.channel.wakeup()
+
+    def _on_cause(self, src: int, obj: Any) -> None:
+        """Rank ``src`` lost rank ``obj[0]``: remember it (before ``src`` itself may go)."""
+        try:
+            lost, reason = int(obj[0]), str(obj[1])
+        except (TypeError, ValueError, IndexError):
+            log.warning("rank %d: bad loss notice from rank %d: %r", self.rank, src, obj)
+            return
+        if lost == self.rank:
+            return
+        with self._lock:
+            self._lost_after.setdefault(src, lost)
+            if lost in self._lost:
+                return
+        # pass it on too (before the loss is visible here): a rank that fails because of it must be
+        # known to have left after it
+        self._tell_loss(lost, reason)
+        with self._lock:
+            if lost in self._lost:
+                return
+            self._lost[lost] = f"{reason} (seen by rank {src})"
+        log.error("rank %d: peer rank %d lost (reported by rank %d): %s", self.rank, lost, src, reason)
         self.notify()

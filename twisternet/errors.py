@@ -80,3 +80,22 @@ class LaunchEnvError(ConfigError):
     def __init__(self, variable: str, message: str) -> None:
         TwisternetError.__init__(self, f"environment variable {variable}: {message}")
         self.key = variable
+
+
+class MismatchError(TwisternetError, ValueError):
+    """Ranks of one collective call disagree about what they do (array dtype, shape or length, the kind
+    of operation on an edge); raised on every rank, naming the ranks that differ."""
+
+    def __init__(self, message: str, ranks: Iterable[int] = ()) -> None:
+        super().__init__(message)
+        self.ranks = sorted(ranks)
+
+
+class RemoteError(TwisternetError):
+    """An operation failed on another rank (e.g. its reduction function raised there); every rank of
+    the operation raises this, naming the rank where it failed and what went wrong."""
+
+    def __init__(self, rank: int, message: str) -> None:
+        super().__init__(f"rank {rank} failed: {message}")
+        self.rank = rank
+        self.remote_message = message

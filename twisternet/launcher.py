@@ -269,6 +269,7 @@ def _supervise(procs: list[subprocess.Popen], master: Master, grace: float,
                say: Callable[[str], None], interrupted: list[int]) -> int:
     """Wait for the workers; on a failure report it, allow ``grace``, then terminate the rest."""
     status: int | None = None       # first non-zero exit status
+    first: int | None = None        # the rank that failed first: later failures are "after" it
     done: set[int] = set()
     term_at: float | None = None    # when to SIGTERM the survivors
     kill_at: float | None = None    # when to SIGKILL them
@@ -299,8 +300,13 @@ def _supervise(procs: list[subprocess.Popen], master: Master, grace: float,
             if status is None:
                 status = exit_status(rc)
             if not stopping:
-                say(f"rank {rank} {describe_exit(rc)}")
-                master.report_lost(rank, f"process {describe_exit(rc)}")
+                if first is None:
+                    first = rank
+                    say(f"rank {rank} {describe_exit(rc)}")
+                    master.report_lost(rank, f"process {describe_exit(rc)}")
+                else:
+                    say(f"rank {rank} {describe_exit(rc)} (lost after rank {first})")
+                    master.report_lost(rank, f"process {describe_exit(rc)} after rank {first} was lost")
                 if term_at is None and len(done) < len(procs):
                     term_at = now + grace
                     say(f"waiting up to {grace:g}s for the other workers to exit")

@@ -266,7 +266,103 @@ def run_shm_allreduce(ctx: Any, p: dict) -> dict:
     return out
 
 
+def mismatch_value(case: str, rank: int, odd: int) -> Any:
+    """Rank ``rank``'s input to an allreduce where rank ``odd`` passes something different."""
+    x = np.arange(24, dtype="<f4")
+    if rank != odd:
+        return x
+    if case == "byteorder":
+        return x.astype(">f4")
+    if case == "length":
+        return np.arange(25, dtype="<f4")
+    if case == "shape":
+        return x.reshape(4, 6)
+    if case == "dtype":
+        return x.astype("<i4")
+    if case == "scalar":
+        return 1.0
+    raise ValueError(case)
+
+
+def _outcome(fn: Callable[[], Any]) -> dict:
+    try:
+        r = fn()
+    except Exception as e:  # noqa: BLE001 - the outcome is what the test checks
+        return {"error": type(e).__name__, "message": str(e)}
+    return {"error": None, "value": np.asarray(r).tolist()}
+
+
+def run_mismatch(ctx: Any, p: dict) -> dict:
+    """One good allreduce call, then one where rank ``odd`` passes a different array (``case``), then
+    another call: what each rank got (the error type and message)."""
+    import collectives as C
+    op = C.AllReduce(ctx, edge=p.get("edge", 4), op="sum", via=p.get("via", "auto"),
+                     ring_threshold=p.get("ring_threshold", 1 << 20), chunk_bytes=p.get("chunk_bytes", 4 << 20))
+    t = p.get("timeout", 30.0)
+    first = _outcome(lambda: op.allreduce(np.ones(24, "<f4"), timeout=t))
+    second = _outcome(lambda: op.allreduce(mismatch_value(p["case"], ctx.rank, p.get("odd", 1)), timeout=t))
+    op.abort()
+    return {"first": first, "second": second}
+
+
+def failing_reduction(rank_to_fail: int, rank: int) -> Callable[[Any, Any], Any]:
+    """A reduction that raises on rank ``rank_to_fail`` only."""
+    def add(a: Any, b: Any) -> Any:
+        if rank == rank_to_fail:
+            raise ZeroDivisionError(f"reduction failed on rank {rank}")
+        return a + b
+    return add
+
+
+def run_failing_reduction(ctx: Any, p: dict) -> dict:
+    """A callable reduction that raises on one rank: rank-level allreduce() (``form`` "allreduce") or a
+    batch Reduce to task 0 (``form`` "reduce"); how long each rank took to fail and with what."""
+    import collectives as C
+    fail = p.get("fail_rank", 0)
+    t = p.get("timeout", 60.0)
+    start = time.monotonic()
+    fn = failing_reduction(fail, ctx.rank)
+    if p["form"] == "allreduce":
+        op = C.AllReduce(ctx, edge=6, reduce=fn, timeout=t)
+        got = _outcome(lambda: op.allreduce(ctx.rank + 1))
+    else:
+        op = C.Reduce(ctx, edge=6, reduce=fn, timeout=t)
+
+        def body() -> Any:
+            for i in range(3):
+                op.send(ctx.rank, ctx.rank + i)
+            op.finish(ctx.rank)
+            return op.result() if ctx.rank == 0 else 0
+        got = _outcome(body)
+    op.abort()
+    got["after"] = time.monotonic() - start
+    return got
+
+
+def run_kinds(ctx: Any, p: dict) -> dict:
+    """Rank r runs operation ``p["kinds"][r]`` on edge 7 (send, finish, results, close), then waits on the
+    context: what it raised."""
+    import collectives as C
+    kinds = {"gather": C.Gather, "reduce": C.Reduce, "allgather": C.AllGather, "allreduce": C.AllReduce}
+    op = kinds[p["kinds"][ctx.rank]](ctx, edge=7, timeout=20)
+
+    def body() -> None:
+        op.send(ctx.rank, ctx.rank + 1)
+        op.finish(ctx.rank)
+        if ctx.rank in op.local_destinations:
+            list(op.results())
+        op.close()
+        # a rank with nothing left to wait for on the edge hears of it at its next blocking call
+        ctx.wait_until(lambda: False, timeout=10)
+    got = _outcome(body)
+    op.abort()
+    return got
+
+
 SCENARIOS: dict[str, Callable[[Any, dict], Any]] = {
+    "run_kinds": run_kinds,
+    "run_mismatch": run_mismatch,
+    "run_failing_reduction": run_failing_reduction,
     "run_shm_allreduce": run_shm_allreduce,
     "run_op": run_op,
     "run_allreduce_calls": run_allreduce_calls,

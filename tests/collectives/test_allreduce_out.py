@@ -80,5 +80,5 @@ def test_ring_mismatched_dtype_is_a_clear_error_not_a_hang() -> None:
         return "no error", ""
 
     res = run_local(2, body, timeout=60)
-    assert all(name in ("ProtocolError", "OperationTimeout") for name, _ in res), res
-    assert any("same shape and dtype" in msg for _, msg in res), res
+    assert all(name == "MismatchError" for name, _ in res), res     # on every rank, no timeout
+    assert all("same shape and dtype" in msg and "<f8" in msg and "<f4" in msg for _, msg in res), res

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import collectives as C
-from twisternet.errors import BackPressureTimeout, ConfigError, OperationTimeout
+from twisternet.errors import RemoteError, BackPressureTimeout, ConfigError, OperationTimeout
 from twisternet.testing import run_local
 
 from .scenarios import run_allreduce_calls, run_backpressure, run_spill
@@ -261,10 +261,31 @@ def test_reduce_function_error_surfaces() -> None:
         if ctx.rank == 0:
             with pytest.raises(ArithmeticError, match="reduce failed"):
                 op.send(0, 5)         # a local combine fails in the caller's own thread
+            with pytest.raises(ArithmeticError, match="reduce failed"):
+                op.finish(0)          # and the operation stays failed
+            return True
+        # the failure reaches rank 1 too (RemoteError naming rank 0), here at its next wait
+        with pytest.raises(RemoteError, match="rank 0 failed: ArithmeticError: reduce failed"):
+            op.finish(1)
+            op._wait(lambda: False, "the failure", None, 10)
+        return True
+    assert run_local(2, body) == [True, True]
+
+
+def test_reduce_function_error_on_the_progress_thread_reaches_the_sources() -> None:
+    def boom(a, b):
+        raise ArithmeticError("reduce failed")
+
+    def body(ctx):
+        op = C.Reduce(ctx, None, 0, 1, op=boom, timeout=10)
+        op.send(ctx.rank, ctx.rank + 1)
         op.finish(ctx.rank)
         if ctx.rank == 0:             # the combine with rank 1's partial fails on the progress thread
             with pytest.raises(ArithmeticError, match="reduce failed"):
                 op.result()
+            return True
+        with pytest.raises(RemoteError, match="rank 0 failed"):
+            op._wait(lambda: False, "the failure", None, 10)
         return True
     assert run_local(2, body) == [True, True]
 

@@ -201,3 +201,50 @@ def test_try_send_of_a_large_record_does_not_wait_for_its_completion():
         return bool(np.array_equal(got[0], np.arange(1 << 18, dtype=np.float64)))
 
     assert run_local(2, job) == ["sent", True]
+
+
+def _edge_incarnations_job(ctx):
+    """Rank 0 sends on edge 9 as incarnation 0, then 1, then 2 (stale 0 again after); rank 1's handler
+    of incarnation 0 is still registered when incarnation 1's records arrive."""
+    if ctx.rank == 0:
+        for epoch in (0, 1, 2):
+            ctx.tag_edges([9], epoch, "Op")
+            for i in range(3):
+                ctx.send(1, 9, (epoch, i))
+        ctx.flush()
+        ctx.send(1, 10, "sent")
+        return None
+    got = {0: [], 1: [], 2: []}
+    done = []
+    ctx.register(10, lambda src, obj: done.append(obj) or True)
+    ctx.tag_edges([9], 0, "Op")
+    ctx.register(9, lambda src, obj: got[0].append(obj) or True)
+    ctx.wait_until(lambda: done, timeout=20)
+    ctx.wait_until(lambda: len(got[0]) == 3, timeout=20)
+    time.sleep(0.2)                    # incarnation 1's records are here: they must wait, not go to 0
+    early = list(got[0])
+    ctx.unregister(9)
+    ctx.tag_edges([9], 2, "Op")        # incarnation 1 never registers here: its records are stale now
+    ctx.register(9, lambda src, obj: got[2].append(obj) or True)
+    ctx.wait_until(lambda: len(got[2]) == 3, timeout=20)
+    return early, got[2]
+
+
+def test_records_of_the_next_incarnation_of_an_edge_wait_and_stale_ones_are_dropped():
+    early, late = run_local(2, _edge_incarnations_job)[1]
+    assert early == [(0, 0), (0, 1), (0, 2)]
+    assert late == [(2, 0), (2, 1), (2, 2)]
+
+
+def test_different_operations_on_one_edge_fail_both_ranks():
+    def job(ctx):
+        errors = []
+        ctx.tag_edges([9], 0, "Gather" if ctx.rank == 0 else "Reduce")
+        ctx.register(9, lambda src, obj: True, on_error=errors.append)
+        ctx.send(1 - ctx.rank, 9, "x")
+        ctx.wait_until(lambda: errors, timeout=20)
+        return str(errors[0])
+
+    for msg in run_local(2, job):
+        assert "rank 0 runs Gather" in msg or "rank 1 runs Reduce" in msg
+        assert "different operations on one edge" in msg

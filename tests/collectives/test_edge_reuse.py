@@ -1,0 +1,102 @@
+"""An edge id is reusable at once after close(): a training loop that makes a new AllReduce on one edge
+per epoch gets every epoch right under both launchers (it stalled in most runs when records of the
+next incarnation reached the previous one, or stale ones reached the next), and two ranks that run
+different operations on one edge both raise MismatchError instead of dropping data."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.jobs import mpiexec, run_mpi, run_tcp
+from twisternet.testing import run_local
+
+from .launchers import run_scenario
+
+pytestmark = pytest.mark.timeout(400)
+SCRIPT = Path(__file__).parent / "scripts" / "edge_reuse.py"
+
+
+@pytest.mark.parametrize("launcher", ["tcp", "mpi"])
+@pytest.mark.parametrize("via", ["auto", "ring", "tree"])
+def test_training_loop_reuses_the_edge_every_epoch(launcher: str, via: str) -> None:
+    if launcher == "mpi" and mpiexec() is None:
+        pytest.skip("no mpiexec")
+    epochs = 40
+    run = run_tcp if launcher == "tcp" else run_mpi
+    p = run(3, SCRIPT, str(epochs), via, timeout=300)
+    got = re.findall(r"REUSE rank=\d+ \S+", p.stdout)     # mpiexec may interleave the ranks' lines
+    assert sorted(got) == [f"REUSE rank={r} ok={epochs}" for r in range(3)], p.stdout[-3000:] + p.stderr[-3000:]
+    assert p.returncode == 0
+
+
+def test_threads_reuse_the_edge_every_epoch() -> None:
+    import numpy as np
+
+    import collectives as C
+
+    def body(ctx):
+        ok = 0
+        for epoch in range(40):
+            with C.AllReduce(ctx, edge=5, op="sum", timeout=20, ring_threshold=64) as op:
+                a = op.allreduce(np.full(64, float(ctx.rank + epoch)))
+                b = op.allreduce(ctx.rank * epoch)
+            ok += bool(np.all(a == sum(r + epoch for r in range(ctx.world)))
+                       and b == sum(r * epoch for r in range(ctx.world)))
+        return ok
+    assert run_local(3, body, timeout=200) == [40] * 3
+
+
+def _kinds_job(ctx, kinds: tuple[str, str]):
+    import collectives as C
+    kind = kinds[ctx.rank]
+    op = (C.Gather if kind == "gather" else C.Reduce if kind == "reduce" else
+          C.AllGather if kind == "allgather" else C.AllReduce)(ctx, edge=7, timeout=20)
+    try:
+        op.send(ctx.rank, ctx.rank + 1)
+        op.finish(ctx.rank)
+        if ctx.rank in op.local_destinations:
+            list(op.results())
+        op.close()
+        # a rank with nothing left to wait for on the edge hears of it at its next blocking call
+        ctx.wait_until(lambda: False, timeout=10)
+    except Exception as e:  # noqa: BLE001 - the test checks what each rank raised
+        return type(e).__name__, str(e)
+    return "no error", ""
+
+
+@pytest.mark.parametrize("kinds", [("gather", "reduce"), ("allgather", "allreduce")])
+def test_different_operations_on_one_edge_raise_on_every_rank(kinds: tuple[str, str]) -> None:
+    for name, msg in run_local(2, _kinds_job, kinds, timeout=60):
+        assert name == "MismatchError", (name, msg)
+        assert "different operations on one edge" in msg and "edge 7" in msg, msg
+
+
+@pytest.mark.parametrize("launcher", ["tcp", "mpi"])
+@pytest.mark.parametrize("kinds", [["gather", "reduce"], ["allgather", "allreduce"]])
+def test_processes_different_operations_on_one_edge_raise_on_every_rank(launcher: str, kinds: list) -> None:
+    for r in run_scenario(launcher, 2, "run_kinds", {"kinds": kinds}, timeout=120):
+        assert r["error"] == "MismatchError", r
+        assert "different operations on one edge" in r["message"] and "edge 7" in r["message"], r
+
+
+def test_a_reduction_whose_repr_holds_an_address_is_not_a_mismatch() -> None:
+    """functools.partial objects print their function's address, which differs between processes."""
+    import functools
+    import operator
+
+    import collectives as C
+
+    def body(ctx):
+        # a fresh partial (and function object) per rank: only the address differs
+        fn = functools.partial(lambda k, a, b: operator.add(a, b) * k, 1)
+        op = C.Reduce(ctx, edge=3, reduce=fn, timeout=20)
+        assert " at 0x" not in op.fingerprint()
+        op.send(ctx.rank, ctx.rank + 1)
+        op.finish(ctx.rank)
+        got = op.result() if ctx.rank == 0 else None
+        op.close()
+        return got
+    assert run_local(2, body, timeout=60)[0] == 3

@@ -1,0 +1,92 @@
+"""Ranks that disagree in an allreduce call (dtype with byte order, length, shape) or whose reduction
+raises: every rank raises at once, naming the ranks that differ or the rank that failed, on every path
+(shared memory, tree, ring) and under both launchers; no rank waits for the timeout."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from collectives import shm_allreduce
+from twisternet.testing import run_local
+
+from .launchers import run_scenario
+from .scenarios import run_failing_reduction, run_mismatch
+
+pytestmark = pytest.mark.timeout(300)
+
+CASES = ["byteorder", "length", "shape", "dtype"]
+
+
+def check_mismatch(res: list, odd: int, case: str) -> None:
+    for rank, r in enumerate(res):
+        assert r["first"]["error"] is None and r["first"]["value"] == [float(len(res))] * 24, r
+        second = r["second"]
+        assert second["error"] == "MismatchError", (rank, second)
+        assert f"ranks [{odd}]" in second["message"] or f"rank [{odd}]" in second["message"], second
+        if case == "byteorder":
+            assert ">f4" in second["message"] and "<f4" in second["message"], second
+
+
+@pytest.mark.parametrize("via", ["tree", "ring"])
+@pytest.mark.parametrize("case", CASES + ["scalar"])
+def test_threads_every_rank_raises(via: str, case: str) -> None:
+    if via == "ring" and case == "scalar":
+        pytest.skip("via='ring' rejects a non-array up front")
+    res = run_local(3, run_mismatch, {"case": case, "via": via, "odd": 2, "chunk_bytes": 1024,
+                                      "timeout": 20}, timeout=90)
+    check_mismatch(res, 2, case)
+
+
+def test_threads_ranks_that_pick_different_algorithms_raise() -> None:
+    """24 float32 are 96 bytes, under ring_threshold=100: the tree; 25 are 100 bytes: the ring."""
+    res = run_local(3, run_mismatch, {"case": "length", "via": "auto", "odd": 1, "ring_threshold": 100,
+                                      "timeout": 20}, timeout=90)
+    check_mismatch(res, 1, "length")
+
+
+@pytest.mark.skipif(not shm_allreduce.supported(), reason="needs /dev/shm on an x86-64 machine")
+@pytest.mark.parametrize("launcher", ["tcp", "mpi"])
+@pytest.mark.parametrize("case", CASES + ["scalar"])
+def test_processes_shared_memory(launcher: str, case: str) -> None:
+    # a scalar takes the tree while the others are in a shared-memory round ("auto"): it joins the
+    # round as "no array", so every rank raises at once
+    via = "auto" if case == "scalar" else "shm"
+    res = run_scenario(launcher, 3, "run_mismatch", {"case": case, "via": via, "odd": 1, "timeout": 20},
+                       timeout=150)
+    check_mismatch(res, 1, case)
+
+
+@pytest.mark.parametrize("launcher", ["tcp", "mpi"])
+@pytest.mark.parametrize("via", ["tree", "ring"])
+def test_processes_messages(launcher: str, via: str) -> None:
+    res = run_scenario(launcher, 3, "run_mismatch", {"case": "byteorder", "via": via, "odd": 0,
+                                                     "timeout": 20, "ring_threshold": 1}, timeout=150)
+    check_mismatch(res, 0, "byteorder")
+
+
+def check_failure(res: list, fail: int, limit: float, waiting: list[int] | None = None) -> None:
+    """The failing rank raises the reduction's error; every rank that waits for the result (all of them
+    for allreduce; the destination for a Reduce) raises RemoteError naming it, well before the timeout."""
+    for rank, r in enumerate(res):
+        if waiting is not None and rank not in waiting + [fail]:
+            continue       # a source with nothing to wait for finished its part
+        if rank == fail:
+            assert r["error"] == "ZeroDivisionError", r
+        else:
+            assert r["error"] == "RemoteError" and f"rank {fail} failed" in r["message"] \
+                and "ZeroDivisionError" in r["message"], r
+        assert r["after"] < limit, r     # not the operation's 60 s timeout
+
+
+@pytest.mark.parametrize("form,fail", [("allreduce", 0), ("reduce", 1)])
+def test_threads_a_failing_reduction_reaches_every_rank(form: str, fail: int) -> None:
+    check_failure(run_local(3, run_failing_reduction, {"form": form, "fail_rank": fail}, timeout=90), fail, 30,
+                  [0] if form == "reduce" else None)
+
+
+@pytest.mark.parametrize("launcher", ["tcp", "mpi"])
+@pytest.mark.parametrize("form,fail", [("allreduce", 0), ("reduce", 1)])
+def test_processes_a_failing_reduction_reaches_every_rank(launcher: str, form: str, fail: int) -> None:
+    res = run_scenario(launcher, 3, "run_failing_reduction", {"form": form, "fail_rank": fail}, timeout=150)
+    check_failure(res, fail, 30, [0] if form == "reduce" else None)
