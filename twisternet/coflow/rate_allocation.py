@@ -333,20 +333,22 @@ def _water_fill(s: np.ndarray, d: np.ndarray, w: np.ndarray | None, res: Residua
     frozen = np.zeros(k, dtype=bool)
     lrate = np.zeros(k)
     level = 0.0
-    act = cnt > 0
+    cnt = cnt.astype(np.float64)
+    # ``capx``: residual of the ports still limiting someone; +inf for the others, so that one
+    # division gives every port's fair share (inf where it limits nobody) without masks.
+    capx = cap.copy()
+    capx[cnt == 0] = np.inf
+    saturated = np.zeros(N, dtype=bool)
     with np.errstate(divide="ignore", invalid="ignore"):
         while True:
-            share = np.where(act, cap / np.where(act, cnt, 1.0), np.inf)
+            share = capx / cnt
             inc = float(share.min())
-            if not np.isfinite(inc):
+            if not inc < np.inf:
                 break
             level += inc
-            cap -= inc * cnt
+            capx -= inc * cnt
             # Every port whose fair share was (within 1e-9) the minimum is now saturated.
-            sat_mask = act & ((share <= inc * (1.0 + 1e-9)) | (cap <= tol))
-            cap[sat_mask] = 0.0
-            np.maximum(cap, 0.0, out=cap)
-            sat = np.flatnonzero(sat_mask)
+            sat = np.flatnonzero((share <= inc * (1.0 + 1e-9)) | (capx <= tol))
             # Ingress ports first, then egress ports: a flow appears once per port list, so freezing
             # between the two halves keeps a flow with both ends saturated from being counted twice.
             cut = int(np.searchsorted(sat, n_in))
@@ -366,16 +368,18 @@ def _water_fill(s: np.ndarray, d: np.ndarray, w: np.ndarray | None, res: Residua
                 fw = None if lw is None else lw[fl]
                 cnt -= np.bincount(ls[fl], weights=fw, minlength=N)
                 cnt -= np.bincount(lb[fl], weights=fw, minlength=N)
-            cnt[sat_mask] = 0.0
-            act = cnt > 0.5
-            if not act.any():
-                break
+            saturated[sat] = True
+            capx[sat] = np.inf
+            cnt[sat] = 0.0
     rate[live] = lrate
     if take:
-        res.res_in[:] = cap[:n_in]
-        res.res_out[:] = cap[n_in:]
+        used = lrate if lw is None else lrate * lw
+        left = cap - np.bincount(ls, weights=used, minlength=N) - np.bincount(lb, weights=used, minlength=N)
+        left[saturated] = 0.0
+        np.maximum(left, 0.0, out=left)
+        res.res_in[:] = left[:n_in]
+        res.res_out[:] = left[n_in:]
     return rate
-
 
 def greedy_fill(coflows: Sequence[Coflow], order: Sequence[int], res: ResidualCapacity,
                 rates: list[np.ndarray], loads: CoflowLoads | None = None) -> None:
