@@ -59,6 +59,25 @@ def madd_rates(coflow: Coflow, cap_in: np.ndarray, cap_out: np.ndarray,
     return coflow.remaining / gamma
 
 
+_FLAT_CACHE: list = [None]   # [([(coflow, src, dst)], src_all, dst_all, bounds)]
+
+
+def flat_ports(coflows: Sequence[Coflow]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """All flows' ingress and egress ports of ``coflows`` concatenated, and the split points between
+    coflows. Cached for the last coflow list seen (the active set changes only on releases and
+    completions, while policies ask at every event)."""
+    hit = _FLAT_CACHE[0]
+    if (hit is not None and len(hit[0]) == len(coflows)
+            and all(a[0] is b and a[1] is b.src and a[2] is b.dst for a, b in zip(hit[0], coflows))):
+        return hit[1], hit[2], hit[3]
+    src = np.concatenate([c.src for c in coflows])
+    dst = np.concatenate([c.dst for c in coflows])
+    bounds = np.cumsum([len(c) for c in coflows])[:-1]
+    _FLAT_CACHE[0] = ([(c, c.src, c.dst) for c in coflows], src, dst, bounds)
+    return src, dst, bounds
+
+
+
 class ResidualCapacity:
     """Mutable per-port capacity left over while a policy hands out rates."""
 
@@ -128,9 +147,10 @@ class CoflowLoads:
                 and all(a[0] is b and a[1] is b.src and a[2] is b.dst for a, b in zip(hit[0], coflows))):
             return hit[3], hit[4]
         K = len(coflows)
+        src, dst, _ = flat_ports(coflows)
         cidx = np.repeat(np.arange(K), [len(c) for c in coflows])
-        key_in = cidx * n_in + np.concatenate([c.src for c in coflows])
-        key_out = cidx * n_out + np.concatenate([c.dst for c in coflows])
+        key_in = cidx * n_in + src
+        key_out = cidx * n_out + dst
         CoflowLoads._key_cache = ([(c, c.src, c.dst) for c in coflows], n_in, n_out, key_in, key_out)
         return key_in, key_out
 

@@ -12,7 +12,7 @@ import pytest
 
 from twisternet.coflow import (GBIT, Coflow, PortCapacities, generate_like, parse_trace,
                                published_trace_path, read_trace, simulate)
-from twisternet.coflow.cli import gen_main
+from twisternet.coflow.cli import DEFAULT_REALLOC_GAP_MS, gen_main
 
 # coflowsim's figures on FB2010-1Hr-150-0.txt (seconds), measured by the author.
 COFLOWSIM_AVG = {"fair": 70.6, "fifo": 82.6, "scf": 29.6, "sebf": 28.5}
@@ -94,7 +94,7 @@ def test_published_trace_all_policies() -> None:
     cpu = {}
     for pol in ("fair", "fifo", "sebf", "deadline", "dag"):
         t0 = time.process_time()
-        res[pol] = simulate(cfs, pol, caps, realloc_gap=0.01)
+        res[pol] = simulate(cfs, pol, caps, realloc_gap=DEFAULT_REALLOC_GAP_MS / 1000.0)
         cpu[pol] = time.process_time() - t0
         print(f"{pol}: avg {res[pol].avg_cct:.2f}s p95 {res[pol].p95_cct:.2f}s cpu {cpu[pol]:.1f}s")
     for pol in ("fair", "fifo", "sebf", "dag"):
