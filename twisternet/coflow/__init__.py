@@ -13,8 +13,9 @@ from .scheduler import Scheduler, get_policy, policy_names, register_policy, unr
 from .policies import (DagScheduler, DeadlineScheduler, FairScheduler, FifoScheduler, SebfScheduler,
                        solve_lat_lp)
 from .simulator import CoflowResult, SimulationResult, simulate
-from .trace import Trace, TraceCoflow, format_trace, parse_trace, read_trace, write_trace
-from .trace_generator import generate_trace
+from .trace import (Trace, TraceCoflow, format_trace, parse_trace, published_trace_path, read_trace,
+                    write_trace)
+from .trace_generator import generate_like, generate_trace
 from .live_table import LiveCoflowTable
 from .live import CoflowGroup, CoflowRuntime
 from .coordinator import CoflowCoordinator
@@ -28,5 +29,6 @@ __all__ = [
     "solve_lat_lp", "JobDag", "DagTiming",
     "simulate", "SimulationResult", "CoflowResult",
     "Trace", "TraceCoflow", "parse_trace", "read_trace", "format_trace", "write_trace",
-    "generate_trace", "LiveCoflowTable", "CoflowRuntime", "CoflowGroup", "CoflowCoordinator",
+    "generate_trace", "generate_like", "published_trace_path",
+    "LiveCoflowTable", "CoflowRuntime", "CoflowGroup", "CoflowCoordinator",
 ]

@@ -59,6 +59,25 @@ def madd_rates(coflow: Coflow, cap_in: np.ndarray, cap_out: np.ndarray,
     return coflow.remaining / gamma
 
 
+_FLAT_CACHE: list = [None]   # [([(coflow, src, dst)], src_all, dst_all, bounds)]
+
+
+def flat_ports(coflows: Sequence[Coflow]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """All flows' ingress and egress ports of ``coflows`` concatenated, and the split points between
+    coflows. Cached for the last coflow list seen (the active set changes only on releases and
+    completions, while policies ask at every event)."""
+    hit = _FLAT_CACHE[0]
+    if (hit is not None and len(hit[0]) == len(coflows)
+            and all(a[0] is b and a[1] is b.src and a[2] is b.dst for a, b in zip(hit[0], coflows))):
+        return hit[1], hit[2], hit[3]
+    src = np.concatenate([c.src for c in coflows])
+    dst = np.concatenate([c.dst for c in coflows])
+    bounds = np.cumsum([len(c) for c in coflows])[:-1]
+    _FLAT_CACHE[0] = ([(c, c.src, c.dst) for c in coflows], src, dst, bounds)
+    return src, dst, bounds
+
+
+
 class ResidualCapacity:
     """Mutable per-port capacity left over while a policy hands out rates."""
 
@@ -99,23 +118,53 @@ class CoflowLoads:
     """Remaining bytes of each of K coflows per ingress and per egress port, as dense K x P matrices.
 
     Built with one ``bincount`` over all flows, so Γ of every coflow (and MADD's per-port
-    reservations) costs a few vector operations instead of per-flow work.
+    reservations) costs a few vector operations instead of per-flow work. The flat (coflow, port)
+    keys depend only on which coflows are given, so they are cached for the last coflow list seen
+    (a simulator or runtime asks again and again about the same active set between arrivals and
+    completions); only the remaining bytes are gathered anew.
     """
 
-    __slots__ = ("load_in", "load_out")
+    __slots__ = ("load_in", "load_out", "_touch")
+
+    _key_cache: tuple | None = None   # ([(coflow, src, dst)], n_in, n_out, key_in, key_out)
 
     def __init__(self, coflows: Sequence[Coflow], n_in: int, n_out: int) -> None:
         K = len(coflows)
+        self._touch: tuple | None = None
         if K == 0:
             self.load_in = np.zeros((0, n_in))
             self.load_out = np.zeros((0, n_out))
             return
-        cidx = np.repeat(np.arange(K), [len(c) for c in coflows])
-        src = np.concatenate([c.src for c in coflows])
-        dst = np.concatenate([c.dst for c in coflows])
+        key_in, key_out = self._keys(coflows, n_in, n_out)
         rem = np.concatenate([c.remaining for c in coflows])
-        self.load_in = np.bincount(cidx * n_in + src, weights=rem, minlength=K * n_in).reshape(K, n_in)
-        self.load_out = np.bincount(cidx * n_out + dst, weights=rem, minlength=K * n_out).reshape(K, n_out)
+        self.load_in = np.bincount(key_in, weights=rem, minlength=K * n_in).reshape(K, n_in)
+        self.load_out = np.bincount(key_out, weights=rem, minlength=K * n_out).reshape(K, n_out)
+
+    @classmethod
+    def _keys(cls, coflows: Sequence[Coflow], n_in: int, n_out: int) -> tuple[np.ndarray, np.ndarray]:
+        hit = cls._key_cache
+        if (hit is not None and hit[1] == n_in and hit[2] == n_out and len(hit[0]) == len(coflows)
+                and all(a[0] is b and a[1] is b.src and a[2] is b.dst for a, b in zip(hit[0], coflows))):
+            return hit[3], hit[4]
+        K = len(coflows)
+        src, dst, _ = flat_ports(coflows)
+        cidx = np.repeat(np.arange(K), [len(c) for c in coflows])
+        key_in = cidx * n_in + src
+        key_out = cidx * n_out + dst
+        CoflowLoads._key_cache = ([(c, c.src, c.dst) for c in coflows], n_in, n_out, key_in, key_out)
+        return key_in, key_out
+
+    def touched(self, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Ingress ports, their loads, egress ports and their loads of coflow ``k`` (loads > 0 only)."""
+        if self._touch is None:
+            ri, ci = np.nonzero(self.load_in > 0)
+            ro, co = np.nonzero(self.load_out > 0)
+            K = self.load_in.shape[0]
+            bi = np.searchsorted(ri, np.arange(K + 1))
+            bo = np.searchsorted(ro, np.arange(K + 1))
+            self._touch = (ci, self.load_in[ri, ci], bi, co, self.load_out[ro, co], bo)
+        ci, li, bi, co, lo, bo = self._touch
+        return ci[bi[k]:bi[k + 1]], li[bi[k]:bi[k + 1]], co[bo[k]:bo[k + 1]], lo[bo[k]:bo[k + 1]]
 
     @staticmethod
     def _times(load: np.ndarray, cap: np.ndarray) -> np.ndarray:
@@ -137,8 +186,8 @@ class CoflowLoads:
 
     def may_use(self, k: int, res: "ResidualCapacity") -> bool:
         """Cheap necessary condition for coflow ``k`` to use residual capacity."""
-        return bool(((self.load_in[k] > 0) & (res.res_in > res.tol_in)).any()
-                    and ((self.load_out[k] > 0) & (res.res_out > res.tol_out)).any())
+        pi, _, po, _ = self.touched(k)
+        return bool((res.res_in[pi] > res.tol_in[pi]).any() and (res.res_out[po] > res.tol_out[po]).any())
 
 
 def max_min_fair(src: np.ndarray, dst: np.ndarray, res: ResidualCapacity,
@@ -153,6 +202,10 @@ def max_min_fair(src: np.ndarray, dst: np.ndarray, res: ResidualCapacity,
     the pair aggregation (faster when pairs are known to be mostly distinct, e.g. within one coflow;
     the result is the same). The result is work-conserving: every flow with a positive-capacity path
     ends on at least one saturated port.
+
+    Cost: O(flows + rounds x ports). Every unfrozen flow holds the same rate (the water level), so a
+    round only updates per-port counters; a saturated port's flows are frozen once, through a
+    port -> flows index built by one counting sort, and leave the counters of their other port.
     """
     n = src.shape[0]
     out = np.zeros(n)
@@ -164,56 +217,189 @@ def max_min_fair(src: np.ndarray, dst: np.ndarray, res: ResidualCapacity,
     n_in, n_out = res.res_in.shape[0], res.res_out.shape[0]
     s_all = src if idx is None else src[idx]
     d_all = dst if idx is None else dst[idx]
-    key = s_all * n_out + d_all
     if not aggregate:
         s, d = s_all, d_all
-        w = np.ones(s.shape[0])
-        inv = np.arange(s.shape[0])
-    elif key.shape[0] > 64 and n_in * n_out <= 4 * key.shape[0] + 65536:
-        cnt_full = np.bincount(key, minlength=n_in * n_out)
-        uk = np.flatnonzero(cnt_full)
-        w = cnt_full[uk].astype(np.float64)
-        pos = np.zeros(n_in * n_out, dtype=np.int64)
-        pos[uk] = np.arange(uk.shape[0])
-        inv = pos[key]
+        w = None
+        inv = None
     else:
-        uk, inv, cnt = np.unique(key, return_inverse=True, return_counts=True)
-        w = cnt.astype(np.float64)
-    if aggregate:
+        key = s_all * n_out + d_all
+        if key.shape[0] > 64 and n_in * n_out <= 4 * key.shape[0] + 65536:
+            cnt_full = np.bincount(key, minlength=n_in * n_out)
+            uk = np.flatnonzero(cnt_full)
+            w = cnt_full[uk].astype(np.float64)
+            pos = np.zeros(n_in * n_out, dtype=np.int64)
+            pos[uk] = np.arange(uk.shape[0])
+            inv = pos[key]
+        else:
+            uk, inv, cnt = np.unique(key, return_inverse=True, return_counts=True)
+            w = cnt.astype(np.float64)
         s = uk // n_out
         d = uk % n_out
-    rin, rout = res.res_in.copy(), res.res_out.copy()
-    tin, tout = res.tol_in, res.tol_out
-    r = np.zeros(s.shape[0])
-    live_idx = np.flatnonzero((rin[s] > tin[s]) & (rout[d] > tout[d]))
-    ls, ld, lw = s[live_idx], d[live_idx], w[live_idx]
-    while live_idx.size:
-        li = np.bincount(ls, weights=lw, minlength=n_in)
-        lo = np.bincount(ld, weights=lw, minlength=n_out)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            sh_in = np.where(li > 0, rin / np.where(li > 0, li, 1.0), np.inf)
-            sh_out = np.where(lo > 0, rout / np.where(lo > 0, lo, 1.0), np.inf)
-        inc = min(sh_in.min(), sh_out.min())
-        r[live_idx] += inc
-        rin -= inc * li
-        rout -= inc * lo
-        # Every port whose fair share was (within 1e-9) the minimum is now saturated.
-        lim = inc * (1.0 + 1e-9)
-        rin[sh_in <= lim] = 0.0
-        rout[sh_out <= lim] = 0.0
-        np.maximum(rin, 0.0, out=rin)
-        np.maximum(rout, 0.0, out=rout)
-        keep = (rin[ls] > tin[ls]) & (rout[ld] > tout[ld])
-        live_idx, ls, ld, lw = live_idx[keep], ls[keep], ld[keep], lw[keep]
+    rates = _bipartite_fill(s, d, w, res, take)
+    if rates is None:
+        rates = _water_fill(s, d, w, res, take)
+    r_flow = rates if inv is None else rates[inv]
     if idx is None:
-        out = r[inv]
+        out = r_flow
     else:
-        out[idx] = r[inv]
-    if take:
-        res.res_in[:] = rin
-        res.res_out[:] = rout
+        out[idx] = r_flow
     return out
 
+
+def _bipartite_fill(s: np.ndarray, d: np.ndarray, w: np.ndarray | None, res: ResidualCapacity,
+                    take: bool) -> np.ndarray | None:
+    """Max-min fair rates when the usable flows form a complete bipartite graph (every usable ingress
+    to every usable egress exactly once, as a shuffle's mappers x reducers do); None otherwise.
+
+    Then every unfrozen ingress port has the same number of unfrozen flows (one per unfrozen egress
+    port) and the same frozen load (the sum of the levels at which egress ports froze), and vice
+    versa, so ingress ports saturate in ascending capacity order, egress ports likewise, and the
+    water level at which the next one saturates is a scalar formula: a merge of two sorted lists,
+    O(ingress + egress) scalar steps instead of a vector pass per round. The result equals
+    progressive filling up to rounding (ports tied within 1e-9 saturate one after the other at
+    the same level instead of in one round).
+    """
+    if w is not None and (w != 1.0).any():
+        return None
+    n_in, n_out = res.res_in.shape[0], res.res_out.shape[0]
+    use = (res.res_in[s] > res.tol_in[s]) & (res.res_out[d] > res.tol_out[d])
+    us_ = s[use]
+    ud_ = d[use]
+    k = us_.shape[0]
+    if k == 0:
+        return None
+    cnt_s = np.bincount(us_, minlength=n_in)
+    cnt_d = np.bincount(ud_, minlength=n_out)
+    ms = np.flatnonzero(cnt_s)
+    md = np.flatnonzero(cnt_d)
+    a, b = ms.shape[0], md.shape[0]
+    # Complete and simple: a x b flows, every ingress port with b flows, every egress port with a.
+    if k != a * b or (cnt_s[ms] != b).any() or (cnt_d[md] != a).any():
+        return None
+    if a * b > 1 and n_in * n_out <= 4 * k + 65536:
+        if np.bincount(us_ * n_out + ud_, minlength=n_in * n_out).max() > 1:
+            return None
+    elif a * b > 1 and np.unique(us_ * n_out + ud_).shape[0] != k:
+        return None
+    cs = res.res_in[ms]
+    cd = res.res_out[md]
+    os_ = np.argsort(cs, kind="stable")
+    od = np.argsort(cd, kind="stable")
+    cs_l = cs[os_].tolist()
+    cd_l = cd[od].tolist()
+    lev_s = [0.0] * a     # freeze level of the i-th smallest ingress port
+    lev_d = [0.0] * b
+    i = j = 0
+    froz_s = froz_d = 0.0   # sum of freeze levels of frozen ingress / egress ports
+    level = 0.0
+    while i < a and j < b:
+        na, nb = a - i, b - j
+        ls_ = (cs_l[i] - froz_d) / nb
+        ld_ = (cd_l[j] - froz_s) / na
+        if ls_ <= ld_:
+            level = max(level, ls_)
+            lev_s[i] = level
+            froz_s += level
+            i += 1
+        else:
+            level = max(level, ld_)
+            lev_d[j] = level
+            froz_d += level
+            j += 1
+    # Ports never saturated keep an infinite level (their flows froze at the other end).
+    Ls = np.full(n_in, np.inf)
+    Ld = np.full(n_out, np.inf)
+    Ls[ms[os_[:i]]] = lev_s[:i]
+    Ld[md[od[:j]]] = lev_d[:j]
+    rate = np.zeros(s.shape[0])
+    rate[use] = np.minimum(Ls[us_], Ld[ud_])
+    if take:
+        res.res_in -= np.bincount(us_, weights=rate[use], minlength=n_in)
+        res.res_out -= np.bincount(ud_, weights=rate[use], minlength=n_out)
+        res.res_in[ms[os_[:i]]] = 0.0
+        res.res_out[md[od[:j]]] = 0.0
+        np.maximum(res.res_in, 0.0, out=res.res_in)
+        np.maximum(res.res_out, 0.0, out=res.res_out)
+    return rate
+
+
+def _water_fill(s: np.ndarray, d: np.ndarray, w: np.ndarray | None, res: ResidualCapacity,
+                take: bool) -> np.ndarray:
+    """Progressive filling of flow groups (ingress ``s``, egress ``d``, ``w`` flows each; None = 1)."""
+    n_in, n_out = res.res_in.shape[0], res.res_out.shape[0]
+    N = n_in + n_out
+    m = s.shape[0]
+    rate = np.zeros(m)
+    cap = np.concatenate([res.res_in, res.res_out])
+    tol = np.concatenate([res.tol_in, res.tol_out])
+    b = d + n_in
+    live = np.flatnonzero((cap[s] > tol[s]) & (cap[b] > tol[b]))
+    if live.size == 0:
+        return rate
+    ls, lb = s[live], b[live]
+    lw = None if w is None else w[live]
+    cnt = np.bincount(ls, weights=lw, minlength=N) + np.bincount(lb, weights=lw, minlength=N)
+    # port -> live flows (positions into ``live``), by a stable counting sort of the endpoints.
+    k = live.shape[0]
+    ends = np.concatenate([ls, lb])
+    owner = np.concatenate([np.arange(k), np.arange(k)])
+    if N < 32768:
+        srt = np.argsort(ends.astype(np.int16), kind="stable")
+    else:
+        srt = np.argsort(ends, kind="stable")
+    owner = owner[srt]
+    starts = np.zeros(N + 1, dtype=np.int64)
+    np.cumsum(np.bincount(ends, minlength=N), out=starts[1:])
+    frozen = np.zeros(k, dtype=bool)
+    lrate = np.zeros(k)
+    level = 0.0
+    cnt = cnt.astype(np.float64)
+    # ``capx``: residual of the ports still limiting someone; +inf for the others, so that one
+    # division gives every port's fair share (inf where it limits nobody) without masks.
+    capx = cap.copy()
+    capx[cnt == 0] = np.inf
+    saturated = np.zeros(N, dtype=bool)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        while True:
+            share = capx / cnt
+            inc = float(share.min())
+            if not inc < np.inf:
+                break
+            level += inc
+            capx -= inc * cnt
+            # Every port whose fair share was (within 1e-9) the minimum is now saturated.
+            sat = np.flatnonzero((share <= inc * (1.0 + 1e-9)) | (capx <= tol))
+            # Ingress ports first, then egress ports: a flow appears once per port list, so freezing
+            # between the two halves keeps a flow with both ends saturated from being counted twice.
+            cut = int(np.searchsorted(sat, n_in))
+            for part in (sat[:cut], sat[cut:]):
+                if part.size == 0:
+                    continue
+                if part.size == 1:
+                    p = int(part[0])
+                    fl = owner[starts[p]:starts[p + 1]]
+                else:
+                    fl = np.concatenate([owner[starts[p]:starts[p + 1]] for p in part.tolist()])
+                fl = fl[~frozen[fl]]
+                if fl.size == 0:
+                    continue
+                frozen[fl] = True
+                lrate[fl] = level
+                fw = None if lw is None else lw[fl]
+                cnt -= np.bincount(ls[fl], weights=fw, minlength=N)
+                cnt -= np.bincount(lb[fl], weights=fw, minlength=N)
+            saturated[sat] = True
+            capx[sat] = np.inf
+            cnt[sat] = 0.0
+    rate[live] = lrate
+    if take:
+        used = lrate if lw is None else lrate * lw
+        left = cap - np.bincount(ls, weights=used, minlength=N) - np.bincount(lb, weights=used, minlength=N)
+        left[saturated] = 0.0
+        np.maximum(left, 0.0, out=left)
+        res.res_in[:] = left[:n_in]
+        res.res_out[:] = left[n_in:]
+    return rate
 
 def greedy_fill(coflows: Sequence[Coflow], order: Sequence[int], res: ResidualCapacity,
                 rates: list[np.ndarray], loads: CoflowLoads | None = None) -> None:
@@ -223,6 +409,12 @@ def greedy_fill(coflows: Sequence[Coflow], order: Sequence[int], res: ResidualCa
     This is the work-conserving pass of every policy: when it ends, no unfinished flow has spare capacity
     at both of its ports. ``loads`` (optional) lets it skip coflows that cannot use what is left.
     """
+    if loads is not None and len(order):
+        # Residual capacity only shrinks during the pass, so a coflow that cannot use it now never
+        # will: test all coflows at once and visit only the candidates.
+        cand = (((loads.load_in > 0) & (res.res_in > res.tol_in)).any(axis=1)
+                & ((loads.load_out > 0) & (res.res_out > res.tol_out)).any(axis=1))
+        order = [i for i in order if cand[i]]
     for i in order:
         if res.exhausted():
             return

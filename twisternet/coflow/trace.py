@@ -24,7 +24,8 @@ from .errors import CoflowError, TraceFormatError
 from .model import MB, Coflow, PortCapacities
 from .rate_allocation import effective_bottleneck
 
-__all__ = ["TraceCoflow", "Trace", "parse_trace", "read_trace", "format_trace", "write_trace"]
+__all__ = ["TraceCoflow", "Trace", "parse_trace", "read_trace", "format_trace", "write_trace",
+           "published_trace_path", "PUBLISHED_TRACE_NAME", "PUBLISHED_TRACE_ENV"]
 
 log = logging.getLogger(__name__)
 
@@ -219,3 +220,19 @@ def write_trace(trace: Trace, path: str | os.PathLike[str]) -> None:
     """Write ``trace`` to ``path`` in the benchmark format."""
     with open(path, "w", encoding="utf-8") as fh:
         fh.write(format_trace(trace))
+
+
+#: File name of the published Facebook trace in the public ``coflow/coflow-benchmark`` repository.
+PUBLISHED_TRACE_NAME = "FB2010-1Hr-150-0.txt"
+#: Environment variable naming the published trace's path.
+PUBLISHED_TRACE_ENV = "TWISTERNET_COFLOW_TRACE"
+
+
+def published_trace_path() -> str:
+    """Where the published trace is looked for: ``$TWISTERNET_COFLOW_TRACE`` if set, else
+    ``~/.cache/twisternet/FB2010-1Hr-150-0.txt``. The file is not shipped; see docs/coflow-simulator.md
+    for how to fetch it from the public coflow-benchmark repository."""
+    env = os.environ.get(PUBLISHED_TRACE_ENV)
+    if env:
+        return os.path.expanduser(env)
+    return os.path.join(os.path.expanduser("~"), ".cache", "twisternet", PUBLISHED_TRACE_NAME)

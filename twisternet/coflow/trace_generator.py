@@ -24,7 +24,7 @@ import numpy as np
 from .errors import CoflowError
 from .trace import Trace, TraceCoflow
 
-__all__ = ["generate_trace", "CLASS_MIX"]
+__all__ = ["generate_trace", "generate_like", "CLASS_MIX"]
 
 #: (name, probability, wide, long)
 CLASS_MIX: tuple[tuple[str, float, bool, bool], ...] = (
@@ -79,3 +79,44 @@ def generate_trace(num_ports: int = 150, num_coflows: int = 500, seed: int = 0,
         coflows.append(TraceCoflow(k + 1, float(arrivals[k]), tuple(int(p) for p in mappers),
                                    tuple((int(p), float(b)) for p, b in zip(reducers, mb))))
     return Trace(num_ports, coflows)
+
+
+def generate_like(template: Trace, num_coflows: int, seed: int = 0,
+                  duration_s: float | None = None) -> Trace:
+    """A trace of ``num_coflows`` coflows with the mix of ``template`` (e.g. the published FB2010 trace).
+
+    Each new coflow copies the shape of a template coflow drawn uniformly with replacement: its number
+    of mappers and its list of per-reducer MB (so widths, sizes and skew keep the template's joint
+    distribution). Mapper and reducer ports are drawn uniformly without replacement on the template's
+    ports, so placements are fresh. Arrivals are a Poisson process conditioned on ``num_coflows``
+    arrivals in ``duration_s``, whole milliseconds, the first at 0; by default ``duration_s`` keeps the
+    template's arrival rate (its span x num_coflows / its size), so 10x the coflows is 10x the hours
+    at the same load rather than 10x the load.
+    """
+    if num_coflows < 0:
+        raise CoflowError(f"need num_coflows >= 0, got {num_coflows}")
+    src = [c for c in template.coflows if c.total_mb > 0]
+    if not src:
+        raise CoflowError("the template trace has no coflow with bytes")
+    if duration_s is None:
+        span_s = (max(c.arrival_ms for c in src) - min(c.arrival_ms for c in src)) / 1000.0
+        duration_s = max(span_s, 1.0) * num_coflows / len(src)
+    if not (duration_s > 0) or not math.isfinite(duration_s):
+        raise CoflowError(f"duration_s must be > 0, got {duration_s!r}")
+    rng = np.random.default_rng(seed)
+    P = template.num_ports
+    arrivals = np.sort(np.floor(rng.uniform(0.0, duration_s * 1000.0, size=num_coflows)))
+    if num_coflows:
+        arrivals -= arrivals[0]
+    picks = rng.integers(0, len(src), size=num_coflows)
+    coflows: list[TraceCoflow] = []
+    for k in range(num_coflows):
+        tc = src[int(picks[k])]
+        m = min(len(tc.mappers), P)
+        r = min(len(tc.reducers), P)
+        mappers = rng.choice(P, size=m, replace=False)
+        reducers = rng.choice(P, size=r, replace=False)
+        mbs = [mb for _, mb in tc.reducers][:r]
+        coflows.append(TraceCoflow(k + 1, float(arrivals[k]), tuple(int(p) for p in mappers),
+                                   tuple((int(p), float(b)) for p, b in zip(reducers, mbs))))
+    return Trace(P, coflows)

@@ -54,6 +54,19 @@ def test_varys_example_fifo() -> None:
     assert ccts("fifo") == pytest.approx({"C1": 4.0, "C2": 6.0})
 
 
+def test_fifo_head_takes_only_what_its_bottleneck_needs() -> None:
+    # C1 (first): a in0->out0 4 units, b in1->out1 1 unit; Γ(C1) = 4. C2: in1->out1, 1 unit.
+    # MADD FIFO: C1 gets a = 1, b = 1/4 (b needs no more to finish with a at t=4); C2 gets in1's other
+    # 3/4 and finishes at 4/3; C1 still finishes at 4. The old greedy FIFO let C1's b take all of in1
+    # until t=1, so C2 waited and finished at 2 without C1 finishing any sooner.
+    caps = PortCapacities.uniform(2, 1.0)
+    cfs = [Coflow("C1", 0.0, [(0, 0, 4.0), (1, 1, 1.0)]), Coflow("C2", 0.0, [(1, 1, 1.0)])]
+    madd = {r.id: r.cct for r in simulate(cfs, "fifo", caps).coflows}
+    greedy = {r.id: r.cct for r in simulate(cfs, "fifo", caps, madd=False).coflows}
+    assert madd == pytest.approx({"C1": 4.0, "C2": 4.0 / 3.0})
+    assert greedy == pytest.approx({"C1": 4.0, "C2": 2.0})
+
+
 def test_sebf_order_and_priorities() -> None:
     sched = get_policy("sebf", starvation_period=None)
     alloc = sched.allocate(varys_example(), 0.0, UNIT3)

@@ -51,12 +51,21 @@ def madd_in_order(coflows: Sequence[Coflow], order: Sequence[int], loads: Coflow
                   res: ResidualCapacity, rates: list[np.ndarray]) -> None:
     """Give each coflow in ``order`` MADD rates (remaining / Γ') over the capacity still in ``res``,
     where Γ' is its bottleneck time on that residual; coflows with a saturated needed port get none."""
+    # Only the ports a coflow touches matter to its Γ' and reservation, so each step works on those
+    # few entries instead of whole port vectors.
+    res_in, res_out, tol_in, tol_out = res.res_in, res.res_out, res.tol_in, res.tol_out
     for i in order:
-        if res.exhausted():
-            return
-        cin, cout = available(res)
-        g = loads.gamma(i, cin, cout)
-        if not np.isfinite(g) or g <= 0:
+        pi, li, po, lo = loads.touched(i)
+        if pi.size == 0 or po.size == 0:
+            continue  # nothing left to send
+        ri = res_in[pi]
+        ro = res_out[po]
+        if (ri <= tol_in[pi]).any() or (ro <= tol_out[po]).any():
+            continue  # a needed port is saturated: Γ' is infinite
+        g = max(float((li / ri).max()), float((lo / ro).max()))
+        if not (g > 0) or not np.isfinite(g):
             continue
         rates[i] = coflows[i].remaining / g
-        res.take_loads(loads.load_in[i], loads.load_out[i], 1.0 / g)
+        scale = 1.0 / g
+        res_in[pi] = np.maximum(ri - li * scale, 0.0)
+        res_out[po] = np.maximum(ro - lo * scale, 0.0)

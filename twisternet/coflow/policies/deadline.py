@@ -85,15 +85,22 @@ class DeadlineScheduler(Scheduler):
             else:
                 best_effort.append(i)
         guaranteed.sort(key=lambda i: (coflows[i].absolute_deadline, coflows[i].arrival, i))
-        for i in guaranteed:
-            r = self.reservation(coflows[i], now)
-            if r is not None:
-                rates[i] = r
-        clip_to_capacity(coflows, rates, capacities)  # guards rounding only; admission keeps sums feasible
-        res = ResidualCapacity(capacities)
-        for i in guaranteed:
-            res.take(coflows[i].src, coflows[i].dst, rates[i])
         loads = CoflowLoads(coflows, capacities.num_ingress, capacities.num_egress)
+        res = ResidualCapacity(capacities)
+        if guaranteed:
+            # The reservations' port loads come from the per-coflow port loads (remaining / time left),
+            # so no per-flow pass is needed unless rounding pushed a port over its capacity.
+            left = np.array([coflows[i].absolute_deadline - now for i in guaranteed])
+            lin = (loads.load_in[guaranteed] / left[:, None]).sum(axis=0)
+            lout = (loads.load_out[guaranteed] / left[:, None]).sum(axis=0)
+            for k, i in enumerate(guaranteed):
+                rates[i] = coflows[i].remaining / left[k]
+            if (lin > capacities.ingress).any() or (lout > capacities.egress).any():
+                clip_to_capacity(coflows, rates, capacities)  # rounding only: admission keeps sums feasible
+                for i in guaranteed:
+                    res.take(coflows[i].src, coflows[i].dst, rates[i])
+            else:
+                res.take_loads(lin, lout, 1.0)
         gam = loads.gammas(capacities.ingress, capacities.egress)
         best_effort.sort(key=lambda i: (gam[i], coflows[i].arrival, i))
         madd_in_order(coflows, best_effort, loads, res, rates)

@@ -7,7 +7,7 @@ from typing import Sequence
 import numpy as np
 
 from ..model import Allocation, Coflow, PortCapacities
-from ..rate_allocation import ResidualCapacity, max_min_fair
+from ..rate_allocation import ResidualCapacity, flat_ports, max_min_fair
 from ..scheduler import Scheduler
 from ._common import build_allocation
 
@@ -18,11 +18,9 @@ def fair_share(coflows: Sequence[Coflow], capacities: PortCapacities) -> list[np
     """Per-flow max-min fair rates of all unfinished flows of ``coflows`` over full port capacities."""
     if not coflows:
         return []
-    src = np.concatenate([c.src for c in coflows])
-    dst = np.concatenate([c.dst for c in coflows])
-    live = np.concatenate([c.remaining > 0 for c in coflows])
+    src, dst, bounds = flat_ports(coflows)
+    live = np.concatenate([c.remaining for c in coflows]) > 0
     r = max_min_fair(src, dst, ResidualCapacity(capacities), mask=live, take=False)
-    bounds = np.cumsum([len(c) for c in coflows])[:-1]
     return list(np.split(r, bounds))
 
 
