@@ -275,9 +275,11 @@ class RankAllReduce:
         if n == 1:
             return snapshot(value)
         if shm_ok and (op.via == "shm" or (op.via == "auto" and self._auto_shm())):
-            self._start(call, "shm", value)
+            # set-up first: where a rank cannot map the segment, every rank falls back in this same call,
+            # and a rank that learns it first may send ring/tree records for it before this one has
             shm = self._shm_path(call, t)
             if shm is not None:
+                self._start(call, "shm", value)
                 return shm.run(value, t, out)
         if ring_ok and (op.via == "ring" or (op.via == "auto" and value.nbytes >= op.ring_threshold)):
             self._start(call, "ring", value)
