@@ -27,7 +27,7 @@ def test_training_loop_reuses_the_edge_every_epoch(launcher: str, via: str) -> N
     epochs = 40
     run = run_tcp if launcher == "tcp" else run_mpi
     p = run(3, SCRIPT, str(epochs), via, timeout=300)
-    got = re.findall(r"REUSE rank=\d+ \S+", p.stdout)     # mpiexec may interleave the ranks' lines
+    got = re.findall(r"REUSE rank=\d+ ok=\d+", p.stdout)   # mpiexec may glue the ranks' lines together
     assert sorted(got) == [f"REUSE rank={r} ok={epochs}" for r in range(3)], p.stdout[-3000:] + p.stderr[-3000:]
     assert p.returncode == 0
 
