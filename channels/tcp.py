@@ -989,7 +989,7 @@ def build_mesh(rank: int, world: int, table: list[dict], listeners: list[socket.
 
 def create_channel(config: Config, **_: Any) -> TCPChannel:
     """Join the job through the bootstrap master (``config.master``) and connect to every peer."""
-    from twisternet.bootstrap import join, local_address_for
+    from twisternet.bootstrap import join, route_to_master
     if config.master is None:
         raise ConfigError("master", "the tcp channel needs the bootstrap master's HOST:PORT "
                                     "(start the job with `twisternet run` or `twisternet worker`)")
@@ -998,12 +998,15 @@ def create_channel(config: Config, **_: Any) -> TCPChannel:
         raise ConfigError("token", "the tcp channel needs the job token (TWISTERNET_TOKEN)")
     # Listen only on the interface this host reaches the master through (the one the master sees),
     # unless bind_host says otherwise.
-    seen_by_master = local_address_for(config.master)
+    # Within connect_timeout: a link that is down yet may come up while the job assembles.
+    started = time.monotonic()
+    seen_by_master = route_to_master(config.master, config.connect_timeout)
     listeners, listen = _listeners(config, config.bind_host or seen_by_master)
     listen["tcp_host"] = config.advertise_host or seen_by_master
     try:
+        left = max(1.0, config.connect_timeout - (time.monotonic() - started))
         session = join(config.master, token, listen=listen, rank=config.rank, world=config.world,
-                       timeout=config.connect_timeout, handshake_timeout=config.handshake_timeout,
+                       timeout=left, handshake_timeout=config.handshake_timeout,
                        heartbeat_interval=config.heartbeat_interval, peer_timeout=config.peer_timeout)
     except BaseException:
         for ls in listeners:

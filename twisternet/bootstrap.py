@@ -16,6 +16,11 @@ at once. Afterwards both sides send heartbeats; a worker whose connection drops 
 stays silent past ``peer_timeout`` is announced to the others as ``peer_lost``. Ranks a worker asks for
 are honoured (a second claim is refused); workers that ask for none fill the free ranks in arrival order
 once the job is complete.
+
+With a ``join_timeout``, a job that is not complete in time fails: every joined worker gets an ``error``
+(with ``timeout``) saying how many joined, from which hosts, and which connections the master refused and
+why (a wrong job token, a world mismatch, ...); the workers raise it as OperationTimeout, and the master
+stops serving after ``fail_linger`` seconds with exit status 1.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from .errors import (AuthError, ClosedError, ConfigError, OperationTimeout, Peer
                      ProtocolError, TwisternetError)
 from .logthrottle import LogThrottle
 
-__all__ = ["Master", "MasterSession", "join", "host_id", "parse_address", "local_address_for",
+__all__ = ["Master", "MasterSession", "join", "host_id", "parse_address", "local_address_for", "route_to_master",
            "install_job_services", "MAX_MESSAGE", "SERVICES_ENTRY"]
 
 log = logging.getLogger(__name__)
@@ -51,11 +56,16 @@ _MAX_OUTBUF = 64 << 20
 #: Handshakes the master runs at once (one thread each); further connections are closed unread until
 #: one finishes (a joining worker whose connection is closed that way retries).
 MAX_PENDING_HANDSHAKES = 64
+#: Refused connections the join-failure message names at most (the latest ones).
+_MAX_REFUSED = 8
 #: Seconds the listener rests after ``accept`` failed (EMFILE, ENOBUFS, ...), doubling up to the
 #: maximum while it keeps failing (retrying at once would spin on the still-readable listener).
 _ACCEPT_BACKOFF_MIN = 0.05
 _ACCEPT_BACKOFF_MAX = 1.0
 _LEN = struct.Struct("!I")
+#: Seconds (at most; a quarter of the join timeout if less) a joined worker waits past its own join
+#: deadline for the master's verdict on why the job did not start.
+_VERDICT_GRACE = 3.0
 
 ServiceHandle = Callable[[int, dict], "list[tuple[int, dict]]"]
 ServiceTick = Callable[[], "list[tuple[int, dict]]"]
@@ -133,6 +143,26 @@ def parse_address(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def route_to_master(master: str, timeout: float) -> str:
+    """:func:`local_address_for` ``master``, retried until ``timeout`` while there is no route yet.
+
+    A link that is down (ENETUNREACH, EHOSTUNREACH) may come up while the job assembles; past
+    ``timeout`` an OperationTimeout names the master and this host.
+    """
+    deadline = time.monotonic() + timeout
+    delay = 0.05
+    while True:
+        try:
+            return local_address_for(master)
+        except OSError as e:
+            if time.monotonic() + delay >= deadline:
+                raise OperationTimeout(f"could not reach the bootstrap master at {master} from "
+                                       f"{socket.gethostname()}: {e}", operation="bootstrap join",
+                                       timeout=timeout) from None
+            time.sleep(delay)
+            delay = min(2 * delay, 0.5)
+
+
 def local_address_for(master: str) -> str:
     """The local IP address this host uses to reach ``master`` (HOST:PORT); no packet is sent."""
     host, port = parse_address(master)
@@ -140,6 +170,18 @@ def local_address_for(master: str) -> str:
     with socket.socket(family, socket.SOCK_DGRAM) as s:
         s.connect((host, port))
         return s.getsockname()[0]
+
+
+def _hostport(address: tuple[str, int]) -> str:
+    host, port = address
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _where(peer: str, hid: object) -> str:
+    """``hostname (ADDRESS)`` of a peer ``ADDRESS:PORT`` whose host id (hostname/boot/netns) is ``hid``."""
+    addr = peer.rpartition(":")[0] or peer
+    name = hid.split("/", 1)[0] if isinstance(hid, str) and hid else ""
+    return f"{name} ({addr})" if name else addr
 
 
 def _check_token(token: bytes) -> bytes:
@@ -187,7 +229,8 @@ class Master:
 
     def __init__(self, world: int, token: bytes, host: str = "0.0.0.0", port: int = 0, *,
                  handshake_timeout: float = 5.0, peer_timeout: float = 15.0,
-                 heartbeat_interval: float | None = None, join_timeout: float | None = None) -> None:
+                 heartbeat_interval: float | None = None, join_timeout: float | None = None,
+                 fail_linger: float | None = None) -> None:
         if isinstance(world, bool) or not isinstance(world, int) or world < 1:
             raise ConfigError("world", f"must be an integer >= 1, got {world!r}")
         for name, value in (("handshake_timeout", handshake_timeout), ("peer_timeout", peer_timeout)):
@@ -234,7 +277,10 @@ class Master:
         self._failed_at = 0.0
         #: After the job failed to start, seconds the master keeps refusing late joiners (with the
         #: reason) before it stops serving.
-        self._fail_linger = max(10.0, 2 * peer_timeout)
+        self._fail_linger = max(10.0, 2 * peer_timeout) if fail_linger is None else max(0.0, fail_linger)
+        #: Connections refused before the job started (peer address, host name if known, why), newest
+        #: last and at most :data:`_MAX_REFUSED`: the join-failure message names them.
+        self._refused: list[tuple[str, str, str]] = []
         self._stop_requested = False
         self._thread: threading.Thread | None = None
         self._serving = False
@@ -284,6 +330,11 @@ class Master:
         self._wake()
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=10)
+
+    @property
+    def failure(self) -> str | None:
+        """Why the job failed to start (the message every joined worker was sent), or None."""
+        return None if self._fail is None else str(self._fail.get("message"))
 
     def wait(self, timeout: float | None = None) -> int | None:
         """Block until serving ended; return :attr:`exit_code` (None if still serving at ``timeout``)."""
@@ -335,6 +386,14 @@ class Master:
             self._wake()
         else:
             fn()  # not serving yet (or any more): no loop thread to race with
+
+    def _post_if_serving(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the master's thread if it is serving; drop it otherwise."""
+        with self._lock:
+            if not self._serving:
+                return
+            self._commands.append(fn)
+        self._wake()
 
     def _wake(self) -> None:
         try:
@@ -410,8 +469,7 @@ class Master:
                     self._phase = "done"
             elif self._phase == "joining" and self.join_timeout is not None \
                     and now - self._started_at > self.join_timeout:
-                self._fail_join({"message": f"only {len(self._joining)} of {self.world} workers joined "
-                                            f"within {self.join_timeout:g}s"})
+                self._fail_join({"message": self._join_timeout_message(), "timeout": self.join_timeout})
 
     def _run_commands(self) -> None:
         while True:
@@ -512,6 +570,9 @@ class Master:
         except (AuthError, ProtocolError) as e:
             self._noise.warning("rejected", "bootstrap master: rejected connection from %s: %s", peer, e)
             sock.close()
+            if not isinstance(e, PeerClosedDuringHandshake):   # a worker retries those
+                why = "wrong job token" if isinstance(e, AuthError) and "token" in str(e) else str(e)
+                self._post_if_serving(lambda: self._note_refused(peer, "", why))
             return
         except Exception:
             log.exception("bootstrap master: handshake with %s failed", peer)
@@ -562,9 +623,34 @@ class Master:
     def _send(self, conn: _Conn, msg: dict) -> None:
         self._send_raw(conn, encode_message(msg))
 
+    def _note_refused(self, peer: str, host: str, why: str) -> None:
+        """Remember a connection refused while the job assembles, for the join-failure message."""
+        if self._phase != "joining":
+            return
+        self._refused.append((peer, host, why))
+        del self._refused[:-_MAX_REFUSED]
+
+    def _join_timeout_message(self) -> str:
+        """Why the job did not start in time: who joined (from which hosts) and who was refused."""
+        joined: dict[str, int] = {}
+        for c in self._joining:
+            where = _where(c.peer, c.hello.get("host_id"))
+            joined[where] = joined.get(where, 0) + 1
+        text = (f"only {len(self._joining)} of {self.world} workers joined the master at "
+                f"{_hostport(self.address)} within {self.join_timeout:g}s")
+        if joined:
+            text += " (joined: " + ", ".join(f"{n} from {w}" for w, n in sorted(joined.items())) + ")"
+        if self._refused:
+            text += "; refused: " + "; ".join(f"{_where(p, h)}: {why}" for p, h, why in self._refused)
+        else:
+            text += "; no other worker reached it"
+        return text
+
     def _refuse(self, conn: _Conn, message: str, **extra: Any) -> None:
         """Send an ``error`` to a joining worker and close its connection once sent."""
         log.warning("bootstrap master: refusing worker from %s: %s", conn.peer, message)
+        if self._phase == "joining":
+            self._note_refused(conn.peer, str(conn.hello.get("host_id") or ""), message)
         if conn.sock not in self._conns:
             self._register(conn)
         self._send(conn, {"type": "error", "message": message, **extra})
@@ -1051,7 +1137,8 @@ def join(master: str, token: bytes, *, listen: dict, rank: int | None = None, wo
     Retries connecting until ``timeout``, proves the token, sends ``listen`` (this worker's addresses)
     and waits until every worker joined. Raises ConfigError (rank taken or out of range, world
     mismatch), PeerLostError (a worker died before the job started), AuthError/ProtocolError (failed
-    handshake), OperationTimeout (the job did not start within ``timeout``).
+    handshake), OperationTimeout (the master could not be reached, or the job did not start within
+    ``timeout``: then with the master's account of who joined and who was refused, if it gave one).
     """
     token = _check_token(token)
     host, port = parse_address(master)
@@ -1073,7 +1160,8 @@ def join(master: str, token: bytes, *, listen: dict, rank: int | None = None, wo
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise OperationTimeout(f"could not reach the bootstrap master at {master} ({last_error})",
+            raise OperationTimeout(f"could not reach the bootstrap master at {master} from "
+                                   f"{socket.gethostname()} ({last_error})",
                                    operation="bootstrap join", timeout=timeout)
         try:
             sock = socket.create_connection((host, port), timeout=min(remaining, 5.0))
@@ -1100,15 +1188,18 @@ def join(master: str, token: bytes, *, listen: dict, rank: int | None = None, wo
         if peer.get("kind") != "master":
             raise ProtocolError(f"{master} is not a bootstrap master (hello kind {peer.get('kind')!r})")
         frames = _FrameReader()
+        # Past our own deadline, wait a little longer for the master's verdict: it times the join out
+        # at about the same moment and says why (who joined, who was refused), which we would miss.
+        grace = min(_VERDICT_GRACE, 0.25 * timeout)
         while True:
-            batch = _recv_messages(sock, frames, deadline, master, timeout)
+            batch = _recv_messages(sock, frames, deadline + grace, master, timeout)
             for i, msg in enumerate(batch):
                 kind = msg.get("type")
                 if kind == "table":
                     return _make_session(sock, frames, msg, master, world, heartbeat_interval,
                                          peer_timeout, batch[i + 1:])
                 if kind == "error":
-                    raise _join_error(msg)
+                    raise _join_error(msg, master)
                 if kind not in ("hb",):
                     log.debug("join: ignoring %r before the table", kind)
     except BaseException:
@@ -1119,15 +1210,15 @@ def join(master: str, token: bytes, *, listen: dict, rank: int | None = None, wo
 def _recv_messages(sock: socket.socket, frames: _FrameReader, deadline: float, master: str,
                    timeout: float) -> list[dict]:
     remaining = deadline - time.monotonic()
+    silent = (f"the job did not start: not every worker joined the master at {master}, and it did not "
+              f"say why (this worker: {socket.gethostname()})")
     if remaining <= 0:
-        raise OperationTimeout(f"the job did not start: not every worker joined the master at {master}",
-                               operation="bootstrap join", timeout=timeout)
+        raise OperationTimeout(silent, operation="bootstrap join", timeout=timeout)
     sock.settimeout(remaining)
     try:
         data = sock.recv(1 << 16)
     except (socket.timeout, TimeoutError):
-        raise OperationTimeout(f"the job did not start: not every worker joined the master at {master}",
-                               operation="bootstrap join", timeout=timeout) from None
+        raise OperationTimeout(silent, operation="bootstrap join", timeout=timeout) from None
     except OSError as e:
         raise TwisternetError(f"connection to the bootstrap master at {master} failed: {e}") from None
     if not data:
@@ -1136,8 +1227,11 @@ def _recv_messages(sock: socket.socket, frames: _FrameReader, deadline: float, m
     return frames.feed(data)
 
 
-def _join_error(msg: dict) -> TwisternetError:
+def _join_error(msg: dict, master: str = "") -> TwisternetError:
     message = str(msg.get("message", "join refused"))
+    if isinstance(msg.get("timeout"), (int, float)) and not isinstance(msg.get("timeout"), bool):
+        return OperationTimeout(f"the job did not start: {message}", operation="bootstrap join",
+                                timeout=float(msg["timeout"]))
     if msg.get("key") in ("rank", "world"):
         return ConfigError(msg["key"], f"refused by the bootstrap master: {message}")
     if isinstance(msg.get("rank"), int):
