@@ -7,9 +7,13 @@ From then on both sides exchange length-prefixed msgpack maps (u32 length, at mo
 :data:`MAX_MESSAGE` bytes), each with a ``"type"``:
 
 * master -> worker: ``table`` (rank, world, table: one entry per rank), ``error`` (join refused:
-  ``message``, ``key`` naming the offending setting, or ``rank``/``reason`` of a lost peer), ``hb``,
-  ``peer_lost`` (rank, reason), ``service`` (a reply from a master-side service), ``shutdown``.
-* worker -> master: ``hb``, ``bye`` (clean leave), and service requests ``{"service": name, ...}``.
+  ``message``, ``key`` naming the offending setting, or ``rank``/``reason`` of a lost peer, or
+  ``timeout`` when the job did not assemble in time), ``hb``, ``peer_lost`` (rank, reason, place:
+  ``rank R on HOST (ADDRESS; ranks on that host: ...)``), ``service`` (a
+  reply from a master-side service), ``shutdown``.
+* worker -> master: ``hb``, ``bye`` (clean leave), ``abort`` (reason: why this worker fails; its link
+  drops next and the others hear of its loss with that reason), and service requests
+  ``{"service": name, ...}``.
 
 The master answers nobody until ``world`` workers have joined; then every worker receives the whole table
 at once. Afterwards both sides send heartbeats; a worker whose connection drops without ``bye`` or that
@@ -45,6 +49,7 @@ from .errors import (AuthError, ClosedError, ConfigError, OperationTimeout, Peer
 from .logthrottle import LogThrottle
 
 __all__ = ["Master", "MasterSession", "join", "host_id", "parse_address", "local_address_for", "route_to_master",
+           "rank_places",
            "install_job_services", "MAX_MESSAGE", "SERVICES_ENTRY"]
 
 log = logging.getLogger(__name__)
@@ -56,6 +61,8 @@ _MAX_OUTBUF = 64 << 20
 #: Handshakes the master runs at once (one thread each); further connections are closed unread until
 #: one finishes (a joining worker whose connection is closed that way retries).
 MAX_PENDING_HANDSHAKES = 64
+#: Longest reason (characters) a worker's ``abort`` message may give.
+_MAX_REASON = 2000
 #: Refused connections the join-failure message names at most (the latest ones).
 _MAX_REFUSED = 8
 #: Seconds the listener rests after ``accept`` failed (EMFILE, ENOBUFS, ...), doubling up to the
@@ -184,6 +191,40 @@ def _where(peer: str, hid: object) -> str:
     return f"{name} ({addr})" if name else addr
 
 
+def _rank_list(ranks: list[int]) -> str:
+    """``0-7, 9, 10``: runs of three or more consecutive ranks as ranges."""
+    out: list[str] = []
+    i = 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        if j - i >= 2:
+            out.append(f"{ranks[i]}-{ranks[j]}")
+        else:
+            out.extend(str(r) for r in ranks[i:j + 1])
+        i = j + 1
+    return ", ".join(out)
+
+
+def rank_places(hosts: list[tuple[object, str]]) -> list[str]:
+    """For each rank, given (host id, address) per rank: ``rank R on HOSTNAME (ADDRESS; ranks on that
+    host: ...)``, what a loss report says to name the host and every rank on it (the list is left out
+    when all ranks share one host)."""
+    by_host: dict[object, list[int]] = {}
+    for r, (hid, _) in enumerate(hosts):
+        by_host.setdefault(hid, []).append(r)
+    out = []
+    for r, (hid, addr) in enumerate(hosts):
+        name = hid.split("/", 1)[0] if isinstance(hid, str) and hid else ""
+        inside = [addr] if name and addr else []
+        if len(by_host) > 1:
+            inside.append(f"ranks on that host: {_rank_list(by_host[hid])}")
+        text = (name or addr or "an unknown host") + (f" ({'; '.join(inside)})" if inside else "")
+        out.append(f"rank {r} on {text}")
+    return out
+
+
 def _check_token(token: bytes) -> bytes:
     if not isinstance(token, (bytes, bytearray)) or not token:
         raise TypeError("token must be non-empty bytes")
@@ -195,7 +236,8 @@ def _check_token(token: bytes) -> bytes:
 class _Conn:
     """One authenticated worker connection, as the master sees it."""
 
-    __slots__ = ("sock", "peer", "hello", "rank", "frames", "out", "last_rx", "closing", "joined_at")
+    __slots__ = ("sock", "peer", "hello", "rank", "frames", "out", "last_rx", "closing", "joined_at",
+                 "gave_up")
 
     def __init__(self, sock: socket.socket, peer: str, hello: dict) -> None:
         self.sock = sock
@@ -207,6 +249,7 @@ class _Conn:
         self.last_rx = time.monotonic()
         self.closing = False  # close once ``out`` is flushed
         self.joined_at = self.last_rx
+        self.gave_up: str | None = None   # why the worker said it aborts, before its link drops
 
 
 class _Service:
@@ -272,6 +315,8 @@ class Master:
         self._joining: list[_Conn] = []          # authenticated, waiting for the table
         self._by_rank: dict[int, _Conn] = {}     # running connections
         self._status: list[str] = ["absent"] * world   # absent / running / left / lost
+        #: Per rank once the job runs: "rank R on HOST (ADDRESS; ranks on that host: ...)".
+        self._places: list[str] = [f"rank {r}" for r in range(world)]
         self._phase = "joining"                  # joining / running / failed / done
         self._fail: dict[str, Any] | None = None
         self._failed_at = 0.0
@@ -707,7 +752,7 @@ class Master:
             log.warning("bootstrap master: worker from %s left before the job started (%s)",
                         conn.peer, reason)
         elif conn.rank is not None and self._by_rank.get(conn.rank) is conn:
-            self._lose(conn.rank, reason)
+            self._lose(conn.rank, f"it gave up: {conn.gave_up}" if conn.gave_up else reason)
         elif was_open and not conn.closing:
             log.debug("bootstrap master: connection from %s closed: %s", conn.peer, reason)
 
@@ -771,6 +816,8 @@ class Master:
                             conn.rank)
             entry["host_id"] = conn.hello["host_id"]
             table.append(entry)
+        self._places = rank_places([(c.hello.get("host_id"), c.peer.rpartition(":")[0] or c.peer)
+                                    for c in ordered])
         now = time.monotonic()
         self._phase = "running"
         for conn in ordered:
@@ -814,6 +861,9 @@ class Master:
             return
         kind = msg.get("type")
         if kind == "hb":
+            return
+        if kind == "abort":     # the worker fails and is about to drop its link: remember why
+            conn.gave_up = str(msg.get("reason", ""))[:_MAX_REASON] or "no reason given"
             return
         if kind == "bye":
             log.info("bootstrap master: rank %d left cleanly", rank)
@@ -879,12 +929,13 @@ class Master:
             return
         if self._status[rank] in ("left", "lost"):
             return
-        log.warning("bootstrap master: rank %d lost: %s", rank, reason)
+        log.warning("bootstrap master: rank %d lost: %s: %s", rank, self._places[rank], reason)
         self._status[rank] = "lost"
         conn = self._by_rank.pop(rank, None)
         if conn is not None:
             self._close(conn)
-        frame = encode_message({"type": "peer_lost", "rank": rank, "reason": reason})
+        # With where it ran (its host and the ranks on it): a survivor may hear of this loss first here.
+        frame = encode_message({"type": "peer_lost", "rank": rank, "reason": reason, "place": self._places[rank]})
         for other in list(self._by_rank.values()):
             self._send_raw(other, frame)
         for hook in list(self._lost_hooks):
@@ -1014,6 +1065,34 @@ class MasterSession:
         self._wakeup()
         self._thread.join(timeout=2.0)
         for s in (self._wake_r, self._wake_w):
+            try:
+                s.close()
+            except OSError:
+                pass
+
+    def abort(self, reason: str) -> None:
+        """Leave *without* ``bye``, telling the master why first: it reports this rank lost to the others
+        with ``reason`` (e.g. the peer loss that made this rank fail), so theirs name the first cause."""
+        with self._send_lock:
+            if self._closing:
+                return
+            self._closing = True
+            if not self._broken:
+                try:
+                    self._sock.settimeout(1.0)   # best effort: a master that does not read must not hold us
+                    self._sock.sendall(encode_message({"type": "abort", "reason": str(reason)[:_MAX_REASON]}))
+                except OSError:
+                    pass
+            self._broken = True
+        self._stop = True
+        self._wakeup()
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout=2.0)
+        for s in (self._sock, self._wake_r, self._wake_w):
             try:
                 s.close()
             except OSError:

@@ -163,10 +163,6 @@ def test_link_drop_ends_the_job_within_the_liveness_timeout(link_drop) -> None:
     assert all(f"rank {r} lost" in master.stderr for r in lost), master.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="the survivors' errors name one rank each, not the host, and not always "
-                   "a rank of the lost host: e.g. rank 1 'peer rank 0 was lost: connection closed without "
-                   "goodbye' (rank 0, on the healthy host, had just exited on its own PeerLostError about "
-                   "rank 2); nothing names host1 or 10.77.0.2")
 def test_link_drop_errors_name_the_lost_host_and_ranks(link_drop) -> None:
     tb, res, down, ranks = link_drop
     lost = sorted(r for r, h in ranks.items() if h == 1)

@@ -271,7 +271,8 @@ def test_report_lost_reaches_the_others_once() -> None:
     master.report_lost(1, "again")
     for i in (0, 2):
         ev = logs[i].wait_for(lambda e: e["type"] == "peer_lost", timeout=3)
-        assert ev == {"type": "peer_lost", "rank": 1, "reason": "process was killed by SIGKILL"}
+        assert ev == {"type": "peer_lost", "rank": 1, "reason": "process was killed by SIGKILL",
+                      "place": f"rank 1 on {socket.gethostname()} (127.0.0.1)"}
     time.sleep(0.3)
     assert sum(e["type"] == "peer_lost" for e in logs[0].items) == 1
     with pytest.raises(ValueError):
@@ -627,3 +628,131 @@ def test_master_command_exits_when_the_workers_do_not_come(tmp_path: Path) -> No
     assert done.returncode == 1, done.stderr
     assert "error: only 0 of 2 workers joined the master at 127.0.0.1:" in done.stderr, done.stderr
     assert time.monotonic() - t0 < 30
+
+
+# ----------------------------------------------------------------------------------- loss reports say where
+
+def test_rank_places_name_the_host_and_its_ranks() -> None:
+    from twisternet.bootstrap import rank_places
+    a, b = ("hostA/boot/1", "10.0.0.1"), ("hostB/boot/2", "10.0.0.2")
+    assert rank_places([a, b, a, b]) == [
+        "rank 0 on hostA (10.0.0.1; ranks on that host: 0, 2)", "rank 1 on hostB (10.0.0.2; ranks on that host: 1, 3)",
+        "rank 2 on hostA (10.0.0.1; ranks on that host: 0, 2)", "rank 3 on hostB (10.0.0.2; ranks on that host: 1, 3)"]
+    assert rank_places([a] + [b] * 4)[1] == "rank 1 on hostB (10.0.0.2; ranks on that host: 1-4)"
+    assert rank_places([a, a]) == ["rank 0 on hostA (10.0.0.1)", "rank 1 on hostA (10.0.0.1)"]  # one host
+
+
+def test_master_reports_where_a_lost_rank_ran_and_why_it_gave_up() -> None:
+    master, addr = start_master(3)
+    sessions = join_all(addr, [0, 1, 2])
+    logs = [Events(s) for s in sessions]
+    sessions[1].abort("rank 1 failed: PeerLostError('rank 7 on hostZ')")
+    for i in (0, 2):
+        ev = logs[i].wait_for(lambda e: e["type"] == "peer_lost", timeout=5)
+        assert ev == {"type": "peer_lost", "rank": 1,
+                      "reason": "it gave up: rank 1 failed: PeerLostError('rank 7 on hostZ')",
+                      "place": f"rank 1 on {socket.gethostname()} (127.0.0.1)"}, ev
+    sessions[0].close(), sessions[2].close()
+    assert master.wait(10) == 1
+
+
+class _StubSession:
+    """What TCPChannel uses of a MasterSession: the table, events, abort/close."""
+
+    def __init__(self, table: list[dict]) -> None:
+        self.table = table
+        self.callbacks: list = []
+        self.aborted: list[str] = []
+
+    def on_event(self, cb) -> None:
+        self.callbacks.append(cb)
+
+    def abort(self, reason: str) -> None:
+        self.aborted.append(reason)
+
+    def close(self) -> None:
+        pass
+
+
+class _LossRecorder:
+    def __init__(self) -> None:
+        self.messages: list[bytes] = []
+        self.lost: list[tuple[int, str]] = []
+
+    def on_message(self, peer, edge, data, release):
+        self.messages.append(bytes(data))
+        release()
+
+    def on_credit(self, peer, edge):
+        pass
+
+    def on_sent(self, token):
+        pass
+
+    def on_peer_lost(self, peer, reason):
+        self.lost.append((peer, reason))
+
+
+TWO_HOSTS = [{"host_id": "hostA/boot/1", "tcp_host": "10.0.0.1"}, {"host_id": "hostB/boot/2", "tcp_host": "10.0.0.2"}]
+
+
+def _channel_pair():
+    from channels.tcp import TCPChannel, _Peer
+    from twisternet.config import Config
+    a, b = socket.socketpair()
+    cfg = Config(heartbeat_interval=0.5, peer_timeout=30.0)
+    s0, s1 = _StubSession(TWO_HOSTS), _StubSession(TWO_HOSTS)
+    ch0 = TCPChannel(0, 2, cfg, {1: _Peer(1, a, "unix")}, [], b"t" * 16, s0)
+    ch1 = TCPChannel(1, 2, cfg, {0: _Peer(0, b, "unix")}, [], b"t" * 16, s1)
+    h0, h1 = _LossRecorder(), _LossRecorder()
+    ch0.start(h0)
+    ch1.start(h1)
+    return ch0, ch1, h0, h1, s0, s1
+
+
+def _progress_until(cond, *chans, limit: float = 10.0) -> None:
+    deadline = time.monotonic() + limit
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached"
+        for ch in chans:
+            ch.progress(0.01)
+
+
+def test_a_failing_peer_tells_the_others_why_and_where_it_ran() -> None:
+    ch0, ch1, h0, h1, s0, s1 = _channel_pair()
+    try:
+        assert ch0.send(1, 1, [b"last words"])      # queued, not written yet: the ABORT goes behind it
+        ch0.abort("rank 0 failed: PeerLostError('peer rank 5 was lost: rank 5 on hostC (10.0.0.3)')")
+        _progress_until(lambda: h1.lost, ch1)
+        assert h1.messages == [b"last words"]
+        assert h1.lost == [(0, "rank 0 on hostA (10.0.0.1; ranks on that host: 0): it failed: rank 0 failed: "
+                               "PeerLostError('peer rank 5 was lost: rank 5 on hostC (10.0.0.3)')")]
+        assert s0.aborted and "rank 5 on hostC" in s0.aborted[0]     # the master hears why, too
+    finally:
+        ch1.abort("test over")
+
+
+def test_a_peer_that_hangs_up_is_reported_with_its_host_and_ranks() -> None:
+    ch0, ch1, h0, h1, s0, s1 = _channel_pair()
+    try:
+        ch1._peers[0].sock.shutdown(socket.SHUT_RDWR)    # as if the process died: no BYE, no ABORT
+        _progress_until(lambda: h0.lost, ch0)
+        peer, reason = h0.lost[0]
+        assert peer == 1 and reason.startswith("rank 1 on hostB (10.0.0.2; ranks on that host: 1): "), reason
+    finally:
+        ch0.abort("test over")
+        ch1.abort("test over")
+
+
+def test_a_loss_the_master_reports_names_where_the_rank_ran() -> None:
+    ch0, ch1, h0, h1, s0, s1 = _channel_pair()
+    try:
+        for cb in s0.callbacks:
+            cb({"type": "peer_lost", "rank": 1, "reason": "no message for 5s (heartbeat timeout)",
+                "place": "rank 1 on hostB (10.0.0.2; ranks on that host: 1)"})
+        _progress_until(lambda: h0.lost, ch0)
+        assert h0.lost == [(1, "bootstrap master reports rank 1 on hostB (10.0.0.2; ranks on that host: 1): "
+                               "no message for 5s (heartbeat timeout)")]
+    finally:
+        ch0.abort("test over")
+        ch1.abort("test over")
