@@ -927,6 +927,7 @@ def build_mesh(rank: int, world: int, table: list[dict], listeners: list[socket.
     """Connect to every lower rank and accept every higher one, proving the token on each link."""
     from twisternet.bootstrap import host_id
     my_host = host_id()
+    places = _places(world, table)
     peers: dict[int, _Peer] = {}
     errors: list[str] = []
     lock = threading.Lock()
@@ -949,13 +950,13 @@ def build_mesh(rank: int, world: int, table: list[dict], listeners: list[socket.
             except (ConnectionError, socket.timeout, OSError) as e:
                 if time.monotonic() + delay >= deadline:
                     with lock:
-                        errors.append(f"rank {j}: {e}")
+                        errors.append(f"{places[j]}: {e}")
                     return
                 time.sleep(delay)
                 delay = min(delay * 2, 0.5)
             except (AuthError, ProtocolError) as e:
                 with lock:
-                    errors.append(f"rank {j}: {e}")
+                    errors.append(f"{places[j]}: {e}")
                 return
 
     dialers = [threading.Thread(target=dial, args=(j,), daemon=True) for j in range(rank)]
@@ -1029,7 +1030,13 @@ def build_mesh(rank: int, world: int, table: list[dict], listeners: list[socket.
     if missing:
         for p in peers.values():
             p.sock.close()
-        raise OperationTimeout(f"rank {rank} could not connect to ranks {missing}: {'; '.join(errors) or 'no connection arrived'}",
+        for j in missing:
+            if j < rank and not any(e.startswith(f"{places[j]}:") for e in errors):
+                errors.append(f"{places[j]}: no answer yet")
+        silent = [places[j] for j in missing if j > rank]   # they were to connect to us
+        if silent:
+            errors.append("no connection arrived from " + ", ".join(silent))
+        raise OperationTimeout(f"{places[rank]} could not connect to ranks {missing}: {'; '.join(errors)}",
                                timeout=config.connect_timeout)
     return peers
 

@@ -756,3 +756,26 @@ def test_a_loss_the_master_reports_names_where_the_rank_ran() -> None:
     finally:
         ch0.abort("test over")
         ch1.abort("test over")
+
+
+def test_mesh_errors_name_the_host_of_each_unreachable_rank() -> None:
+    from channels.tcp import build_mesh
+    from twisternet.config import Config
+    with socket.socket() as closed:       # a port nobody listens on
+        closed.bind(("127.0.0.1", 0))
+        dead_port = closed.getsockname()[1]
+    listener = socket.create_server(("127.0.0.1", 0))
+    table = [{"host_id": "hostA/boot/1", "tcp_host": "127.0.0.1", "tcp_port": dead_port},
+             {"host_id": "hostB/boot/2", "tcp_host": "127.0.0.1", "tcp_port": listener.getsockname()[1]}]
+    cfg = Config(connect_timeout=0.5, force_tcp=True)
+    try:
+        with pytest.raises(OperationTimeout) as dialing:      # rank 1 dials rank 0: refused
+            build_mesh(1, 2, table, [], b"t" * 16, cfg)
+        text = str(dialing.value)
+        assert text.startswith("rank 1 on hostB (127.0.0.1; ranks on that host: 1) could not connect to ranks [0]")
+        assert "rank 0 on hostA (127.0.0.1; ranks on that host: 0): " in text and "refused" in text, text
+        with pytest.raises(OperationTimeout) as waiting:      # rank 0 waits for rank 1, which never comes
+            build_mesh(0, 2, table, [listener], b"t" * 16, cfg)
+        assert "no connection arrived from rank 1 on hostB (127.0.0.1; ranks on that host: 1)" in str(waiting.value)
+    finally:
+        listener.close()
