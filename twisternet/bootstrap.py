@@ -1278,7 +1278,7 @@ def join(master: str, token: bytes, *, listen: dict, rank: int | None = None, wo
                     return _make_session(sock, frames, msg, master, world, heartbeat_interval,
                                          peer_timeout, batch[i + 1:])
                 if kind == "error":
-                    raise _join_error(msg, master)
+                    raise _join_error(msg)
                 if kind not in ("hb",):
                     log.debug("join: ignoring %r before the table", kind)
     except BaseException:
@@ -1306,7 +1306,7 @@ def _recv_messages(sock: socket.socket, frames: _FrameReader, deadline: float, m
     return frames.feed(data)
 
 
-def _join_error(msg: dict, master: str = "") -> TwisternetError:
+def _join_error(msg: dict) -> TwisternetError:
     message = str(msg.get("message", "join refused"))
     if isinstance(msg.get("timeout"), (int, float)) and not isinstance(msg.get("timeout"), bool):
         return OperationTimeout(f"the job did not start: {message}", operation="bootstrap join",
