@@ -779,3 +779,12 @@ def test_mesh_errors_name_the_host_of_each_unreachable_rank() -> None:
         assert "no connection arrived from rank 1 on hostB (127.0.0.1; ranks on that host: 1)" in str(waiting.value)
     finally:
         listener.close()
+
+
+def test_a_worker_whose_join_deadline_comes_first_still_gets_the_masters_verdict() -> None:
+    # The worker gives up 0.3 s before the master would: it waits a short grace for the master's reason.
+    master, addr = start_master(2, join_timeout=4.3, fail_linger=0.5)
+    with pytest.raises(OperationTimeout) as info:
+        join(addr, TOKEN, listen={}, **{**FAST, "timeout": 4.0})
+    assert "only 1 of 2 workers joined the master at " + addr in str(info.value), info.value
+    assert master.wait(10) == 1
