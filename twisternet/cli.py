@@ -124,7 +124,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("script", help="Python script each worker runs")
     run.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
 
-    master = sub.add_parser("master", help="run the bootstrap master of a cluster job (foreground)")
+    master = sub.add_parser("master", help="run the bootstrap master of a cluster job (foreground)",
+                            description="Run the bootstrap master of a cluster job. Exits 0 once every "
+                                        "worker left cleanly, 1 if one was lost, or if not every worker "
+                                        "joined within connect_timeout (it then tells the ones that did "
+                                        "who joined from which hosts and whom it refused, and why).")
     master.add_argument("--world", type=_positive_int, required=True, help="number of workers")
     master.add_argument("--host", default="0.0.0.0", help="address to bind (default 0.0.0.0)")
     master.add_argument("--port", type=int, default=0, help="port to bind (default: any free, printed)")
