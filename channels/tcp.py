@@ -6,12 +6,15 @@ Every connection, to the master and between peers, first passes the job-token ch
     u8 type | u32 edge | u64 length | payload (length bytes)
 
 ``DATA`` frames carry one message; ``CREDIT`` frames return ``length`` bytes of credit for ``edge``
-(no payload); ``HEARTBEAT`` keeps idle links alive; ``BYE`` says the sender leaves cleanly. Sends are
+(no payload); ``HEARTBEAT`` keeps idle links alive; ``BYE`` says the sender leaves cleanly; ``ABORT``
+says it fails, with why (UTF-8 payload), just before it drops its links. Sends are
 scatter-gather (``sendmsg``), so large messages go from the caller's memory to the kernel without a
 copy; large incoming payloads are received straight into a buffer of their own.
 
 A peer whose connection breaks without a ``BYE``, or that stays silent for ``peer_timeout`` seconds,
-is reported lost; so is one the bootstrap master reports lost. Connections that fail the challenge
+is reported lost; so is one the bootstrap master reports lost. The reason names the rank, its host
+(hostname and address, from the bootstrap table) and the ranks on that host, and for a peer that failed
+(ABORT) what made it fail, e.g. the loss of a rank on another host. Connections that fail the challenge
 (garbage, a wrong token, or silence past ``handshake_timeout``) are dropped and logged; the job goes on.
 """
 
@@ -40,7 +43,11 @@ log = logging.getLogger(__name__)
 
 _HDR = struct.Struct("<BIQ")
 HEADER_SIZE = _HDR.size
-DATA, CREDIT, HEARTBEAT, BYE = 1, 2, 3, 4
+DATA, CREDIT, HEARTBEAT, BYE, ABORT = 1, 2, 3, 4, 5
+#: Longest reason (encoded bytes) an ABORT frame carries.
+_MAX_ABORT_REASON = 4096
+#: Longest (seconds) abort() spends handing its ABORT frame to peers that are still answering.
+_ABORT_FLUSH = 1.0
 _STAGING = 256 << 10
 #: Longest a released byte of credit waits to be returned with others (see _send_credit_returns).
 _CREDIT_DELAY = 1e-3
@@ -223,6 +230,8 @@ class TCPChannel(Channel):
         self._noise = LogThrottle(log)
         #: Late connections closed unread because MAX_PENDING_HANDSHAKES were already running.
         self.dropped_connections = 0
+        #: Per rank: "rank R on HOST (ADDRESS; ranks on that host: ...)", for loss reports.
+        self._places = _places(world, getattr(session, "table", None))
         if session is not None:
             session.on_event(self._on_session_event)
 
@@ -400,13 +409,44 @@ class TCPChannel(Channel):
 
     def abort(self, reason: str) -> None:
         log.info("rank %d: aborting: %s", self.rank, reason)
+        try:
+            self._say_abort(reason)
+        except Exception:  # noqa: BLE001 - aborting must finish
+            log.debug("rank %d: could not tell the peers why it aborts", self.rank, exc_info=True)
         self._teardown()
         if self.session is not None:
             try:
-                # Leaving the master link without "bye" makes the master report this rank lost.
-                self.session._sock.close()  # noqa: SLF001 - deliberate unclean leave
+                # Leaving the master link without "bye" makes the master report this rank lost; it
+                # tells the others why (the reason), as the ABORT frames did on the direct links.
+                self.session.abort(reason)
             except Exception:  # noqa: BLE001
                 pass
+
+    def _say_abort(self, reason: str) -> None:
+        """Queue an ABORT frame with ``reason`` behind whatever each live peer still has queued, and
+        write it out for up to _ABORT_FLUSH seconds (peers that went silent are not waited for)."""
+        payload = memoryview(reason.encode("utf-8", "replace")[:_MAX_ABORT_REASON])
+        targets = [p for p in self._peers.values() if not (p.lost or p.left or p.closed or p.pushing)]
+        for p in targets:
+            self._enqueue(p, _HDR.pack(ABORT, 0, payload.nbytes), [payload], None)
+        now = time.monotonic()
+        deadline = now + min(_ABORT_FLUSH, self.config.peer_timeout / 4)
+        silent = 2 * self.config.heartbeat_interval
+        with selectors.DefaultSelector() as sel:
+            while True:
+                pending = [p for p in targets if p.wq and not (p.lost or p.closed)]
+                for p in pending:
+                    self._write(p)
+                wait = [p for p in pending if p.wq and not (p.lost or p.closed)
+                        and now - p.last_recv <= silent]
+                now = time.monotonic()
+                if not wait or now >= deadline:
+                    return
+                for p in wait:
+                    sel.register(p.sock, selectors.EVENT_WRITE)
+                sel.select(min(0.05, deadline - now))
+                for p in wait:
+                    sel.unregister(p.sock)
 
     # ------------------------------------------------------------------------------ writing
     def _enqueue(self, p: _Peer, header: bytes, views: list[memoryview], token: object) -> None:
@@ -560,9 +600,10 @@ class TCPChannel(Channel):
         mv = memoryview(buf)
         while end - pos >= HEADER_SIZE:
             kind, edge, length = _HDR.unpack_from(buf, pos)
-            if kind not in (DATA, CREDIT, HEARTBEAT, BYE) or length > _MAX_FRAME:
+            if kind not in (DATA, CREDIT, HEARTBEAT, BYE, ABORT) or length > _MAX_FRAME \
+                    or (kind == ABORT and length > _MAX_ABORT_REASON):
                 raise ProtocolError(f"rank {p.rank}: bad frame header (type {kind}, length {length})")
-            if kind != DATA:
+            if kind not in (DATA, ABORT):
                 pos += HEADER_SIZE
                 self._frame(p, kind, edge, length, mv[0:0])
                 continue
@@ -603,6 +644,8 @@ class TCPChannel(Channel):
                 h.on_credit(p.rank, edge)
         elif kind == BYE:
             p.left = True
+        elif kind == ABORT:
+            self._broken(p, f"it failed: {bytes(data).decode('utf-8', 'replace')}")
         # HEARTBEAT: last_recv already updated
 
     def _returner(self, peer: int, edge: int, n: int) -> Callable[[], None]:
@@ -676,7 +719,9 @@ class TCPChannel(Channel):
             return
         self._broken(p, "connection closed without goodbye (process died?)")
 
-    def _broken(self, p: _Peer, reason: str) -> None:
+    def _broken(self, p: _Peer, reason: str, *, placed: bool = False) -> None:
+        """``p`` is lost: close its link and report it, the reason prefixed with where it ran (unless
+        ``placed``: the reason already says, as the master's reports do)."""
         if p.lost:
             return
         if p.left:   # hung up after its goodbye: as in _eof
@@ -685,7 +730,7 @@ class TCPChannel(Channel):
             return
         p.lost = True
         self._unregister(p)
-        self._report_lost(p, reason)
+        self._report_lost(p, reason if placed else f"{self._places[p.rank]}: {reason}")
 
     def _report_lost(self, p: _Peer, reason: str) -> None:
         self._drop_queue(p)
@@ -724,7 +769,9 @@ class TCPChannel(Channel):
             if kind == "peer_lost":
                 p = self._peers.get(int(ev.get("rank", -1)))
                 if p is not None and not p.left:
-                    self._broken(p, f"bootstrap master reports: {ev.get('reason', 'lost')}")
+                    place = ev.get("place") if isinstance(ev.get("place"), str) else self._places[p.rank]
+                    self._broken(p, f"bootstrap master reports {place}: {ev.get('reason', 'lost')}",
+                                 placed=True)
             elif kind == "master_lost":
                 log.warning("rank %d: lost the bootstrap master; peer links continue", self.rank)
             else:
@@ -880,6 +927,7 @@ def build_mesh(rank: int, world: int, table: list[dict], listeners: list[socket.
     """Connect to every lower rank and accept every higher one, proving the token on each link."""
     from twisternet.bootstrap import host_id
     my_host = host_id()
+    places = _places(world, table)
     peers: dict[int, _Peer] = {}
     errors: list[str] = []
     lock = threading.Lock()
@@ -902,13 +950,13 @@ def build_mesh(rank: int, world: int, table: list[dict], listeners: list[socket.
             except (ConnectionError, socket.timeout, OSError) as e:
                 if time.monotonic() + delay >= deadline:
                     with lock:
-                        errors.append(f"rank {j}: {e}")
+                        errors.append(f"{places[j]}: {e}")
                     return
                 time.sleep(delay)
                 delay = min(delay * 2, 0.5)
             except (AuthError, ProtocolError) as e:
                 with lock:
-                    errors.append(f"rank {j}: {e}")
+                    errors.append(f"{places[j]}: {e}")
                 return
 
     dialers = [threading.Thread(target=dial, args=(j,), daemon=True) for j in range(rank)]
@@ -982,14 +1030,29 @@ def build_mesh(rank: int, world: int, table: list[dict], listeners: list[socket.
     if missing:
         for p in peers.values():
             p.sock.close()
-        raise OperationTimeout(f"rank {rank} could not connect to ranks {missing}: {'; '.join(errors) or 'no connection arrived'}",
+        for j in missing:
+            if j < rank and not any(e.startswith(f"{places[j]}:") for e in errors):
+                errors.append(f"{places[j]}: no answer yet")
+        silent = [places[j] for j in missing if j > rank]   # they were to connect to us
+        if silent:
+            errors.append("no connection arrived from " + ", ".join(silent))
+        raise OperationTimeout(f"{places[rank]} could not connect to ranks {missing}: {'; '.join(errors)}",
                                timeout=config.connect_timeout)
     return peers
 
 
+def _places(world: int, table: Any) -> list[str]:
+    """Per rank, where it runs (see :func:`twisternet.bootstrap.rank_places`); plain ``rank R`` when the
+    table (from the bootstrap master) is missing or malformed."""
+    from twisternet.bootstrap import rank_places
+    if isinstance(table, list) and len(table) == world and all(isinstance(e, dict) for e in table):
+        return rank_places([(e.get("host_id"), str(e.get("tcp_host") or "")) for e in table])
+    return [f"rank {r}" for r in range(world)]
+
+
 def create_channel(config: Config, **_: Any) -> TCPChannel:
     """Join the job through the bootstrap master (``config.master``) and connect to every peer."""
-    from twisternet.bootstrap import join, local_address_for
+    from twisternet.bootstrap import join, route_to_master
     if config.master is None:
         raise ConfigError("master", "the tcp channel needs the bootstrap master's HOST:PORT "
                                     "(start the job with `twisternet run` or `twisternet worker`)")
@@ -998,12 +1061,15 @@ def create_channel(config: Config, **_: Any) -> TCPChannel:
         raise ConfigError("token", "the tcp channel needs the job token (TWISTERNET_TOKEN)")
     # Listen only on the interface this host reaches the master through (the one the master sees),
     # unless bind_host says otherwise.
-    seen_by_master = local_address_for(config.master)
+    # Within connect_timeout: a link that is down yet may come up while the job assembles.
+    started = time.monotonic()
+    seen_by_master = route_to_master(config.master, config.connect_timeout)
     listeners, listen = _listeners(config, config.bind_host or seen_by_master)
     listen["tcp_host"] = config.advertise_host or seen_by_master
     try:
+        left = max(1.0, config.connect_timeout - (time.monotonic() - started))
         session = join(config.master, token, listen=listen, rank=config.rank, world=config.world,
-                       timeout=config.connect_timeout, handshake_timeout=config.handshake_timeout,
+                       timeout=left, handshake_timeout=config.handshake_timeout,
                        heartbeat_interval=config.heartbeat_interval, peer_timeout=config.peer_timeout)
     except BaseException:
         for ls in listeners:

@@ -7,15 +7,24 @@ From then on both sides exchange length-prefixed msgpack maps (u32 length, at mo
 :data:`MAX_MESSAGE` bytes), each with a ``"type"``:
 
 * master -> worker: ``table`` (rank, world, table: one entry per rank), ``error`` (join refused:
-  ``message``, ``key`` naming the offending setting, or ``rank``/``reason`` of a lost peer), ``hb``,
-  ``peer_lost`` (rank, reason), ``service`` (a reply from a master-side service), ``shutdown``.
-* worker -> master: ``hb``, ``bye`` (clean leave), and service requests ``{"service": name, ...}``.
+  ``message``, ``key`` naming the offending setting, or ``rank``/``reason`` of a lost peer, or
+  ``timeout`` when the job did not assemble in time), ``hb``, ``peer_lost`` (rank, reason, place:
+  ``rank R on HOST (ADDRESS; ranks on that host: ...)``), ``service`` (a
+  reply from a master-side service), ``shutdown``.
+* worker -> master: ``hb``, ``bye`` (clean leave), ``abort`` (reason: why this worker fails; its link
+  drops next and the others hear of its loss with that reason), and service requests
+  ``{"service": name, ...}``.
 
 The master answers nobody until ``world`` workers have joined; then every worker receives the whole table
 at once. Afterwards both sides send heartbeats; a worker whose connection drops without ``bye`` or that
 stays silent past ``peer_timeout`` is announced to the others as ``peer_lost``. Ranks a worker asks for
 are honoured (a second claim is refused); workers that ask for none fill the free ranks in arrival order
 once the job is complete.
+
+With a ``join_timeout``, a job that is not complete in time fails: every joined worker gets an ``error``
+(with ``timeout``) saying how many joined, from which hosts, and which connections the master refused and
+why (a wrong job token, a world mismatch, ...); the workers raise it as OperationTimeout, and the master
+stops serving after ``fail_linger`` seconds with exit status 1.
 """
 
 from __future__ import annotations
@@ -39,7 +48,8 @@ from .errors import (AuthError, ClosedError, ConfigError, OperationTimeout, Peer
                      ProtocolError, TwisternetError)
 from .logthrottle import LogThrottle
 
-__all__ = ["Master", "MasterSession", "join", "host_id", "parse_address", "local_address_for",
+__all__ = ["Master", "MasterSession", "join", "host_id", "parse_address", "local_address_for", "route_to_master",
+           "rank_places",
            "install_job_services", "MAX_MESSAGE", "SERVICES_ENTRY"]
 
 log = logging.getLogger(__name__)
@@ -51,11 +61,18 @@ _MAX_OUTBUF = 64 << 20
 #: Handshakes the master runs at once (one thread each); further connections are closed unread until
 #: one finishes (a joining worker whose connection is closed that way retries).
 MAX_PENDING_HANDSHAKES = 64
+#: Longest reason (characters) a worker's ``abort`` message may give.
+_MAX_REASON = 2000
+#: Refused connections the join-failure message names at most (the latest ones).
+_MAX_REFUSED = 8
 #: Seconds the listener rests after ``accept`` failed (EMFILE, ENOBUFS, ...), doubling up to the
 #: maximum while it keeps failing (retrying at once would spin on the still-readable listener).
 _ACCEPT_BACKOFF_MIN = 0.05
 _ACCEPT_BACKOFF_MAX = 1.0
 _LEN = struct.Struct("!I")
+#: Seconds (at most; a quarter of the join timeout if less) a joined worker waits past its own join
+#: deadline for the master's verdict on why the job did not start.
+_VERDICT_GRACE = 3.0
 
 ServiceHandle = Callable[[int, dict], "list[tuple[int, dict]]"]
 ServiceTick = Callable[[], "list[tuple[int, dict]]"]
@@ -133,6 +150,26 @@ def parse_address(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def route_to_master(master: str, timeout: float) -> str:
+    """:func:`local_address_for` ``master``, retried until ``timeout`` while there is no route yet.
+
+    A link that is down (ENETUNREACH, EHOSTUNREACH) may come up while the job assembles; past
+    ``timeout`` an OperationTimeout names the master and this host.
+    """
+    deadline = time.monotonic() + timeout
+    delay = 0.05
+    while True:
+        try:
+            return local_address_for(master)
+        except OSError as e:
+            if time.monotonic() + delay >= deadline:
+                raise OperationTimeout(f"could not reach the bootstrap master at {master} from "
+                                       f"{socket.gethostname()}: {e}", operation="bootstrap join",
+                                       timeout=timeout) from None
+            time.sleep(delay)
+            delay = min(2 * delay, 0.5)
+
+
 def local_address_for(master: str) -> str:
     """The local IP address this host uses to reach ``master`` (HOST:PORT); no packet is sent."""
     host, port = parse_address(master)
@@ -140,6 +177,52 @@ def local_address_for(master: str) -> str:
     with socket.socket(family, socket.SOCK_DGRAM) as s:
         s.connect((host, port))
         return s.getsockname()[0]
+
+
+def _hostport(address: tuple[str, int]) -> str:
+    host, port = address
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _where(peer: str, hid: object) -> str:
+    """``hostname (ADDRESS)`` of a peer ``ADDRESS:PORT`` whose host id (hostname/boot/netns) is ``hid``."""
+    addr = peer.rpartition(":")[0] or peer
+    name = hid.split("/", 1)[0] if isinstance(hid, str) and hid else ""
+    return f"{name} ({addr})" if name else addr
+
+
+def _rank_list(ranks: list[int]) -> str:
+    """``0-7, 9, 10``: runs of three or more consecutive ranks as ranges."""
+    out: list[str] = []
+    i = 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        if j - i >= 2:
+            out.append(f"{ranks[i]}-{ranks[j]}")
+        else:
+            out.extend(str(r) for r in ranks[i:j + 1])
+        i = j + 1
+    return ", ".join(out)
+
+
+def rank_places(hosts: list[tuple[object, str]]) -> list[str]:
+    """For each rank, given (host id, address) per rank: ``rank R on HOSTNAME (ADDRESS; ranks on that
+    host: ...)``, what a loss report says to name the host and every rank on it (the list is left out
+    when all ranks share one host)."""
+    by_host: dict[object, list[int]] = {}
+    for r, (hid, _) in enumerate(hosts):
+        by_host.setdefault(hid, []).append(r)
+    out = []
+    for r, (hid, addr) in enumerate(hosts):
+        name = hid.split("/", 1)[0] if isinstance(hid, str) and hid else ""
+        inside = [addr] if name and addr else []
+        if len(by_host) > 1:
+            inside.append(f"ranks on that host: {_rank_list(by_host[hid])}")
+        text = (name or addr or "an unknown host") + (f" ({'; '.join(inside)})" if inside else "")
+        out.append(f"rank {r} on {text}")
+    return out
 
 
 def _check_token(token: bytes) -> bytes:
@@ -153,7 +236,8 @@ def _check_token(token: bytes) -> bytes:
 class _Conn:
     """One authenticated worker connection, as the master sees it."""
 
-    __slots__ = ("sock", "peer", "hello", "rank", "frames", "out", "last_rx", "closing", "joined_at")
+    __slots__ = ("sock", "peer", "hello", "rank", "frames", "out", "last_rx", "closing", "joined_at",
+                 "gave_up")
 
     def __init__(self, sock: socket.socket, peer: str, hello: dict) -> None:
         self.sock = sock
@@ -165,6 +249,7 @@ class _Conn:
         self.last_rx = time.monotonic()
         self.closing = False  # close once ``out`` is flushed
         self.joined_at = self.last_rx
+        self.gave_up: str | None = None   # why the worker said it aborts, before its link drops
 
 
 class _Service:
@@ -187,7 +272,8 @@ class Master:
 
     def __init__(self, world: int, token: bytes, host: str = "0.0.0.0", port: int = 0, *,
                  handshake_timeout: float = 5.0, peer_timeout: float = 15.0,
-                 heartbeat_interval: float | None = None, join_timeout: float | None = None) -> None:
+                 heartbeat_interval: float | None = None, join_timeout: float | None = None,
+                 fail_linger: float | None = None) -> None:
         if isinstance(world, bool) or not isinstance(world, int) or world < 1:
             raise ConfigError("world", f"must be an integer >= 1, got {world!r}")
         for name, value in (("handshake_timeout", handshake_timeout), ("peer_timeout", peer_timeout)):
@@ -229,12 +315,17 @@ class Master:
         self._joining: list[_Conn] = []          # authenticated, waiting for the table
         self._by_rank: dict[int, _Conn] = {}     # running connections
         self._status: list[str] = ["absent"] * world   # absent / running / left / lost
+        #: Per rank once the job runs: "rank R on HOST (ADDRESS; ranks on that host: ...)".
+        self._places: list[str] = [f"rank {r}" for r in range(world)]
         self._phase = "joining"                  # joining / running / failed / done
         self._fail: dict[str, Any] | None = None
         self._failed_at = 0.0
         #: After the job failed to start, seconds the master keeps refusing late joiners (with the
         #: reason) before it stops serving.
-        self._fail_linger = max(10.0, 2 * peer_timeout)
+        self._fail_linger = max(10.0, 2 * peer_timeout) if fail_linger is None else max(0.0, fail_linger)
+        #: Connections refused before the job started (peer address, host name if known, why), newest
+        #: last and at most :data:`_MAX_REFUSED`: the join-failure message names them.
+        self._refused: list[tuple[str, str, str]] = []
         self._stop_requested = False
         self._thread: threading.Thread | None = None
         self._serving = False
@@ -284,6 +375,11 @@ class Master:
         self._wake()
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=10)
+
+    @property
+    def failure(self) -> str | None:
+        """Why the job failed to start (the message every joined worker was sent), or None."""
+        return None if self._fail is None else str(self._fail.get("message"))
 
     def wait(self, timeout: float | None = None) -> int | None:
         """Block until serving ended; return :attr:`exit_code` (None if still serving at ``timeout``)."""
@@ -335,6 +431,14 @@ class Master:
             self._wake()
         else:
             fn()  # not serving yet (or any more): no loop thread to race with
+
+    def _post_if_serving(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the master's thread if it is serving; drop it otherwise."""
+        with self._lock:
+            if not self._serving:
+                return
+            self._commands.append(fn)
+        self._wake()
 
     def _wake(self) -> None:
         try:
@@ -410,8 +514,7 @@ class Master:
                     self._phase = "done"
             elif self._phase == "joining" and self.join_timeout is not None \
                     and now - self._started_at > self.join_timeout:
-                self._fail_join({"message": f"only {len(self._joining)} of {self.world} workers joined "
-                                            f"within {self.join_timeout:g}s"})
+                self._fail_join({"message": self._join_timeout_message(), "timeout": self.join_timeout})
 
     def _run_commands(self) -> None:
         while True:
@@ -512,6 +615,9 @@ class Master:
         except (AuthError, ProtocolError) as e:
             self._noise.warning("rejected", "bootstrap master: rejected connection from %s: %s", peer, e)
             sock.close()
+            if not isinstance(e, PeerClosedDuringHandshake):   # a worker retries those
+                why = "wrong job token" if isinstance(e, AuthError) and "token" in str(e) else str(e)
+                self._post_if_serving(lambda: self._note_refused(peer, "", why))
             return
         except Exception:
             log.exception("bootstrap master: handshake with %s failed", peer)
@@ -562,9 +668,34 @@ class Master:
     def _send(self, conn: _Conn, msg: dict) -> None:
         self._send_raw(conn, encode_message(msg))
 
+    def _note_refused(self, peer: str, host: str, why: str) -> None:
+        """Remember a connection refused while the job assembles, for the join-failure message."""
+        if self._phase != "joining":
+            return
+        self._refused.append((peer, host, why))
+        del self._refused[:-_MAX_REFUSED]
+
+    def _join_timeout_message(self) -> str:
+        """Why the job did not start in time: who joined (from which hosts) and who was refused."""
+        joined: dict[str, int] = {}
+        for c in self._joining:
+            where = _where(c.peer, c.hello.get("host_id"))
+            joined[where] = joined.get(where, 0) + 1
+        text = (f"only {len(self._joining)} of {self.world} workers joined the master at "
+                f"{_hostport(self.address)} within {self.join_timeout:g}s")
+        if joined:
+            text += " (joined: " + ", ".join(f"{n} from {w}" for w, n in sorted(joined.items())) + ")"
+        if self._refused:
+            text += "; refused: " + "; ".join(f"{_where(p, h)}: {why}" for p, h, why in self._refused)
+        else:
+            text += "; no other worker reached it"
+        return text
+
     def _refuse(self, conn: _Conn, message: str, **extra: Any) -> None:
         """Send an ``error`` to a joining worker and close its connection once sent."""
         log.warning("bootstrap master: refusing worker from %s: %s", conn.peer, message)
+        if self._phase == "joining":
+            self._note_refused(conn.peer, str(conn.hello.get("host_id") or ""), message)
         if conn.sock not in self._conns:
             self._register(conn)
         self._send(conn, {"type": "error", "message": message, **extra})
@@ -621,7 +752,7 @@ class Master:
             log.warning("bootstrap master: worker from %s left before the job started (%s)",
                         conn.peer, reason)
         elif conn.rank is not None and self._by_rank.get(conn.rank) is conn:
-            self._lose(conn.rank, reason)
+            self._lose(conn.rank, f"it gave up: {conn.gave_up}" if conn.gave_up else reason)
         elif was_open and not conn.closing:
             log.debug("bootstrap master: connection from %s closed: %s", conn.peer, reason)
 
@@ -685,6 +816,8 @@ class Master:
                             conn.rank)
             entry["host_id"] = conn.hello["host_id"]
             table.append(entry)
+        self._places = rank_places([(c.hello.get("host_id"), c.peer.rpartition(":")[0] or c.peer)
+                                    for c in ordered])
         now = time.monotonic()
         self._phase = "running"
         for conn in ordered:
@@ -728,6 +861,9 @@ class Master:
             return
         kind = msg.get("type")
         if kind == "hb":
+            return
+        if kind == "abort":     # the worker fails and is about to drop its link: remember why
+            conn.gave_up = str(msg.get("reason", ""))[:_MAX_REASON] or "no reason given"
             return
         if kind == "bye":
             log.info("bootstrap master: rank %d left cleanly", rank)
@@ -793,12 +929,13 @@ class Master:
             return
         if self._status[rank] in ("left", "lost"):
             return
-        log.warning("bootstrap master: rank %d lost: %s", rank, reason)
+        log.warning("bootstrap master: rank %d lost: %s: %s", rank, self._places[rank], reason)
         self._status[rank] = "lost"
         conn = self._by_rank.pop(rank, None)
         if conn is not None:
             self._close(conn)
-        frame = encode_message({"type": "peer_lost", "rank": rank, "reason": reason})
+        # With where it ran (its host and the ranks on it): a survivor may hear of this loss first here.
+        frame = encode_message({"type": "peer_lost", "rank": rank, "reason": reason, "place": self._places[rank]})
         for other in list(self._by_rank.values()):
             self._send_raw(other, frame)
         for hook in list(self._lost_hooks):
@@ -933,6 +1070,34 @@ class MasterSession:
             except OSError:
                 pass
 
+    def abort(self, reason: str) -> None:
+        """Leave *without* ``bye``, telling the master why first: it reports this rank lost to the others
+        with ``reason`` (e.g. the peer loss that made this rank fail), so theirs name the first cause."""
+        with self._send_lock:
+            if self._closing:
+                return
+            self._closing = True
+            if not self._broken:
+                try:
+                    self._sock.settimeout(1.0)   # best effort: a master that does not read must not hold us
+                    self._sock.sendall(encode_message({"type": "abort", "reason": str(reason)[:_MAX_REASON]}))
+                except OSError:
+                    pass
+            self._broken = True
+        self._stop = True
+        self._wakeup()
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout=2.0)
+        for s in (self._sock, self._wake_r, self._wake_w):
+            try:
+                s.close()
+            except OSError:
+                pass
+
     def __enter__(self) -> "MasterSession":
         return self
 
@@ -1051,7 +1216,8 @@ def join(master: str, token: bytes, *, listen: dict, rank: int | None = None, wo
     Retries connecting until ``timeout``, proves the token, sends ``listen`` (this worker's addresses)
     and waits until every worker joined. Raises ConfigError (rank taken or out of range, world
     mismatch), PeerLostError (a worker died before the job started), AuthError/ProtocolError (failed
-    handshake), OperationTimeout (the job did not start within ``timeout``).
+    handshake), OperationTimeout (the master could not be reached, or the job did not start within
+    ``timeout``: then with the master's account of who joined and who was refused, if it gave one).
     """
     token = _check_token(token)
     host, port = parse_address(master)
@@ -1073,7 +1239,8 @@ def join(master: str, token: bytes, *, listen: dict, rank: int | None = None, wo
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise OperationTimeout(f"could not reach the bootstrap master at {master} ({last_error})",
+            raise OperationTimeout(f"could not reach the bootstrap master at {master} from "
+                                   f"{socket.gethostname()} ({last_error})",
                                    operation="bootstrap join", timeout=timeout)
         try:
             sock = socket.create_connection((host, port), timeout=min(remaining, 5.0))
@@ -1100,8 +1267,11 @@ def join(master: str, token: bytes, *, listen: dict, rank: int | None = None, wo
         if peer.get("kind") != "master":
             raise ProtocolError(f"{master} is not a bootstrap master (hello kind {peer.get('kind')!r})")
         frames = _FrameReader()
+        # Past our own deadline, wait a little longer for the master's verdict: it times the join out
+        # at about the same moment and says why (who joined, who was refused), which we would miss.
+        grace = min(_VERDICT_GRACE, 0.25 * timeout)
         while True:
-            batch = _recv_messages(sock, frames, deadline, master, timeout)
+            batch = _recv_messages(sock, frames, deadline + grace, master, timeout)
             for i, msg in enumerate(batch):
                 kind = msg.get("type")
                 if kind == "table":
@@ -1119,15 +1289,15 @@ def join(master: str, token: bytes, *, listen: dict, rank: int | None = None, wo
 def _recv_messages(sock: socket.socket, frames: _FrameReader, deadline: float, master: str,
                    timeout: float) -> list[dict]:
     remaining = deadline - time.monotonic()
+    silent = (f"the job did not start: not every worker joined the master at {master}, and it did not "
+              f"say why (this worker: {socket.gethostname()})")
     if remaining <= 0:
-        raise OperationTimeout(f"the job did not start: not every worker joined the master at {master}",
-                               operation="bootstrap join", timeout=timeout)
+        raise OperationTimeout(silent, operation="bootstrap join", timeout=timeout)
     sock.settimeout(remaining)
     try:
         data = sock.recv(1 << 16)
     except (socket.timeout, TimeoutError):
-        raise OperationTimeout(f"the job did not start: not every worker joined the master at {master}",
-                               operation="bootstrap join", timeout=timeout) from None
+        raise OperationTimeout(silent, operation="bootstrap join", timeout=timeout) from None
     except OSError as e:
         raise TwisternetError(f"connection to the bootstrap master at {master} failed: {e}") from None
     if not data:
@@ -1138,6 +1308,9 @@ def _recv_messages(sock: socket.socket, frames: _FrameReader, deadline: float, m
 
 def _join_error(msg: dict) -> TwisternetError:
     message = str(msg.get("message", "join refused"))
+    if isinstance(msg.get("timeout"), (int, float)) and not isinstance(msg.get("timeout"), bool):
+        return OperationTimeout(f"the job did not start: {message}", operation="bootstrap join",
+                                timeout=float(msg["timeout"]))
     if msg.get("key") in ("rank", "world"):
         return ConfigError(msg["key"], f"refused by the bootstrap master: {message}")
     if isinstance(msg.get("rank"), int):

@@ -34,6 +34,11 @@ DELEGATES: dict[str, tuple[str, str]] = {
 }
 
 
+#: Seconds ``twisternet master`` keeps refusing late joiners (with the reason) after the job failed to
+#: start, before it exits.
+MASTER_FAIL_LINGER = 2.0
+
+
 def _fail(message: str, code: int = 2) -> int:
     sys.stderr.write(f"twisternet: error: {message}\n")
     sys.stderr.flush()
@@ -119,7 +124,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("script", help="Python script each worker runs")
     run.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
 
-    master = sub.add_parser("master", help="run the bootstrap master of a cluster job (foreground)")
+    master = sub.add_parser("master", help="run the bootstrap master of a cluster job (foreground)",
+                            description="Run the bootstrap master of a cluster job. Exits 0 once every "
+                                        "worker left cleanly, 1 if one was lost, or if not every worker "
+                                        "joined within connect_timeout (it then tells the ones that did "
+                                        "who joined from which hosts and whom it refused, and why).")
     master.add_argument("--world", type=_positive_int, required=True, help="number of workers")
     master.add_argument("--host", default="0.0.0.0", help="address to bind (default 0.0.0.0)")
     master.add_argument("--port", type=int, default=0, help="port to bind (default: any free, printed)")
@@ -189,8 +198,11 @@ def _cmd_master(ns: argparse.Namespace) -> int:
     env = {k: v for k, v in os.environ.items()
            if k not in ("TWISTERNET_TOKEN", "TWISTERNET_MASTER", "TWISTERNET_RANK", "TWISTERNET_WORLD")}
     config = load_config(env=env)
+    # The workers give up joining after connect_timeout; so does the master, telling the ones that
+    # joined why (who is missing, who was refused), then exits after a short linger for late joiners.
     master = Master(ns.world, token.encode(), ns.host, ns.port, handshake_timeout=config.handshake_timeout,
-                    peer_timeout=config.peer_timeout, heartbeat_interval=config.heartbeat_interval)
+                    peer_timeout=config.peer_timeout, heartbeat_interval=config.heartbeat_interval,
+                    join_timeout=config.connect_timeout, fail_linger=MASTER_FAIL_LINGER)
     install_job_services(master)
     host, port = master.address
     sys.stderr.write(f"twisternet: master for {ns.world} workers listening on {host}:{port}\n")
@@ -200,7 +212,10 @@ def _cmd_master(ns: argparse.Namespace) -> int:
         raise KeyboardInterrupt
     previous = signal.signal(signal.SIGTERM, on_term)
     try:
-        return master.serve_forever()
+        code = master.serve_forever()
+        if master.failure is not None:
+            return _fail(master.failure, code or 1)
+        return code
     except KeyboardInterrupt:
         sys.stderr.write("twisternet: master interrupted; workers were told it shut down\n")
         return 130

@@ -271,7 +271,8 @@ def test_report_lost_reaches_the_others_once() -> None:
     master.report_lost(1, "again")
     for i in (0, 2):
         ev = logs[i].wait_for(lambda e: e["type"] == "peer_lost", timeout=3)
-        assert ev == {"type": "peer_lost", "rank": 1, "reason": "process was killed by SIGKILL"}
+        assert ev == {"type": "peer_lost", "rank": 1, "reason": "process was killed by SIGKILL",
+                      "place": f"rank 1 on {socket.gethostname()} (127.0.0.1)"}
     time.sleep(0.3)
     assert sum(e["type"] == "peer_lost" for e in logs[0].items) == 1
     with pytest.raises(ValueError):
@@ -518,3 +519,272 @@ def test_a_worker_meeting_a_master_busy_with_handshakes_retries_and_joins(monkey
     finally:
         silent.close()
         master.stop()
+
+
+# ----------------------------------------------------------------------------------- join failures say why
+
+def _join_in_thread(addr: str, token: bytes = TOKEN, **kw) -> tuple[threading.Thread, list]:
+    """join() in a thread; the list gets ("ok", session) or ("err", exception)."""
+    box: list = []
+
+    def run() -> None:
+        try:
+            box.append(("ok", join(addr, token, listen={}, **{**FAST, "timeout": 20, **kw})))
+        except Exception as e:  # noqa: BLE001 - the test inspects it
+            box.append(("err", e))
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, box
+
+
+def test_missing_worker_master_exits_and_tells_the_joined_ones_who_joined() -> None:
+    master, addr = start_master(3, join_timeout=3.0, fail_linger=0.5)
+    t0 = time.monotonic()
+    joiners = [_join_in_thread(addr) for _ in range(2)]
+    assert master.wait(3.0 + 0.5 + 10) == 1, "the master kept waiting for the missing worker"
+    assert time.monotonic() - t0 < 3.0 + 0.5 + 10
+    assert master.failure is not None and "only 2 of 3 workers joined" in master.failure
+    for t, box in joiners:
+        t.join(15)
+        kind, err = box[0]
+        assert kind == "err" and isinstance(err, OperationTimeout), box
+        text = str(err)
+        assert "only 2 of 3 workers joined the master at " + addr in text, text
+        assert f"2 from {socket.gethostname()} (127.0.0.1)" in text, text
+        assert "no other worker reached it" in text, text
+
+
+def test_wrong_token_worker_is_named_in_the_joined_workers_errors() -> None:
+    master, addr = start_master(3, join_timeout=3.0, fail_linger=0.5)
+    with pytest.raises(AuthError, match="token"):
+        join(addr, b"not the job token", listen={}, timeout=5, handshake_timeout=2)
+    joiners = [_join_in_thread(addr) for _ in range(2)]
+    assert master.wait(3.0 + 0.5 + 10) == 1
+    assert "refused: 127.0.0.1: wrong job token" in (master.failure or ""), master.failure
+    for t, box in joiners:
+        t.join(15)
+        kind, err = box[0]
+        assert kind == "err" and isinstance(err, OperationTimeout), box
+        assert "refused: 127.0.0.1: wrong job token" in str(err), err
+
+
+def test_refused_world_mismatch_is_named_in_the_join_failure() -> None:
+    master, addr = start_master(2, join_timeout=3.0, fail_linger=0.5)
+    with pytest.raises(ConfigError, match="world"):
+        join(addr, TOKEN, listen={}, world=5, timeout=5, **FAST)
+    t, box = _join_in_thread(addr)
+    assert master.wait(3.0 + 0.5 + 10) == 1
+    t.join(15)
+    kind, err = box[0]
+    assert kind == "err" and "worker expects world=5" in str(err) and "127.0.0.1" in str(err), box
+
+
+def test_no_route_to_the_master_is_retried_then_names_the_master(monkeypatch) -> None:
+    import errno
+    from twisternet import bootstrap
+    calls = []
+
+    def unreachable(master: str) -> str:
+        calls.append(master)
+        if len(calls) < 3:          # the link comes up after a while: transient, retried
+            raise OSError(errno.ENETUNREACH, "Network is unreachable")
+        return "127.0.0.1"
+    monkeypatch.setattr(bootstrap, "local_address_for", unreachable)
+    assert bootstrap.route_to_master("127.0.0.1:9", 10.0) == "127.0.0.1" and len(calls) == 3
+
+    def never(master: str) -> str:
+        raise OSError(errno.ENETUNREACH, "Network is unreachable")
+    monkeypatch.setattr(bootstrap, "local_address_for", never)
+    t0 = time.monotonic()
+    with pytest.raises(OperationTimeout) as info:
+        bootstrap.route_to_master("127.0.0.1:9", 0.5)
+    assert time.monotonic() - t0 < 3
+    assert "127.0.0.1:9" in str(info.value) and socket.gethostname() in str(info.value)
+    assert "Network is unreachable" in str(info.value)
+
+
+def test_tcp_channel_without_a_route_raises_a_twisternet_error_naming_the_master(monkeypatch) -> None:
+    import errno
+    from channels.tcp import create_channel
+    from twisternet import bootstrap
+    from twisternet.config import load_config
+
+    def never(master: str) -> str:
+        raise OSError(errno.ENETUNREACH, "Network is unreachable")
+    monkeypatch.setattr(bootstrap, "local_address_for", never)
+    config = load_config(env={}, master="127.0.0.1:9", token="9f3c1a7e52b84d06e1c7a9b3f25d8e40", connect_timeout=0.5)
+    with pytest.raises(TwisternetError, match=r"bootstrap master at 127\.0\.0\.1:9 from "):
+        create_channel(config)
+
+
+def test_master_command_exits_when_the_workers_do_not_come(tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TWISTERNET_CONNECT_TIMEOUT": "1"}
+    env.pop("TWISTERNET_TOKEN", None)
+    t0 = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "twisternet", "master", "--world", "2", "--host", "127.0.0.1",
+                           "--token-file", str(token_file)], env=env, capture_output=True, text=True,
+                          timeout=40)
+    assert done.returncode == 1, done.stderr
+    assert "error: only 0 of 2 workers joined the master at 127.0.0.1:" in done.stderr, done.stderr
+    assert time.monotonic() - t0 < 30
+
+
+# ----------------------------------------------------------------------------------- loss reports say where
+
+def test_rank_places_name_the_host_and_its_ranks() -> None:
+    from twisternet.bootstrap import rank_places
+    a, b = ("hostA/boot/1", "10.0.0.1"), ("hostB/boot/2", "10.0.0.2")
+    assert rank_places([a, b, a, b]) == [
+        "rank 0 on hostA (10.0.0.1; ranks on that host: 0, 2)", "rank 1 on hostB (10.0.0.2; ranks on that host: 1, 3)",
+        "rank 2 on hostA (10.0.0.1; ranks on that host: 0, 2)", "rank 3 on hostB (10.0.0.2; ranks on that host: 1, 3)"]
+    assert rank_places([a] + [b] * 4)[1] == "rank 1 on hostB (10.0.0.2; ranks on that host: 1-4)"
+    assert rank_places([a, a]) == ["rank 0 on hostA (10.0.0.1)", "rank 1 on hostA (10.0.0.1)"]  # one host
+
+
+def test_master_reports_where_a_lost_rank_ran_and_why_it_gave_up() -> None:
+    master, addr = start_master(3)
+    sessions = join_all(addr, [0, 1, 2])
+    logs = [Events(s) for s in sessions]
+    sessions[1].abort("rank 1 failed: PeerLostError('rank 7 on hostZ')")
+    for i in (0, 2):
+        ev = logs[i].wait_for(lambda e: e["type"] == "peer_lost", timeout=5)
+        assert ev == {"type": "peer_lost", "rank": 1,
+                      "reason": "it gave up: rank 1 failed: PeerLostError('rank 7 on hostZ')",
+                      "place": f"rank 1 on {socket.gethostname()} (127.0.0.1)"}, ev
+    sessions[0].close(), sessions[2].close()
+    assert master.wait(10) == 1
+
+
+class _StubSession:
+    """What TCPChannel uses of a MasterSession: the table, events, abort/close."""
+
+    def __init__(self, table: list[dict]) -> None:
+        self.table = table
+        self.callbacks: list = []
+        self.aborted: list[str] = []
+
+    def on_event(self, cb) -> None:
+        self.callbacks.append(cb)
+
+    def abort(self, reason: str) -> None:
+        self.aborted.append(reason)
+
+    def close(self) -> None:
+        pass
+
+
+class _LossRecorder:
+    def __init__(self) -> None:
+        self.messages: list[bytes] = []
+        self.lost: list[tuple[int, str]] = []
+
+    def on_message(self, peer, edge, data, release):
+        self.messages.append(bytes(data))
+        release()
+
+    def on_credit(self, peer, edge):
+        pass
+
+    def on_sent(self, token):
+        pass
+
+    def on_peer_lost(self, peer, reason):
+        self.lost.append((peer, reason))
+
+
+TWO_HOSTS = [{"host_id": "hostA/boot/1", "tcp_host": "10.0.0.1"}, {"host_id": "hostB/boot/2", "tcp_host": "10.0.0.2"}]
+
+
+def _channel_pair():
+    from channels.tcp import TCPChannel, _Peer
+    from twisternet.config import Config
+    a, b = socket.socketpair()
+    cfg = Config(heartbeat_interval=0.5, peer_timeout=30.0)
+    s0, s1 = _StubSession(TWO_HOSTS), _StubSession(TWO_HOSTS)
+    ch0 = TCPChannel(0, 2, cfg, {1: _Peer(1, a, "unix")}, [], b"t" * 16, s0)
+    ch1 = TCPChannel(1, 2, cfg, {0: _Peer(0, b, "unix")}, [], b"t" * 16, s1)
+    h0, h1 = _LossRecorder(), _LossRecorder()
+    ch0.start(h0)
+    ch1.start(h1)
+    return ch0, ch1, h0, h1, s0, s1
+
+
+def _progress_until(cond, *chans, limit: float = 10.0) -> None:
+    deadline = time.monotonic() + limit
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached"
+        for ch in chans:
+            ch.progress(0.01)
+
+
+def test_a_failing_peer_tells_the_others_why_and_where_it_ran() -> None:
+    ch0, ch1, h0, h1, s0, s1 = _channel_pair()
+    try:
+        assert ch0.send(1, 1, [b"last words"])      # queued, not written yet: the ABORT goes behind it
+        ch0.abort("rank 0 failed: PeerLostError('peer rank 5 was lost: rank 5 on hostC (10.0.0.3)')")
+        _progress_until(lambda: h1.lost, ch1)
+        assert h1.messages == [b"last words"]
+        assert h1.lost == [(0, "rank 0 on hostA (10.0.0.1; ranks on that host: 0): it failed: rank 0 failed: "
+                               "PeerLostError('peer rank 5 was lost: rank 5 on hostC (10.0.0.3)')")]
+        assert s0.aborted and "rank 5 on hostC" in s0.aborted[0]     # the master hears why, too
+    finally:
+        ch1.abort("test over")
+
+
+def test_a_peer_that_hangs_up_is_reported_with_its_host_and_ranks() -> None:
+    ch0, ch1, h0, h1, s0, s1 = _channel_pair()
+    try:
+        ch1._peers[0].sock.shutdown(socket.SHUT_RDWR)    # as if the process died: no BYE, no ABORT
+        _progress_until(lambda: h0.lost, ch0)
+        peer, reason = h0.lost[0]
+        assert peer == 1 and reason.startswith("rank 1 on hostB (10.0.0.2; ranks on that host: 1): "), reason
+    finally:
+        ch0.abort("test over")
+        ch1.abort("test over")
+
+
+def test_a_loss_the_master_reports_names_where_the_rank_ran() -> None:
+    ch0, ch1, h0, h1, s0, s1 = _channel_pair()
+    try:
+        for cb in s0.callbacks:
+            cb({"type": "peer_lost", "rank": 1, "reason": "no message for 5s (heartbeat timeout)",
+                "place": "rank 1 on hostB (10.0.0.2; ranks on that host: 1)"})
+        _progress_until(lambda: h0.lost, ch0)
+        assert h0.lost == [(1, "bootstrap master reports rank 1 on hostB (10.0.0.2; ranks on that host: 1): "
+                               "no message for 5s (heartbeat timeout)")]
+    finally:
+        ch0.abort("test over")
+        ch1.abort("test over")
+
+
+def test_mesh_errors_name_the_host_of_each_unreachable_rank() -> None:
+    from channels.tcp import build_mesh
+    from twisternet.config import Config
+    with socket.socket() as closed:       # a port nobody listens on
+        closed.bind(("127.0.0.1", 0))
+        dead_port = closed.getsockname()[1]
+    listener = socket.create_server(("127.0.0.1", 0))
+    table = [{"host_id": "hostA/boot/1", "tcp_host": "127.0.0.1", "tcp_port": dead_port},
+             {"host_id": "hostB/boot/2", "tcp_host": "127.0.0.1", "tcp_port": listener.getsockname()[1]}]
+    cfg = Config(connect_timeout=0.5, force_tcp=True)
+    try:
+        with pytest.raises(OperationTimeout) as dialing:      # rank 1 dials rank 0: refused
+            build_mesh(1, 2, table, [], b"t" * 16, cfg)
+        text = str(dialing.value)
+        assert text.startswith("rank 1 on hostB (127.0.0.1; ranks on that host: 1) could not connect to ranks [0]")
+        assert "rank 0 on hostA (127.0.0.1; ranks on that host: 0): " in text and "refused" in text, text
+        with pytest.raises(OperationTimeout) as waiting:      # rank 0 waits for rank 1, which never comes
+            build_mesh(0, 2, table, [listener], b"t" * 16, cfg)
+        assert "no connection arrived from rank 1 on hostB (127.0.0.1; ranks on that host: 1)" in str(waiting.value)
+    finally:
+        listener.close()
+
+
+def test_a_worker_whose_join_deadline_comes_first_still_gets_the_masters_verdict() -> None:
+    # The worker gives up 0.3 s before the master would: it waits a short grace for the master's reason.
+    master, addr = start_master(2, join_timeout=4.3, fail_linger=0.5)
+    with pytest.raises(OperationTimeout) as info:
+        join(addr, TOKEN, listen={}, **{**FAST, "timeout": 4.0})
+    assert "only 1 of 2 workers joined the master at " + addr in str(info.value), info.value
+    assert master.wait(10) == 1
