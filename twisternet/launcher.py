@@ -182,7 +182,8 @@ def run(n: int, script: str, args: Sequence[str] = (), *, grace: float = 10.0, h
 
     token = secrets.token_hex(32)
     master = Master(n, token.encode(), host, port, handshake_timeout=config.handshake_timeout,
-                    peer_timeout=config.peer_timeout, heartbeat_interval=config.heartbeat_interval)
+                    peer_timeout=config.peer_timeout, heartbeat_interval=config.heartbeat_interval,
+                    join_timeout=config.connect_timeout)
     try:
         install_job_services(master)
         if setup is not None:

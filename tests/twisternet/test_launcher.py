@@ -258,3 +258,15 @@ def test_master_command_stops_on_sigterm_and_tells_workers(tmp_path: Path) -> No
     finally:
         p.kill()
         p.wait(5)
+
+
+def test_a_worker_that_never_joins_ends_the_job_with_the_masters_reason():
+    """`twisternet run`'s master gives up after connect_timeout and tells the joined workers who came."""
+    from tests.jobs import run_tcp
+    script = Path(__file__).parent / "scripts" / "one_rank_never_joins.py"
+    start = time.monotonic()
+    proc = run_tcp(2, script, timeout=120, grace=2, TWISTERNET_CONNECT_TIMEOUT="5")
+    assert proc.returncode != 0
+    assert "JOINED" not in proc.stdout
+    assert "only 1 of 2 workers joined" in proc.stderr, proc.stderr[-3000:]
+    assert time.monotonic() - start < 60, proc.stderr[-3000:]
