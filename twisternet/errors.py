@@ -80,3 +80,12 @@ class LaunchEnvError(ConfigError):
     def __init__(self, variable: str, message: str) -> None:
         TwisternetError.__init__(self, f"environment variable {variable}: {message}")
         self.key = variable
+
+
+class ArrowUnavailableError(TwisternetError, ImportError):
+    """A table API was used but pyarrow is not installed (``pip install 'twisternet[arrow]'``)."""
+
+
+class TableSchemaError(TwisternetError, ValueError):
+    """Tables sent to one columnar operation do not fit together (schemas differ, a key column is
+    missing or of an unsupported type); the message names the columns and the ranks."""
