@@ -1,0 +1,311 @@
+"""Columnar operations: the stable key hash, vectorized routing, and send_table/result_table of every
+operation on local threads, checked exactly against single-process pyarrow computations."""
+
+from __future__ import annotations
+
+import os
+import struct
+import sys
+
+import numpy as np
+import pytest
+
+pa = pytest.importorskip("pyarrow")
+import pyarrow.compute as pc  # noqa: E402
+
+from collectives.columnar import (destination_index, row_hashes, sort_by_keys, split_rows,  # noqa: E402
+                                  to_table)
+from twisternet.errors import TableSchemaError, TwisternetError  # noqa: E402
+from twisternet.testing import run_local  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "scripts"))
+import columnar_job as J  # noqa: E402
+
+MASK = (1 << 64) - 1
+G = 0x9E3779B97F4A7C15
+
+
+# ------------------------------------------------------------------- the documented hash, in plain Python
+def mix(x: int) -> int:
+    x ^= x >> 30
+    x = (x * 0xBF58476D1CE4E5B9) & MASK
+    x ^= x >> 27
+    x = (x * 0x94D049BB133111EB) & MASK
+    return x ^ (x >> 31)
+
+
+def value_hash(v) -> int:
+    if isinstance(v, bool):
+        return mix(int(v))
+    if isinstance(v, int):
+        return mix(v & MASK)
+    if isinstance(v, float):
+        if v == 0.0:
+            v = 0.0
+        bits = 0x7FF8000000000000 if v != v else struct.unpack("<Q", struct.pack("<d", v))[0]
+        return mix(bits)
+    raw = v.encode() if isinstance(v, str) else bytes(v)
+    h = mix((len(raw) + G) & MASK)
+    for i in range(0, len(raw), 8):
+        h = mix(h ^ int.from_bytes(raw[i:i + 8].ljust(8, b"\0"), "little"))
+    return h
+
+
+def row_hash(values) -> int:
+    h = 0
+    for v in values:
+        h = mix(h ^ value_hash(v))
+    return h
+
+
+def test_hash_is_pinned():
+    """Fixed inputs, fixed hashes: a change of the routing function (which would send keys to other
+    destinations than a peer running the old version) fails here."""
+    t = pa.table({"i": pa.array([0, 1, -1, 2 ** 62], pa.int64()),
+                  "s": ["", "a", "abcdefgh", "abcdefghi"],
+                  "f": pa.array([1.5, -0.0, float("nan"), None])})
+    assert [hex(x) for x in row_hashes(t, ["i"])[0].tolist()] == [
+        "0x0", "0x7ab40e090f363a7d", "0x4bffd802ebfb15e4", "0x56451be349e0883f"]
+    assert [hex(x) for x in row_hashes(t, ["s"])[0].tolist()] == [
+        "0x48218226ff3cd4bf", "0xc55cb0205a68155c", "0x7db02c005bb88b11", "0x5f980d803b83011e"]
+    assert [hex(x) for x in row_hashes(t, ["i", "s"])[0].tolist()] == [
+        "0x48218226ff3cd4bf", "0x2f2dd09d4bdef515", "0xbb43f252bc32d9ff", "0xeb619a0d743efbdb"]
+    h, nulls = row_hashes(t, ["f"])
+    assert hex(int(h[0])) == "0xf16c38690e67bf1c" and nulls.tolist() == [False, False, False, True]
+
+
+def test_hash_matches_the_documented_definition():
+    rng = np.random.default_rng(5)
+    ints = [int(x) for x in rng.integers(-(1 << 63), (1 << 63) - 1, 50)]
+    strs = ["".join(chr(c) for c in rng.integers(32, 0x2FF, int(n))) for n in rng.integers(0, 30, 50)]
+    floats = [float(x) for x in rng.normal(size=50)] + [-0.0, 0.0, float("nan"), float("inf")] * 0
+    floats = floats[:50]
+    t = pa.table({"i": ints, "s": strs, "f": floats, "b": [s.encode() for s in strs],
+                  "x": [bool(i % 2) for i in range(50)]})
+    for keys in (["i"], ["s"], ["f"], ["b"], ["x"], ["s", "i"], ["i", "f", "x"]):
+        got = row_hashes(t, keys)[0].tolist()
+        want = [row_hash([t.column(k)[r].as_py() for k in keys]) for r in range(50)]
+        assert got == want, keys
+
+
+def test_hash_depends_on_values_not_layout_or_width():
+    vals = ["alpha", "b", "", "a much longer key that spans words", "ü-ñ"]
+    base = row_hashes(pa.table({"k": vals}), ["k"])[0]
+    for arr in (pa.array(vals, pa.large_string()), pa.array([v.encode() for v in vals], pa.binary()),
+                pa.array(vals).dictionary_encode(),
+                pa.chunked_array([pa.array(vals[:2]), pa.array(vals[2:])])):
+        assert row_hashes(pa.table({"k": arr}), ["k"])[0].tolist() == base.tolist()
+    # a slice hashes like the same values unsliced
+    big = pa.array(["pad"] * 7 + vals)
+    assert row_hashes(pa.table({"k": big.slice(7)}), ["k"])[0].tolist() == base.tolist()
+    # integer widths and signedness agree on equal values; -0.0 == 0.0
+    ints = [0, 5, -3, 127]
+    h64 = row_hashes(pa.table({"k": pa.array(ints, pa.int64())}), ["k"])[0].tolist()
+    assert row_hashes(pa.table({"k": pa.array(ints, pa.int8())}), ["k"])[0].tolist() == h64
+    f = row_hashes(pa.table({"k": pa.array([0.0, -0.0], pa.float32())}), ["k"])[0]
+    assert f[0] == f[1]
+    # fixed-size binary hashes like variable binary of the same bytes
+    fixed = [b"0123456789", b"abcdefghij"]
+    assert row_hashes(pa.table({"k": pa.array(fixed, pa.binary(10))}), ["k"])[0].tolist() == \
+        row_hashes(pa.table({"k": pa.array(fixed, pa.binary())}), ["k"])[0].tolist()
+
+
+def test_null_keys_go_to_the_first_destination_and_sort_first():
+    t = pa.table({"a": pa.array([1, None, 3, 4]), "b": pa.array(["x", "y", None, "z"])})
+    idx = destination_index(t, ["a", "b"], 5)
+    assert idx[1] == 0 and idx[2] == 0
+    out = sort_by_keys(t, ["a"])
+    assert out.column("a").to_pylist()[0] is None
+
+
+def test_split_rows_keeps_order_with_one_take():
+    t = pa.table({"i": np.arange(1000)})
+    idx = np.random.default_rng(1).integers(0, 4, 1000)
+    parts = split_rows(t, idx, 4)
+    for d in range(4):
+        assert parts[d].column("i").to_pylist() == np.flatnonzero(idx == d).tolist()
+
+
+def test_unsupported_key_type_is_a_clear_error():
+    t = pa.table({"k": pa.array([[1], [2]])})
+    with pytest.raises(TableSchemaError, match="not supported"):
+        row_hashes(t, ["k"])
+
+
+def test_to_table_converts_batches_structured_arrays_and_dataframes():
+    rb = pa.record_batch({"a": [1, 2]})
+    assert to_table(rb).equals(pa.table({"a": [1, 2]}))
+    arr = np.zeros(3, dtype=[("k", "<i8"), ("v", "<f8")])
+    arr["k"] = [1, 2, 3]
+    t = to_table(arr)
+    assert t.column_names == ["k", "v"] and t.column("k").to_pylist() == [1, 2, 3]
+    with pytest.raises(TypeError, match="pyarrow Table"):
+        to_table([1, 2])
+    pd = pytest.importorskip("pandas")
+    df = pd.DataFrame({"k": [3, 4], "s": ["a", "b"]}, index=[10, 11])
+    assert to_table(df).equals(pa.table({"k": [3, 4], "s": ["a", "b"]}))
+
+
+# ------------------------------------------------------------------------------------- expected results
+AGG_COLUMNS = ["v_sum", "v_min", "v_count", "w_max", "w_mean"]
+
+
+def sources_tables(world: int, params: dict) -> list[tuple[int, int, "pa.Table"]]:
+    rows, calls, seed = params.get("rows", 200), params.get("calls", 2), params.get("seed", 1)
+    return [(t, c, J.make_table(t, c, rows, seed)) for t in range(world) for c in range(calls)]
+
+
+def expected(world: int, params: dict) -> dict[int, "pa.Table"]:
+    """Destination task -> the table it must get, computed with plain pyarrow in this process."""
+    op, key = params["op"], params.get("key", "k")
+    keys = [key] if isinstance(key, str) else list(key)
+    tabs = sources_tables(world, params)
+    dests = list(range(world))
+    out = {}
+    if op in ("keyed_partition", "keyed_gather", "keyed_reduce"):
+        for j, d in enumerate(dests):
+            mine = pa.concat_tables([t.filter(pa.array(destination_index(t, keys, world) == j)) for _, _, t in tabs])
+            if op == "keyed_gather":
+                order = pc.sort_indices(mine, sort_keys=[(k, "ascending", "at_start") for k in keys])
+                mine = mine.take(order)
+            elif op == "keyed_reduce":
+                agg = mine.group_by(keys).aggregate([("v", "sum"), ("v", "min"), ("v", "count"), ("w", "max"),
+                                                     ("w", "mean")])
+                agg = agg.select(keys + AGG_COLUMNS)
+                mine = agg.take(pc.sort_indices(agg, sort_keys=[(k, "ascending", "at_start") for k in keys]))
+            out[d] = mine
+    elif op == "partition":
+        for d in dests:
+            out[d] = pa.concat_tables([t for s, c, t in tabs if dests[(s + c) % world] == d])
+    elif op in ("gather", "allgather"):
+        everything = pa.concat_tables([t for _, _, t in tabs])
+        out = {world - 1: everything} if op == "gather" else {d: everything for d in dests}
+    elif op == "broadcast":
+        out = {d: pa.concat_tables([t for s, _, t in tabs if s == 0]) for d in dests}
+    return out
+
+
+def check(results: list[dict], world: int, params: dict) -> None:
+    want = expected(world, params)
+    assert all("error" not in r for r in results), results
+    got = {int(d): J.from_b64(b64) for r in results for d, b64 in r.items() if d.isdigit()}
+    assert sorted(got) == sorted(want)
+    for d, table in want.items():
+        g = got[d]
+        if params["op"] == "keyed_reduce":
+            assert g.column_names == table.column_names
+            for name in table.column_names:
+                if name == "w_mean":
+                    a = np.array(g.column(name).to_pylist(), dtype=float)
+                    b = np.array(table.column(name).to_pylist(), dtype=float)
+                    np.testing.assert_allclose(a, b, rtol=1e-12, equal_nan=True)
+                else:
+                    assert g.column(name).to_pylist() == table.column(name).to_pylist(), name
+        else:
+            assert g.schema.equals(table.schema), (g.schema, table.schema)
+            assert g.equals(table), f"destination {d}"
+    if params["op"] in ("keyed_partition", "keyed_gather"):      # every row exactly once, somewhere
+        rows = sorted(r for t in got.values() for r in zip(t.column("src").to_pylist(), t.column("row").to_pylist()))
+        assert len(rows) == len(set(rows)) == sum(t.num_rows for _, _, t in sources_tables(world, params))
+
+
+@pytest.mark.parametrize("op", J.OPS)
+def test_every_operation_on_threads(op):
+    params = {"op": op, "rows": 150, "calls": 3}
+    check(run_local(3, J.scenario, params, timeout=120), 3, params)
+
+
+@pytest.mark.parametrize("key", ["s", "f", ["s", "k"], ["k", "f", "s"]])
+@pytest.mark.parametrize("op", ["keyed_gather", "keyed_reduce"])
+def test_keys_of_several_types_and_columns(op, key):
+    params = {"op": op, "rows": 120, "key": key}
+    check(run_local(2, J.scenario, params, timeout=120), 2, params)
+
+
+def test_keyed_gather_spills_tables_past_the_memory_limit():
+    params = {"op": "keyed_gather", "rows": 2000, "calls": 4}
+    results = run_local(2, J.scenario, params, timeout=120, memory_limit=32 << 10)
+    check(results, 2, params)
+    assert all(r["spilled"] > 0 for r in results)
+
+
+def test_large_table_is_sent_in_pieces():
+    """A table far beyond table_piece_bytes goes as several slices and arrives whole and in order."""
+    import collectives as C
+
+    def body(ctx):
+        with C.KeyedPartition(ctx, edge=4) as op:
+            op.table_piece_bytes = 4096
+            t = pa.table({"k": np.arange(20000) % 97, "v": np.arange(20000)})
+            for task in op.local_sources:
+                op.send_table(task, t, key="k")
+                op.finish(task)
+            return {d: op.result_table(d) for d in op.local_destinations}
+    res = run_local(2, body, timeout=120)
+    t = pa.table({"k": np.arange(20000) % 97, "v": np.arange(20000)})
+    for j, r in enumerate(res):
+        mine = t.filter(pa.array(destination_index(t, ["k"], 2) == j))
+        assert r[j].equals(pa.concat_tables([mine, mine]))
+
+
+def _caught(ctx, params):
+    try:
+        return J.scenario(ctx, params)
+    except Exception as e:  # noqa: BLE001 - the test looks at every rank's error
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
+@pytest.mark.parametrize("op", ["keyed_gather", "keyed_partition", "keyed_reduce", "allgather", "partition"])
+def test_schema_mismatch_fails_on_every_destination(op):
+    res = run_local(3, _caught, {"op": op, "bad_rank": 1, "rows": 50}, timeout=120)
+    errors = [r.get("error") for r in res if "error" in r]
+    dests = 3
+    assert len(errors) == dests, res
+    for e in errors:
+        assert e.startswith("TableSchemaError") and "rank 1" in e, e
+        assert "column 'v'" in e and "int64 vs double" in e, e
+
+
+def test_missing_key_column_is_an_error_at_send():
+    import collectives as C
+
+    def body(ctx):
+        with C.KeyedGather(ctx, edge=5) as op:
+            with pytest.raises(TableSchemaError, match=r"\['nope'\].*columns are \['k'\]"):
+                op.send_table(op.local_sources[0], pa.table({"k": [1]}), key="nope")
+            for t in op.local_sources:
+                op.finish(t)
+            return op.result_table().num_rows
+    assert run_local(2, body, timeout=60) == [0, 0]
+
+
+def test_records_and_tables_do_not_mix():
+    import collectives as C
+
+    def body(ctx):
+        with C.Gather(ctx, edge=6, destinations=[0]) as op:
+            for t in op.local_sources:
+                op.send(t, {"a": 1})
+                op.finish(t)
+            if op.local_destinations:
+                with pytest.raises(TwisternetError, match="not a table"):
+                    op.result_table()
+        return True
+    assert run_local(2, body, timeout=60) == [True, True]
+
+
+def test_bad_aggregation_is_refused():
+    import collectives as C
+
+    def body(ctx):
+        with C.KeyedReduce(ctx, edge=7, op="sum") as op:
+            with pytest.raises(ValueError, match="median"):
+                op.send_table(op.local_sources[0], pa.table({"k": [1], "v": [2]}), key="k",
+                              aggregate={"v": "median"})
+            with pytest.raises(TableSchemaError, match="aggregated column"):
+                op.send_table(op.local_sources[0], pa.table({"k": [1], "v": [2]}), key="k",
+                              aggregate={"w": "sum"})
+            for t in op.local_sources:
+                op.finish(t)
+            return op.result_table().num_rows
+    assert run_local(2, body, timeout=60) == [0, 0]
