@@ -103,7 +103,12 @@ def main(argv: list[str]) -> int:
             result: Any = scenario(ctx, params)
         except Exception as e:  # noqa: BLE001 - reported to the test as this rank's result
             result = {"error": f"{type(e).__name__}: {e}"}
-        print(json.dumps({"rank": ctx.rank, "result": result}), flush=True)
+        line = json.dumps({"rank": ctx.rank, "result": result})
+        if params.get("out_dir"):      # large results: a file per rank (stdout lines of ranks interleave)
+            with open(os.path.join(params["out_dir"], f"{ctx.rank}.json"), "w") as f:
+                f.write(line)
+        else:
+            print(line, flush=True)
     return 0
 
 
