@@ -53,3 +53,9 @@ def test_schema_mismatch_between_processes_fails_on_every_rank(tmp_path):
     res = run_job("tcp", 2, {"op": "keyed_gather", "bad_rank": 1, "rows": 100}, tmp_path)
     for r in res:
         assert r["error"].startswith("TableSchemaError") and "rank 1" in r["error"], res
+
+
+def test_groupby_example_checks_itself():
+    out = run_script("tcp", 2, os.path.join(os.path.dirname(SCRIPT), "..", "..", "..", "examples", "groupby.py"),
+                     ["--rows", "200000", "--distinct", "5000", "--check"], timeout=240)
+    assert out.count("check passed") == 2 and "total: 5000 keys, 200000 rows" in out, out
