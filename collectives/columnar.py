@@ -229,6 +229,73 @@ def destination_index(table: Any, keys: Sequence[str], n: int) -> np.ndarray:
     return idx
 
 
+def splitters_from_sample(sample: Any, keys: Sequence[str], n: int) -> Any:
+    """``n - 1`` splitter rows (the key columns) at the quantiles of ``sample``: for range partitioning
+    over ``n`` destinations. Null keys are left out (they always go to the first destination). Every
+    process computing it from the same sample (e.g. an AllGather of per-source samples) gets the same."""
+    import pyarrow.compute as pc
+    sample = to_table(sample).select(list(keys))
+    for k in keys:
+        sample = sample.filter(pc.is_valid(sample.column(k)))
+    ordered = sort_by_keys(sample, keys)
+    m = ordered.num_rows
+    if n <= 1 or m == 0:
+        return ordered.slice(0, 0)
+    picks = [min(m - 1, (i * m) // n) for i in range(1, n)]
+    return ordered.take(picks)
+
+
+def _searchable(pa: Any, arr: Any) -> np.ndarray | None:
+    """A numpy array ordered like ``arr``'s values (numeric, temporal or fixed-size binary), or None."""
+    t = arr.type
+    if pa.types.is_integer(t) or pa.types.is_floating(t):
+        return arr.to_numpy(zero_copy_only=False)
+    if pa.types.is_temporal(t) and not pa.types.is_interval(t):
+        return arr.view(getattr(pa, f"int{t.bit_width}")()).to_numpy(zero_copy_only=False)
+    if pa.types.is_fixed_size_binary(t):
+        w = t.byte_width
+        bufs = arr.buffers()
+        raw = np.frombuffer(bufs[1], dtype=np.uint8)[arr.offset * w:(arr.offset + len(arr)) * w]
+        return raw.view(f"S{w}")     # equal-width bytes: numpy's order is memcmp's
+    return None
+
+
+def range_index(table: Any, keys: Sequence[str], splitters: Any) -> np.ndarray:
+    """For each row, the destination index its key falls in by ``splitters`` (sorted key rows, as
+    from :func:`splitters_from_sample`): index ``i`` holds keys in ``(s[i-1], s[i]]``; null keys go to
+    0. A single numeric, temporal or fixed-size binary key uses a binary search; other keys one stable
+    sort of the rows with the splitters."""
+    pa = require_pyarrow()
+    import pyarrow.compute as pc
+    splitters = to_table(splitters)
+    check_key_columns(splitters, keys, "range splitters")
+    splitters = splitters.select(list(keys))
+    n = table.num_rows
+    nulls = np.zeros(n, dtype=bool)
+    for k in keys:
+        col = table.column(k)
+        if col.null_count:
+            nulls |= ~np.asarray(pc.is_valid(col).to_numpy(zero_copy_only=False), dtype=bool)
+    if len(keys) == 1:
+        col = table.column(keys[0]).combine_chunks()
+        spl = splitters.column(keys[0]).combine_chunks()
+        if col.type.equals(spl.type):
+            a, s = _searchable(pa, col), _searchable(pa, spl)
+            if a is not None and s is not None:
+                idx = np.searchsorted(s, a, side="left").astype(np.int64)
+                idx[nulls] = 0
+                return idx
+    # general: sort rows and splitters together (splitters after equal rows), count splitters before
+    both = pa.concat_tables([table.select(list(keys)), splitters.cast(table.select(list(keys)).schema)])
+    order = np.asarray(pc.sort_indices(both, sort_keys=[(k, "ascending") for k in keys]).to_numpy())
+    is_spl = order >= n
+    before = np.cumsum(is_spl) - is_spl
+    idx = np.empty(n, dtype=np.int64)
+    idx[order[~is_spl]] = before[~is_spl]
+    idx[nulls] = 0
+    return idx
+
+
 def split_rows(table: Any, index: np.ndarray, n: int) -> list[Any]:
     """The rows of ``table`` for each of ``n`` destinations (``index[i]`` of row ``i``), keeping their
     order: one ``take`` of the whole table, then zero-copy slices."""
@@ -310,6 +377,17 @@ class _TableOps:
         per = max(1, int(self.table_piece_bytes * rows // max(1, table.nbytes)))
         return [table.slice(i, per) for i in range(0, rows, per)]
 
+    def _route_rows(self, table: Any, keys: Sequence[str], splitters: Any) -> np.ndarray:
+        """Destination index of each row: stable hash, or key range with ``splitters``."""
+        n = len(self.destinations)
+        if splitters is None:
+            return destination_index(table, keys, n)
+        splitters = to_table(splitters)
+        if splitters.num_rows != n - 1:
+            raise ValueError(f"{self.describe()}: {n} destinations need {n - 1} splitter rows, got "
+                             f"{splitters.num_rows}")
+        return range_index(table, keys, splitters)
+
     def _new_schema(self, task: int, schema: Any) -> bool:
         """Whether ``task`` sends ``schema`` for the first time (then it goes to every destination)."""
         seen = self.__dict__.setdefault("_table_schemas", {})
@@ -358,17 +436,18 @@ class PartitionTables(_TableOps):
     """``send_table`` / ``result_table`` of Partition and KeyedPartition (rows as sent)."""
 
     def send_table(self, task: int, table: Any, key: str | Sequence[str] | None = None, *,
-                   destination: int | None = None, timeout: float | None = None) -> None:
+                   destination: int | None = None, splitters: Any = None, timeout: float | None = None) -> None:
         """Send the rows of ``table`` from local source ``task``: by the stable hash of the ``key``
-        columns (required for KeyedPartition), else to ``destination``, else (Partition) round-robin
-        one whole table per call."""
+        columns (required for KeyedPartition) or, with ``splitters``, by key range (see
+        :func:`range_index`), else to ``destination``, else (Partition) round-robin one whole table
+        per call."""
         keys = key_names(key)
         if not keys and getattr(self, "key_type", None) is not None:
             raise TypeError(f"{self.describe()}.send_table needs key= (the key column name or names)")
         table = self._table_in(task, table, keys)
         dests = self.destinations
         if keys:
-            parts = split_rows(table, destination_index(table, keys, len(dests)), len(dests))
+            parts = split_rows(table, self._route_rows(table, keys, splitters), len(dests))
         else:
             dest = self._pick(task, table, destination)
             parts = [table if d == dest else table.slice(0, 0) for d in dests]
@@ -436,10 +515,12 @@ class GatherTables(_TableOps):
 class KeyedGatherTables(_TableOps):
     """``send_table`` / ``result_table`` of KeyedGather: rows sorted by key at their destination."""
 
-    def send_table(self, task: int, table: Any, key: str | Sequence[str], *,
+    def send_table(self, task: int, table: Any, key: str | Sequence[str], *, splitters: Any = None,
                    timeout: float | None = None) -> None:
         """Send the rows of ``table`` from local source ``task`` to the destinations their ``key``
-        columns hash to."""
+        columns hash to or, with ``splitters`` (``len(destinations) - 1`` sorted key rows, e.g. from
+        :func:`splitters_from_sample`), to the destination of their key range: then the destinations'
+        results, in destination order, are one globally sorted table."""
         keys = key_names(key)
         if not keys:
             raise TypeError(f"{self.describe()}.send_table needs key= (the key column name or names)")
@@ -448,7 +529,7 @@ class KeyedGatherTables(_TableOps):
         meta[b"twisternet.keys"] = json.dumps(keys).encode()
         table = table.replace_schema_metadata(meta)
         dests = self.destinations
-        parts = split_rows(table, destination_index(table, keys, len(dests)), len(dests))
+        parts = split_rows(table, self._route_rows(table, keys, splitters), len(dests))
         every = self._new_schema(task, table.schema)
         for d, part in zip(dests, parts):
             if part.num_rows or every:
@@ -589,6 +670,6 @@ def _same(value: Any) -> Any:
     return value
 
 
-__all__ = ["to_table", "row_hashes", "destination_index", "split_rows", "sort_by_keys", "key_names",
+__all__ = ["to_table", "row_hashes", "destination_index", "split_rows", "range_index", "splitters_from_sample", "sort_by_keys", "key_names",
            "partial_aggregate", "merge_aggregates", "AGGREGATIONS", "INSTALL_HINT",
            "PartitionTables", "BroadcastTables", "GatherTables", "KeyedGatherTables", "KeyedReduceTables"]

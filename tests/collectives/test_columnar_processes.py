@@ -59,3 +59,10 @@ def test_groupby_example_checks_itself():
     out = run_script("tcp", 2, os.path.join(os.path.dirname(SCRIPT), "..", "..", "..", "examples", "groupby.py"),
                      ["--rows", "200000", "--distinct", "5000", "--check"], timeout=240)
     assert out.count("check passed") == 2 and "total: 5000 keys, 200000 rows" in out, out
+
+
+@pytest.mark.parametrize("launcher,world", [("tcp", 3), ("mpi", 2)])
+def test_terasort_example_validates(launcher, world):
+    out = run_script(launcher, world, os.path.join(os.path.dirname(SCRIPT), "..", "..", "..", "examples",
+                                                   "terasort.py"), ["--records", "120000"], timeout=240)
+    assert "validation passed" in out and f"sorted 120000 records" in out, out
