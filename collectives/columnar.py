@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -550,6 +550,56 @@ class KeyedGatherTables(_TableOps):
                     yield tag[0], v
             else:
                 yield tag[0], value
+
+    def result_batches(self, task: int | None = None, *, timeout: float | None = None,
+                       batch_rows: int = 65536, memory_limit: int | None = None,
+                       compression: str | None = None) -> Iterator[Any]:
+        """Batch: :meth:`result_table`'s rows as ``pyarrow.RecordBatch``es in the same order, for results
+        larger than memory: past ``memory_limit`` bytes (default this destination's share of
+        ``config.memory_limit``) sorted runs are spilled as Arrow IPC files to ``config.spill_dir``
+        (``compression``: e.g. ``"lz4"`` or ``"zstd"``) and merged back by key in blocks."""
+        from .columnar_spill import SortedRuns
+        task = self._check_table_results(task)
+        pa = require_pyarrow()
+        cfg = self.ctx.config
+        limit = memory_limit or max(1 << 20, cfg.memory_limit // max(1, len(self.local_destinations)))
+        first = first_src = runs = None
+        try:
+            for src, t in self._tag_pairs(task, timeout):
+                t = self._checked_piece(first, first_src, src, t)
+                if first is None:
+                    first, first_src = t.schema, src
+                    meta = dict(first.metadata or {})
+                    keys = json.loads(meta.pop(b"twisternet.keys", b"[]"))
+                    plain = first.with_metadata(meta or None)
+                    runs = SortedRuns(keys, limit, cfg.spill_dir, compression=compression, batch_rows=batch_rows,
+                                      name=f"{self.describe()}(edge={self.edge}) task {task}")
+                runs.add(t.replace_schema_metadata(plain.metadata))
+            if runs is None:
+                return
+            self.spilled_runs = runs.runs
+            for batch in runs.batches():
+                yield batch
+            self.spilled_runs = runs.runs
+        finally:
+            if runs is not None:
+                runs.close()
+
+    def _checked_piece(self, first: Any, first_src: Any, src: int, t: Any) -> Any:
+        """One received piece as a Table, checked against the first piece's schema."""
+        pa = require_pyarrow()
+        if not is_arrow_data(t):
+            raise TwisternetError(f"{self.describe()} (edge {self.edge}): found a record from task {src} that "
+                                  f"is not a table (an operation carries either send() records or send_table() "
+                                  f"tables)")
+        if isinstance(t, pa.RecordBatch):
+            t = pa.Table.from_batches([t])
+        if first is not None and not t.schema.equals(first, check_metadata=True):
+            raise TableSchemaError(
+                f"{self.describe()} (edge {self.edge}) at rank {self.rank}: tables from task {first_src} "
+                f"(rank {self.plan.rank_of(first_src)}) and task {src} (rank {self.plan.rank_of(src)}) "
+                f"have different schemas: {_schema_diff(first, t.schema)}")
+        return t
 
     def result_table(self, task: int | None = None, *, timeout: float | None = None) -> Any:
         """Batch: this destination's rows sorted by the key columns (nulls first; equal keys by
