@@ -163,3 +163,27 @@ def test_twisternet_imports_and_explains_without_pyarrow():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "pip install 'twisternet[arrow]'" in out.stdout
+
+
+def test_table_api_without_pyarrow_says_how_to_install():
+    code = (
+        "import sys; sys.modules['pyarrow'] = None\n"
+        "import collectives as C\n"
+        "from twisternet.testing import run_local\n"
+        "from twisternet.errors import ArrowUnavailableError\n"
+        "import numpy as np\n"
+        "def body(ctx):\n"
+        "    with C.KeyedGather(ctx, edge=1) as op:\n"
+        "        try:\n"
+        "            op.send_table(op.local_sources[0], np.zeros(3, dtype=[('k', '<i8')]), key='k')\n"
+        "        except ArrowUnavailableError as e:\n"
+        "            msg = str(e)\n"
+        "        for t in op.local_sources:\n"
+        "            op.finish(t)\n"
+        "        list(op.results())\n"
+        "    return msg\n"
+        "print(run_local(2, body, timeout=60)[0])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "pip install 'twisternet[arrow]'" in out.stdout
