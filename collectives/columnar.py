@@ -381,6 +381,14 @@ class _TableOps:
         per = max(1, int(self.table_piece_bytes * rows // max(1, table.nbytes)))
         return [table.slice(i, per) for i in range(0, rows, per)]
 
+    def _routed_slices(self, table: Any, keys: Sequence[str], splitters: Any) -> Iterator[list[Any]]:
+        """Per slice of at most ``table_piece_bytes`` of ``table`` (in order), its rows for each
+        destination: routing and the ``take`` that groups rows work one slice at a time, so a table
+        larger than memory allows costs one slice of extra memory, not a second copy of the table."""
+        n = len(self.destinations)
+        for part in self._pieces(table):
+            yield split_rows(part, self._route_rows(part, keys, splitters), n)
+
     def _route_rows(self, table: Any, keys: Sequence[str], splitters: Any) -> np.ndarray:
         """Destination index of each row: stable hash, or key range with ``splitters``."""
         n = len(self.destinations)
@@ -450,16 +458,19 @@ class PartitionTables(_TableOps):
             raise TypeError(f"{self.describe()}.send_table needs key= (the key column name or names)")
         table = self._table_in(task, table, keys)
         dests = self.destinations
-        if keys:
-            parts = split_rows(table, self._route_rows(table, keys, splitters), len(dests))
-        else:
-            dest = self._pick(task, table, destination)
-            parts = [table if d == dest else table.slice(0, 0) for d in dests]
         every = self._new_schema(task, table.schema)
-        for d, part in zip(dests, parts):
-            if part.num_rows or every:
-                for piece in self._pieces(part):
-                    self._send_piece(task, d, piece, timeout)
+        if not keys:
+            dest = self._pick(task, table, destination)
+            for d in dests:
+                if d == dest or every:
+                    for piece in self._pieces(table if d == dest else table.slice(0, 0)):
+                        self._send_piece(task, d, piece, timeout)
+            return
+        for parts in self._routed_slices(table, keys, splitters):
+            for d, part in zip(dests, parts):
+                if part.num_rows or every:
+                    self._send_piece(task, d, part, timeout)
+            every = False
 
     def _send_piece(self, task: int, dest: int, piece: Any, timeout: float | None) -> None:
         from .edges import DIRECT
@@ -533,12 +544,12 @@ class KeyedGatherTables(_TableOps):
         meta[b"twisternet.keys"] = json.dumps(keys).encode()
         table = table.replace_schema_metadata(meta)
         dests = self.destinations
-        parts = split_rows(table, self._route_rows(table, keys, splitters), len(dests))
         every = self._new_schema(task, table.schema)
-        for d, part in zip(dests, parts):
-            if part.num_rows or every:
-                for piece in self._pieces(part):
-                    self._send_keyed_piece(task, d, piece, timeout)
+        for parts in self._routed_slices(table, keys, splitters):
+            for d, part in zip(dests, parts):
+                if part.num_rows or every:
+                    self._send_keyed_piece(task, d, part, timeout)
+            every = False
 
     def _send_keyed_piece(self, task: int, dest: int, piece: Any, timeout: float | None) -> None:
         node = self._nodes[dest]

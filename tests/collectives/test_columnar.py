@@ -379,3 +379,23 @@ def test_wrong_number_of_splitters_is_refused():
                 op.finish(t)
             return op.result_table().num_rows
     assert run_local(2, body, timeout=60) == [0, 0]
+
+
+def test_one_huge_send_travels_as_bounded_pieces():
+    """A table far larger than table_piece_bytes in one send_table call: routed and sent slice by
+    slice, so no message (and no extra copy at the sender) is larger than about one slice."""
+    import collectives as C
+
+    def body(ctx):
+        with C.KeyedGather(ctx, edge=13, group=False) as op:
+            op.table_piece_bytes = 16 << 10
+            t = pa.table({"k": np.arange(50_000) % 1000, "v": np.arange(50_000, dtype=np.float64)})
+            for task in op.local_sources:
+                op.send_table(task, t, key="k")
+                op.finish(task)
+            pieces = [v for _, v in op.results()]
+        return len(pieces), max(p.nbytes for p in pieces), sum(p.num_rows for p in pieces)
+    res = run_local(2, body, timeout=120)
+    assert sum(r[2] for r in res) == 100_000
+    for count, biggest, _ in res:
+        assert count > 20 and biggest <= 16 << 10
