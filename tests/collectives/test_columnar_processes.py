@@ -61,8 +61,12 @@ def test_groupby_example_checks_itself():
     assert out.count("check passed") == 2 and "total: 5000 keys, 200000 rows" in out, out
 
 
-@pytest.mark.parametrize("launcher,world", [("tcp", 3), ("mpi", 2)])
-def test_terasort_example_validates(launcher, world):
+@pytest.mark.parametrize("launcher,world,limit", [("tcp", 3, 0), ("mpi", 2, 0), ("tcp", 2, 2_000_000)])
+def test_terasort_example_validates(launcher, world, limit):
+    args = ["--records", "120000"] + (["--memory-limit", str(limit)] if limit else [])
     out = run_script(launcher, world, os.path.join(os.path.dirname(SCRIPT), "..", "..", "..", "examples",
-                                                   "terasort.py"), ["--records", "120000"], timeout=240)
-    assert "validation passed" in out and f"sorted 120000 records" in out, out
+                                                   "terasort.py"), args, timeout=240)
+    assert "validation passed" in out and "sorted 120000 records" in out, out
+    if limit:          # 6 MB per worker sorted within 2 MB: spilled runs merged back
+        runs = [int(m) for m in __import__("re").findall(r"(\d+) spilled runs", out)]
+        assert len(runs) == world and min(runs) >= 2, out
