@@ -12,6 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 
 import pyarrow as pa  # noqa: E402
+import pyarrow.compute  # noqa: E402,F401 - loaded before the clock starts, as the peers load theirs
 
 import twisternet as tn  # noqa: E402
 from collectives import Barrier, KeyedReduce  # noqa: E402

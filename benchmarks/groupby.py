@@ -10,7 +10,8 @@ from a common start barrier); not timed: generating the table (``examples/groupb
 ``generated_table``, identical for every implementation). Every run is checked: the concatenated
 per-worker results must have exactly the reference's keys and counts, and sums equal within 1e-9
 relative. Figures are medians of ``--repeat`` runs; ratios are the peer's time over twisternet's.
-Peers that are not installed are reported as skipped. (Not yet a ``python -m benchmarks`` suite.)
+Peers that are not installed are reported as skipped. Also the ``groupby`` suite of ``python -m benchmarks``
+(``--set groupby.rows=N --set groupby.distinct=K``).
 """
 
 from __future__ import annotations
@@ -120,6 +121,63 @@ def run_spark(table: Any, ref: Any, workers: int) -> float:
     return dt
 
 
+NAME = "groupby"
+DESCRIPTION = ("group-by-sum of an Arrow table (int64 key, float64 value): twisternet KeyedReduce.send_table "
+               "on W workers vs pyarrow and Polars (1 process) and Dask / PySpark DataFrames")
+
+
+def measure(rows: int, distinct: int, workers: int, repeat: int,
+            step: Callable[[str], None] = lambda what: None) -> tuple[dict[str, float], list[str]]:
+    """Median seconds per implementation (every answer verified), and the peers skipped (with why)."""
+    table = whole_table(rows, distinct, workers)
+    ref = reference(table)
+    peers: list[tuple[str, Callable[[], float]]] = [
+        ("twisternet", lambda: run_twisternet(rows, distinct, workers, ref)),
+        ("pyarrow (1 process)", lambda: run_pyarrow(table, ref)),
+        ("polars (1 process)", lambda: run_polars(table, ref)),
+        (f"dask ({workers} workers)", lambda: run_dask(table, ref, workers)),
+        (f"pyspark local[{workers}]", lambda: run_spark(table, ref, workers)),
+    ]
+    times: dict[str, float] = {}
+    skipped: list[str] = []
+    for name, fn in peers:
+        step(name)
+        try:
+            times[name] = median(fn() for _ in range(repeat))
+        except ImportError as e:
+            skipped.append(f"{name}: {e.name or e} not installed")
+    return times, skipped
+
+
+def run(opts: Any) -> Any:
+    """The ``python -m benchmarks --suite groupby`` entry point."""
+    from benchmarks.harness import SuiteResult, Table, Target
+    t_start = time.monotonic()
+    res = SuiteResult(NAME, description=DESCRIPTION)
+    rows = opts.get("rows", 1_000_000 if opts.quick else 100_000_000)
+    distinct = opts.get("distinct", 10_000 if opts.quick else 1_000_000)
+    repeat = opts.repeats() if hasattr(opts, "repeats") else opts.repeat
+    bar = opts.bar(NAME)
+    bar.set_total(5 * len(opts.workers))
+    for w in opts.workers:
+        times, skipped = measure(rows, distinct, w, repeat, lambda what: bar.step(f"{what} x{w}"))
+        res.skipped += [f"{s} ({w} workers)" for s in skipped]
+        base = times["twisternet"]
+        res.tables.append(Table(f"Group-by-sum of {rows:,} rows, {distinct:,} keys, {w} workers (median of {repeat})",
+                                ["implementation", "seconds", "Mrows/s", "time / twisternet's"],
+                                [[n, f"{t:.3f}", f"{rows / t / 1e6:.1f}", f"{t / base:.2f}"] for n, t in times.items()],
+                                note="every answer checked against single-process pyarrow (keys exact, sums 1e-9)"))
+        for peer in ("dask", "pyspark"):
+            name = next((n for n in times if n.startswith(peer)), None)
+            res.targets.append(Target(f"group-by, {w} workers, vs {peer}", "faster",
+                                      f"{times[name] / base:.2f}x" if name else "peer not run",
+                                      times[name] > base if name else None))
+        res.raw[w] = times
+    res.seconds = time.monotonic() - t_start
+    bar.finish()
+    return res
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=10_000_000)
@@ -127,23 +185,11 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
-    table = whole_table(args.rows, args.distinct, args.workers)
-    ref = reference(table)
-    peers: list[tuple[str, Callable[[], float]]] = [
-        ("twisternet", lambda: run_twisternet(args.rows, args.distinct, args.workers, ref)),
-        ("pyarrow (1 process)", lambda: run_pyarrow(table, ref)),
-        ("polars (1 process)", lambda: run_polars(table, ref)),
-        (f"dask ({args.workers} workers)", lambda: run_dask(table, ref, args.workers)),
-        (f"pyspark local[{args.workers}]", lambda: run_spark(table, ref, args.workers)),
-    ]
-    times: dict[str, float] = {}
     print(f"group-by-sum: {args.rows:,} rows, {args.distinct:,} distinct int64 keys, float64 values, "
           f"{args.workers} workers, median of {args.repeat}")
-    for name, fn in peers:
-        try:
-            times[name] = median(fn() for _ in range(args.repeat))
-        except ImportError as e:
-            print(f"  {name}: skipped ({e.name or e} not installed)")
+    times, skipped = measure(args.rows, args.distinct, args.workers, args.repeat)
+    for s in skipped:
+        print(f"  skipped: {s}")
     base = times["twisternet"]
     print(f"| implementation | seconds | Mrows/s | time / twisternet's |\n|---|---|---|---|")
     for name, dt in times.items():
