@@ -389,6 +389,25 @@ class _TableOps:
         for part in self._pieces(table):
             yield split_rows(part, self._route_rows(part, keys, splitters), n)
 
+    def _send_direct(self, task: int, rank: int, offset: int, msg: Any, timeout: float | None,
+                     before: Any = None) -> None:
+        """Hand ``msg`` (holding a table piece) to the Context with a blocking send from this thread,
+        outside the operation's lock: large pieces then go out without a copy (the Context waits for
+        the send to complete), unlike records parked for ``try_send``. Records parked earlier by this
+        operation (and ``before()``, run under the lock) go first."""
+        from .edges import channel_edge
+        self._check_source(task)
+        self._raise_if_failed()
+        with self._lock:
+            self._raise_if_failed()
+            self._active = True
+            if before is not None:
+                before()
+        self._settle(timeout)
+        self.ctx.send(rank, channel_edge(self.edge, offset), msg,
+                      timeout=self.timeout if timeout is None else timeout)
+        self._after()
+
     def _route_rows(self, table: Any, keys: Sequence[str], splitters: Any) -> np.ndarray:
         """Destination index of each row: stable hash, or key range with ``splitters``."""
         n = len(self.destinations)
@@ -481,10 +500,8 @@ class PartitionTables(_TableOps):
                         timeout=timeout)
             return
 
-        def hand_over() -> None:
-            self._buffer(r, (dest, task, payload))
-            self._flush(r)
-        self._input(task, lambda: self._can_send(r, DIRECT), hand_over, timeout=timeout)
+        self._send_direct(task, r, DIRECT, ("D", [(dest, task, payload)]), timeout,
+                          before=lambda: self._flush(r))
 
     def result_table(self, task: int | None = None, *, timeout: float | None = None) -> Any:
         """Batch: the rows sent to local destination ``task``, by source task then send order."""
@@ -552,11 +569,16 @@ class KeyedGatherTables(_TableOps):
             every = False
 
     def _send_keyed_piece(self, task: int, dest: int, piece: Any, timeout: float | None) -> None:
+        from .edges import UP_BASE
         node = self._nodes[dest]
         tag = (task, self._table_seq(task))      # unique: the store keeps pieces in (task, seq) order
-        self._input(task, lambda: self._input_room(node),
-                    lambda: self._push_cols(node, [tag], [task], [piece], local=True, direct=True),
-                    timeout=timeout)
+        if node.parent is None:
+            self._input(task, lambda: self._input_room(node),
+                        lambda: self._push_cols(node, [tag], [task], [piece], local=True, direct=True),
+                        timeout=timeout)
+            return
+        self._send_direct(task, node.parent, UP_BASE + node.level - 1, ("d", node.tid, [[tag], [task], [piece]]),
+                          timeout, before=lambda: self._flush_node(node))
 
     def _tag_pairs(self, task: int, timeout: float | None) -> Iterable[tuple[int, Any]]:
         for tag, value in self.results(task, timeout=timeout):
