@@ -594,10 +594,11 @@ class KeyedGatherTables(_TableOps):
         """Batch: :meth:`result_table`'s rows as ``pyarrow.RecordBatch``es in the same order, for results
         larger than memory: past ``memory_limit`` bytes (default this destination's share of
         ``config.memory_limit``) sorted runs are spilled as Arrow IPC files to ``config.spill_dir``
-        (``compression``: e.g. ``"lz4"`` or ``"zstd"``) and merged back by key in blocks."""
+        (``compression``: e.g. ``"lz4"`` or ``"zstd"``) and merged back by key in blocks; afterwards
+        ``spilled_runs`` says how many runs were written."""
         from .columnar_spill import SortedRuns
         task = self._check_table_results(task)
-        pa = require_pyarrow()
+        require_pyarrow()
         cfg = self.ctx.config
         limit = memory_limit or max(1 << 20, cfg.memory_limit // max(1, len(self.local_destinations)))
         first = first_src = runs = None
@@ -757,6 +758,7 @@ def _same(value: Any) -> Any:
     return value
 
 
-__all__ = ["to_table", "row_hashes", "destination_index", "split_rows", "range_index", "splitters_from_sample", "sort_by_keys", "key_names",
+__all__ = ["to_table", "row_hashes", "destination_index", "split_rows", "range_index", "splitters_from_sample",
+           "sort_by_keys", "key_names",
            "partial_aggregate", "merge_aggregates", "AGGREGATIONS", "INSTALL_HINT",
            "PartitionTables", "BroadcastTables", "GatherTables", "KeyedGatherTables", "KeyedReduceTables"]

@@ -24,8 +24,9 @@ class Join:
 
     ``Join(ctx, sources, destinations, edge, key="k", right_key=None, how="inner")`` joins on the
     ``key`` columns of the left side and ``right_key`` (default: the same names) of the right; it uses
-    user edges ``edge`` and ``edge + 1`` (one KeyedPartition per side). Sources call :meth:`send_left` / :meth:`send_right` (any number of
-    times, both sides optional per source) and :meth:`finish`; batch destinations read
+    user edges ``edge`` and ``edge + 1`` (one KeyedPartition per side). Sources call :meth:`send_left` /
+    :meth:`send_right` (any number of times, both sides optional per source) and :meth:`finish`; batch
+    destinations read
     :meth:`result_table`: the joined rows of their keys, sorted by key (nulls first). Columns: the key
     columns (named as on the left), then the left's other columns, then the right's; a non-key column
     name on both sides gets ``left_suffix`` / ``right_suffix``.
@@ -35,7 +36,8 @@ class Join:
 
     def __init__(self, ctx: Any, sources: int | Iterable[int] | None = None,
                  destinations: int | Iterable[int] | None = None, edge: int | None = None, *,
-                 key: str | Sequence[str], right_key: str | Sequence[str] | None = None, how: str = "inner", left_suffix: str = "_left", right_suffix: str = "_right",
+                 key: str | Sequence[str], right_key: str | Sequence[str] | None = None, how: str = "inner",
+                 left_suffix: str = "_left", right_suffix: str = "_right",
                  timeout: float | None = None) -> None:
         require_pyarrow()
         if how not in HOWS:

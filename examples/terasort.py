@@ -128,7 +128,8 @@ def main() -> None:
         for p in parts:
             print(f"[{p['rank']}] {p['out_count']} records, keys {p['first']} .. {p['last']}, "
                   f"{p['runs']} spilled runs")
-        print(f"sorted {args.records} records ({mb:.0f} MB) in {seconds:.3f} s ({mb / seconds:.1f} MB/s); validation {'passed' if ok else 'FAILED'}")
+        print(f"sorted {args.records} records ({mb:.0f} MB) in {seconds:.3f} s ({mb / seconds:.1f} MB/s); "
+              f"validation {'passed' if ok else 'FAILED'}")
         if not ok:
             sys.exit(1)
 
