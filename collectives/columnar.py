@@ -439,23 +439,50 @@ class _TableOps:
         pa = require_pyarrow()
         tables, first, first_src = [], None, None
         for src, t in pairs:
-            if not is_arrow_data(t):
-                raise TwisternetError(f"{self.describe()} (edge {self.edge}): result_table found a record "
-                                      f"from task {src} that is not a table (an operation carries either "
-                                      f"send() records or send_table() tables)")
-            if isinstance(t, pa.RecordBatch):
-                t = pa.Table.from_batches([t])
+            t = self._checked_piece(first, first_src, src, t)
             if first is None:
                 first, first_src = t.schema, src
-            elif not t.schema.equals(first, check_metadata=True):
-                raise TableSchemaError(
-                    f"{self.describe()} (edge {self.edge}) at rank {self.rank}: tables from task {first_src} "
-                    f"(rank {self.plan.rank_of(first_src)}) and task {src} (rank {self.plan.rank_of(src)}) "
-                    f"have different schemas: {_schema_diff(first, t.schema)}")
             tables.append(t)
         if first is None:
             return pa.table({})
         return pa.concat_tables(tables)
+
+    def _checked_piece(self, first: Any, first_src: Any, src: int, t: Any) -> Any:
+        """One received piece as a Table, checked against the first piece's schema."""
+        pa = require_pyarrow()
+        if not is_arrow_data(t):
+            raise TwisternetError(f"{self.describe()} (edge {self.edge}): found a record from task {src} that "
+                                  f"is not a table (an operation carries either send() records or send_table() "
+                                  f"tables)")
+        if isinstance(t, pa.RecordBatch):
+            t = pa.Table.from_batches([t])
+        if first is not None and not t.schema.equals(first, check_metadata=True):
+            raise TableSchemaError(
+                f"{self.describe()} (edge {self.edge}) at rank {self.rank}: tables from task {first_src} "
+                f"(rank {self.plan.rank_of(first_src)}) and task {src} (rank {self.plan.rank_of(src)}) "
+                f"have different schemas: {_schema_diff(first, t.schema)}")
+        return t
+
+    def _table_pairs(self, task: int, timeout: float | None) -> Iterable[tuple[int, Any]]:
+        """``(source_task, table)`` pieces of local destination ``task``, in result order."""
+        raise NotImplementedError
+
+    def result_table(self, task: int | None = None, *, timeout: float | None = None) -> Any:
+        """Batch: the rows local destination ``task`` received, as one ``pyarrow.Table`` (see the
+        module docstring for each operation's order)."""
+        task = self._check_table_results(task)
+        return self._collect(task, timeout, self._table_pairs(task, timeout))
+
+    def result_batches(self, task: int | None = None, *, timeout: float | None = None) -> Iterator[Any]:
+        """Batch: :meth:`result_table`'s rows as ``pyarrow.RecordBatch``es, yielded as the received
+        pieces are read (spilled pieces come back from disk one at a time), not gathered in memory."""
+        task = self._check_table_results(task)
+        first = first_src = None
+        for src, t in self._table_pairs(task, timeout):
+            t = self._checked_piece(first, first_src, src, t)
+            if first is None:
+                first, first_src = t.schema, src
+            yield from t.to_batches()
 
     def _check_table_results(self, task: int | None) -> int:
         if self.mode != "batch":
@@ -503,14 +530,9 @@ class PartitionTables(_TableOps):
         self._send_direct(task, r, DIRECT, ("D", [(dest, task, payload)]), timeout,
                           before=lambda: self._flush(r))
 
-    def result_table(self, task: int | None = None, *, timeout: float | None = None) -> Any:
-        """Batch: the rows sent to local destination ``task``, by source task then send order."""
-        task = self._check_table_results(task)
-        if getattr(self, "key_type", None) is not None:
-            pairs = ((src, t) for src, t in self.results(task, timeout=timeout))
-        else:
-            pairs = self.results(task, timeout=timeout)
-        return self._collect(task, timeout, pairs)
+    def _table_pairs(self, task: int, timeout: float | None) -> Iterable[tuple[int, Any]]:
+        """The rows sent to local destination ``task``, by source task then send order."""
+        return self.results(task, timeout=timeout)
 
 
 class BroadcastTables(_TableOps):
@@ -522,11 +544,10 @@ class BroadcastTables(_TableOps):
         for piece in self._pieces(table):
             self.send(task, piece, timeout=timeout, copy=False)
 
-    def result_table(self, task: int | None = None, *, timeout: float | None = None) -> Any:
-        """Batch: the source's rows, in send order."""
-        task = self._check_table_results(task)
+    def _table_pairs(self, task: int, timeout: float | None) -> Iterable[tuple[int, Any]]:
+        """The source's rows, in send order."""
         src = self.sources[0]
-        return self._collect(task, timeout, ((src, t) for t in self.results(task, timeout=timeout)))
+        return ((src, t) for t in self.results(task, timeout=timeout))
 
 
 class GatherTables(_TableOps):
@@ -538,10 +559,9 @@ class GatherTables(_TableOps):
         for piece in self._pieces(table):
             self.send(task, piece, timeout=timeout, copy=False)
 
-    def result_table(self, task: int | None = None, *, timeout: float | None = None) -> Any:
-        """Batch: every source's rows, by source task then send order."""
-        task = self._check_table_results(task)
-        return self._collect(task, timeout, self.results(task, timeout=timeout))
+    def _table_pairs(self, task: int, timeout: float | None) -> Iterable[tuple[int, Any]]:
+        """Every source's rows, by source task then send order."""
+        return self.results(task, timeout=timeout)
 
 
 class KeyedGatherTables(_TableOps):
@@ -580,7 +600,7 @@ class KeyedGatherTables(_TableOps):
         self._send_direct(task, node.parent, UP_BASE + node.level - 1, ("d", node.tid, [[tag], [task], [piece]]),
                           timeout, before=lambda: self._flush_node(node))
 
-    def _tag_pairs(self, task: int, timeout: float | None) -> Iterable[tuple[int, Any]]:
+    def _table_pairs(self, task: int, timeout: float | None) -> Iterable[tuple[int, Any]]:
         for tag, value in self.results(task, timeout=timeout):
             if self.group and isinstance(value, list):
                 for v in value:
@@ -603,7 +623,7 @@ class KeyedGatherTables(_TableOps):
         limit = memory_limit or max(1 << 20, cfg.memory_limit // max(1, len(self.local_destinations)))
         first = first_src = runs = None
         try:
-            for src, t in self._tag_pairs(task, timeout):
+            for src, t in self._table_pairs(task, timeout):
                 t = self._checked_piece(first, first_src, src, t)
                 if first is None:
                     first, first_src = t.schema, src
@@ -623,27 +643,11 @@ class KeyedGatherTables(_TableOps):
             if runs is not None:
                 runs.close()
 
-    def _checked_piece(self, first: Any, first_src: Any, src: int, t: Any) -> Any:
-        """One received piece as a Table, checked against the first piece's schema."""
-        pa = require_pyarrow()
-        if not is_arrow_data(t):
-            raise TwisternetError(f"{self.describe()} (edge {self.edge}): found a record from task {src} that "
-                                  f"is not a table (an operation carries either send() records or send_table() "
-                                  f"tables)")
-        if isinstance(t, pa.RecordBatch):
-            t = pa.Table.from_batches([t])
-        if first is not None and not t.schema.equals(first, check_metadata=True):
-            raise TableSchemaError(
-                f"{self.describe()} (edge {self.edge}) at rank {self.rank}: tables from task {first_src} "
-                f"(rank {self.plan.rank_of(first_src)}) and task {src} (rank {self.plan.rank_of(src)}) "
-                f"have different schemas: {_schema_diff(first, t.schema)}")
-        return t
-
     def result_table(self, task: int | None = None, *, timeout: float | None = None) -> Any:
         """Batch: this destination's rows sorted by the key columns (nulls first; equal keys by
         source task, then send order)."""
         task = self._check_table_results(task)
-        table = self._collect(task, timeout, self._tag_pairs(task, timeout))
+        table = self._collect(task, timeout, self._table_pairs(task, timeout))
         meta = dict(table.schema.metadata or {})
         keys = json.loads(meta.pop(b"twisternet.keys", b"[]"))
         table = table.replace_schema_metadata(meta or None)
@@ -742,11 +746,20 @@ class KeyedReduceTables(_TableOps):
                                 lambda node=node, tag=tag, piece=piece: self._take(node, [(tag, piece)], _same),
                                 timeout=timeout)
 
+    def _table_pairs(self, task: int, timeout: float | None) -> Iterable[tuple[int, Any]]:
+        """The partial-aggregate pieces that reached this destination."""
+        return ((tag[0], t) for tag, t in self.results(task, timeout=timeout))
+
+    def result_batches(self, task: int | None = None, *, timeout: float | None = None) -> Iterator[Any]:
+        """Batch: :meth:`result_table` as record batches (the merged aggregates are formed in memory:
+        one row per key)."""
+        yield from self.result_table(task, timeout=timeout).to_batches()
+
     def result_table(self, task: int | None = None, *, timeout: float | None = None) -> Any:
         """Batch: one row per key of this destination: key columns, then ``{column}_{fn}`` per
         aggregation, sorted by key (nulls first)."""
         task = self._check_table_results(task)
-        partials = self._collect(task, timeout, ((tag[0], t) for tag, t in self.results(task, timeout=timeout)))
+        partials = self._collect(task, timeout, self._table_pairs(task, timeout))
         if partials.num_columns == 0:
             return partials
         info = json.loads((partials.schema.metadata or {}).get(_META_AGG, b"{}"))
@@ -754,7 +767,7 @@ class KeyedReduceTables(_TableOps):
         return merge_aggregates(partials, keys, spec)
 
 
-def _same(value: Any) -> Any:
+def _same(value: Any) -> Any:  # noqa: D103 - identity "copy" for pieces kept as they are
     return value
 
 

@@ -399,3 +399,43 @@ def test_one_huge_send_travels_as_bounded_pieces():
     assert sum(r[2] for r in res) == 100_000
     for count, biggest, _ in res:
         assert count > 20 and biggest <= 16 << 10
+
+
+@pytest.mark.parametrize("op", ["keyed_partition", "partition", "gather", "allgather", "broadcast", "keyed_reduce",
+                                "keyed_gather"])
+def test_result_batches_stream_the_same_rows(op):
+    """result_batches yields exactly result_table's rows in the same order, for every operation."""
+    import collectives as C
+    kinds = {"keyed_partition": C.KeyedPartition, "partition": C.Partition, "gather": C.Gather,
+             "allgather": C.AllGather, "broadcast": C.Broadcast, "keyed_reduce": C.KeyedReduce,
+             "keyed_gather": C.KeyedGather}
+
+    def body(ctx):
+        out = []
+        for edge, method in ((14, "table"), (15, "batches")):
+            kw = {"op": "sum"} if op == "keyed_reduce" else {}
+            with kinds[op](ctx, edge=edge, **kw) as o:
+                for t in o.local_sources:
+                    for c in range(3):
+                        table = J.make_table(t, c, 300, 5)
+                        if op in ("keyed_partition", "keyed_gather"):
+                            o.send_table(t, table, key="k")
+                        elif op == "keyed_reduce":
+                            o.send_table(t, table, key="k", aggregate=J.AGGREGATE)
+                        elif op == "partition":
+                            o.send_table(t, table, destination=o.destinations[c % len(o.destinations)])
+                        else:
+                            o.send_table(t, table)
+                    o.finish(t)
+                for d in o.local_destinations:
+                    if method == "table":
+                        out.append(o.result_table(d))
+                    else:
+                        batches = list(o.result_batches(d))
+                        assert all(isinstance(b, pa.RecordBatch) for b in batches)
+                        out.append(pa.Table.from_batches(batches, schema=out[len(out) // 2].schema)
+                                   if batches else out[len(out) // 2].slice(0, 0))
+        half = len(out) // 2
+        return all(a.equals(b) for a, b in zip(out[:half], out[half:])), half
+    for same, n in run_local(2, body, timeout=120):
+        assert same
