@@ -70,3 +70,20 @@ def test_terasort_example_validates(launcher, world, limit):
     if limit:          # 6 MB per worker sorted within 2 MB: spilled runs merged back
         runs = [int(m) for m in __import__("re").findall(r"(\d+) spilled runs", out)]
         assert len(runs) == world and min(runs) >= 2, out
+
+
+@pytest.mark.parametrize("how", ["inner", "outer"])
+def test_join_between_processes(how, tmp_path):
+    import pyarrow as pa
+    from tests.collectives.scripts.columnar_job import from_b64, make_table
+    params = {"op": "join", "how": how, "rows": 400, "calls": 2, "key": ["s", "k"]}
+    res = run_job("tcp", 3, params, tmp_path)
+    got = pa.concat_tables([from_b64(v) for r in res for d, v in r.items() if d.isdigit()])
+    left = pa.concat_tables([make_table(t, c, 400, 1).select(["k", "s", "v"]) for t in range(3) for c in range(2)])
+    right = pa.concat_tables([make_table(t, c, 200, 2).select(["k", "s", "w"]) for t in range(3) for c in range(2)])
+    want = left.join(right, keys=["s", "k"], join_type="inner" if how == "inner" else "full outer",
+                     coalesce_keys=True)
+    cols = sorted(want.column_names)
+    rows = sorted(zip(*[got.column(c).to_pylist() for c in cols]), key=repr)
+    assert got.num_rows == want.num_rows > 0
+    assert rows == sorted(zip(*[want.column(c).to_pylist() for c in cols]), key=repr)

@@ -67,6 +67,8 @@ def scenario(ctx: Any, params: dict) -> dict:
     limit = params.get("memory_limit")
     if limit:
         ctx.config.memory_limit = limit
+    if op_name == "join":
+        return _join(ctx, params, key, rows, calls, seed)
     kind = {"keyed_partition": C.KeyedPartition, "keyed_gather": C.KeyedGather, "keyed_reduce": C.KeyedReduce,
             "partition": C.Partition, "gather": C.Gather, "allgather": C.AllGather,
             "broadcast": C.Broadcast}[op_name]
@@ -91,6 +93,21 @@ def scenario(ctx: Any, params: dict) -> dict:
         for d in op.local_destinations:
             out[str(d)] = to_b64(op.result_table(d))
         out["spilled"] = getattr(op, "spilled_bytes", 0)
+    return out
+
+
+def _join(ctx: Any, params: dict, key: Any, rows: int, calls: int, seed: int) -> dict:
+    """Join of every source's make_table rows (left) with its calls' tables under another seed (right)."""
+    import collectives as C
+    out: dict = {}
+    with C.Join(ctx, edge=3, key=key, how=params.get("how", "inner")) as j:
+        for t in j.local_sources:
+            for c in range(calls):
+                j.send_left(t, make_table(t, c, rows, seed).select(["k", "s", "v"]))
+                j.send_right(t, make_table(t, c, rows // 2, seed + 1).select(["k", "s", "w"]))
+            j.finish(t)
+        for d in j.local_destinations:
+            out[str(d)] = to_b64(j.result_table(d))
     return out
 
 
