@@ -45,7 +45,11 @@ Every table sent to one operation must have the same schema: a destination that 
 :class:`~twisternet.errors.TableSchemaError` naming the columns that differ and the ranks and tasks that
 sent each variant (each source sends every new schema it uses to every destination, so each
 destination sees every variant). A key column missing at the sender raises it at ``send_table``. An
-operation carries either records (``send``) or tables (``send_table``), not both. Batch mode only.
+operation carries either records (``send``) or tables (``send_table``), not both.
+
+Streaming operations (all but KeyedReduce) take tables too: ``result_batches`` then yields each piece
+as it arrives (send order per source, none between sources; KeyedGather's unsorted), and
+``result_table`` gathers them once every source finished (KeyedGather's sorted).
 """
 
 from __future__ import annotations
@@ -363,9 +367,11 @@ class _TableOps:
 
     #: Largest piece (bytes) a table is cut into for sending (zero-copy slices; spill granularity).
     table_piece_bytes = 8 << 20
+    #: Whether the table path works in streaming mode (pieces delivered as they arrive).
+    _streams_tables = True
 
     def _table_in(self, task: int, data: Any, keys: Sequence[str]) -> Any:
-        if getattr(self, "mode", "batch") != "batch":
+        if self.mode != "batch" and not self._streams_tables:
             raise TwisternetError(f"{self.describe()}: send_table is for batch operations")
         self._check_source(task)
         table = to_table(data)
@@ -485,7 +491,7 @@ class _TableOps:
             yield from t.to_batches()
 
     def _check_table_results(self, task: int | None) -> int:
-        if self.mode != "batch":
+        if self.mode != "batch" and not self._streams_tables:
             raise TwisternetError(f"{self.describe()}: result_table is for batch operations")
         return self._dest(task)
 
@@ -619,6 +625,12 @@ class KeyedGatherTables(_TableOps):
         from .columnar_spill import SortedRuns
         task = self._check_table_results(task)
         require_pyarrow()
+        if self.mode != "batch":          # streaming: pieces as they arrive (unsorted), key metadata dropped
+            for batch in _TableOps.result_batches(self, task, timeout=timeout):
+                meta = dict(batch.schema.metadata or {})
+                meta.pop(b"twisternet.keys", None)
+                yield batch.replace_schema_metadata(meta or None)
+            return
         cfg = self.ctx.config
         limit = memory_limit or max(1 << 20, cfg.memory_limit // max(1, len(self.local_destinations)))
         first = first_src = runs = None
@@ -718,6 +730,8 @@ def merge_aggregates(partials: Any, keys: list[str], spec: list[tuple[str, str]]
 
 class KeyedReduceTables(_TableOps):
     """``send_table`` / ``result_table`` of KeyedReduce: Arrow aggregations, one row per key."""
+
+    _streams_tables = False
 
     def send_table(self, task: int, table: Any, key: str | Sequence[str], *,
                    aggregate: Mapping[str, str | Sequence[str]], timeout: float | None = None) -> None:

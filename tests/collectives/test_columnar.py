@@ -439,3 +439,60 @@ def test_result_batches_stream_the_same_rows(op):
         return all(a.equals(b) for a, b in zip(out[:half], out[half:])), half
     for same, n in run_local(2, body, timeout=120):
         assert same
+
+
+@pytest.mark.parametrize("op", ["keyed_partition", "keyed_gather", "gather", "allgather", "broadcast"])
+def test_streaming_tables_arrive_whole_and_in_send_order_per_source(op):
+    import collectives as C
+    kinds = {"keyed_partition": C.KeyedPartition, "keyed_gather": C.KeyedGather, "gather": C.Gather,
+             "allgather": C.AllGather, "broadcast": C.Broadcast}
+
+    def body(ctx):
+        with kinds[op](ctx, edge=16, mode="streaming") as o:
+            for t in o.local_sources:
+                for c in range(3):
+                    table = J.make_table(t, c, 200, 9)
+                    if op.startswith("keyed"):
+                        o.send_table(t, table, key="k")
+                    else:
+                        o.send_table(t, table)
+                o.finish(t)
+            got = {}
+            for d in o.local_destinations:
+                batches = list(o.result_batches(d))
+                got[d] = pa.Table.from_batches(batches) if batches else None
+            return got
+    res = run_local(3, body, timeout=120)
+    got = {d: t for r in res for d, t in r.items()}
+    sources = [0] if op == "broadcast" else [0, 1, 2]
+    every = pa.concat_tables([J.make_table(s, c, 200, 9) for s in sources for c in range(3)])
+    if op.startswith("keyed"):
+        tables = [t for t in got.values() if t is not None]
+        assert sum(t.num_rows for t in tables) == every.num_rows
+        want_rows = sorted(zip(every.column("src").to_pylist(), every.column("row").to_pylist()))
+        got_rows = sorted(r for t in tables for r in zip(t.column("src").to_pylist(), t.column("row").to_pylist()))
+        assert got_rows == want_rows
+    else:
+        for t in got.values():
+            assert t.num_rows == every.num_rows
+            assert sorted(t.column("row").to_pylist()) == sorted(every.column("row").to_pylist())
+    for t in got.values():                 # send order within each source
+        if t is None:
+            continue
+        for s in sources:
+            rows = [r for src, r in zip(t.column("src").to_pylist(), t.column("row").to_pylist()) if src == s]
+            assert rows == sorted(rows)
+
+
+def test_keyed_reduce_tables_refuse_streaming():
+    import collectives as C
+
+    def body(ctx):
+        with C.KeyedReduce(ctx, edge=17, op="sum", mode="streaming") as o:
+            with pytest.raises(TwisternetError, match="batch operations"):
+                o.send_table(o.local_sources[0], pa.table({"k": [1], "v": [1]}), key="k", aggregate={"v": "sum"})
+            for t in o.local_sources:
+                o.finish(t)
+            list(o.results())
+        return True
+    assert run_local(2, body, timeout=60) == [True, True]
