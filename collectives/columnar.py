@@ -292,7 +292,8 @@ def range_index(table: Any, keys: Sequence[str], splitters: Any) -> np.ndarray:
                 idx[nulls] = 0
                 return idx
     # general: sort rows and splitters together (splitters after equal rows), count splitters before
-    both = pa.concat_tables([table.select(list(keys)), splitters.cast(table.select(list(keys)).schema)])
+    rows = _sortable(table, keys)
+    both = pa.concat_tables([rows, _sortable(splitters, keys).cast(rows.schema)])
     order = np.asarray(pc.sort_indices(both, sort_keys=[(k, "ascending") for k in keys]).to_numpy())
     is_spl = order >= n
     before = np.cumsum(is_spl) - is_spl
@@ -323,12 +324,25 @@ def sort_by_keys(table: Any, keys: Sequence[str]) -> Any:
     if table.num_rows < 2 or not keys:
         return table
     if any(c.num_chunks > 1 for c in table.columns):
-        table = table.combine_chunks()      # Arrow sorts and takes contiguous columns several times faster
+        # Arrow sorts and takes contiguous columns several times faster (one dictionary per column first)
+        table = table.unify_dictionaries().combine_chunks()
+    by = _sortable(table, keys)
     try:       # pyarrow >= 25: null placement per sort key
-        idx = pc.sort_indices(table, sort_keys=[(k, "ascending", "at_start") for k in keys])
+        idx = pc.sort_indices(by, sort_keys=[(k, "ascending", "at_start") for k in keys])
     except (TypeError, ValueError):
-        idx = pc.sort_indices(table, sort_keys=[(k, "ascending") for k in keys], null_placement="at_start")
+        idx = pc.sort_indices(by, sort_keys=[(k, "ascending") for k in keys], null_placement="at_start")
     return table.take(idx)
+
+
+def _sortable(table: Any, keys: Sequence[str]) -> Any:
+    """The key columns of ``table``, dictionary columns decoded (Arrow does not sort tables by them)."""
+    import pyarrow.compute as pc
+    pa = require_pyarrow()
+    by = table.select(list(keys))
+    for i, field in enumerate(by.schema):
+        if pa.types.is_dictionary(field.type):
+            by = by.set_column(i, field.name, pc.cast(by.column(i), field.type.value_type))
+    return by
 
 
 def _label(name: str) -> str:
@@ -710,6 +724,7 @@ def merge_aggregates(partials: Any, keys: list[str], spec: list[tuple[str, str]]
     pa = require_pyarrow()
     import pyarrow.compute as pc
     states = _states(spec)
+    partials = partials.unify_dictionaries()     # pieces from several sources: one dictionary per column
     merged = partials.group_by(keys, use_threads=False).aggregate(
         [(_state_name(c, s), "sum" if s in ("sum", "count") else s) for c, s in states])
     got = {(c, s): merged.column(f"{_state_name(c, s)}_{'sum' if s in ('sum', 'count') else s}")

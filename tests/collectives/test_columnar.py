@@ -496,3 +496,46 @@ def test_keyed_reduce_tables_refuse_streaming():
             list(o.results())
         return True
     assert run_local(2, body, timeout=60) == [True, True]
+
+
+@pytest.mark.parametrize("key", ["d", "dec", "b", ["d", "b"]])
+def test_dictionary_decimal_and_boolean_keys(key):
+    """Keys Arrow cannot sort a table by directly (dictionary) and other less common key types."""
+    import decimal
+
+    import collectives as C
+    keys = [key] if isinstance(key, str) else key
+
+    def make(rank):
+        rng = np.random.default_rng(rank)
+        n = 300
+        return pa.table({"d": pa.array([["b", "a", None, "c"][i] for i in rng.integers(0, 4, n)]).dictionary_encode(),
+                         "dec": pa.array([decimal.Decimal(int(x)) / 4 for x in rng.integers(-9, 9, n)],
+                                         pa.decimal128(10, 2)),
+                         "b": pa.array(rng.random(n) < 0.5), "v": np.arange(n) + rank * 1000})
+
+    def body(ctx):
+        task = ctx.my_tasks[0]
+        with C.KeyedGather(ctx, edge=18) as g:
+            g.send_table(task, make(ctx.rank), key=key)
+            g.finish(task)
+            gathered = g.result_table()
+        with C.KeyedReduce(ctx, edge=19, op="sum") as r:
+            r.send_table(task, make(ctx.rank), key=key, aggregate={"v": ["sum", "count"]})
+            r.finish(task)
+            reduced = r.result_table()
+        return gathered, reduced
+    res = run_local(3, body, timeout=120)
+    whole = pa.concat_tables([make(r) for r in range(3)]).unify_dictionaries()
+
+    def decoded(t):
+        return t.set_column(0, "d", t.column("d").cast(pa.string()))
+    plain = decoded(whole)
+    for j, (gathered, reduced) in enumerate(res):
+        mine = whole.filter(pa.array(destination_index(whole, keys, 3) == j))
+        order = pc.sort_indices(plain.filter(pa.array(destination_index(whole, keys, 3) == j)),
+                                sort_keys=[(k, "ascending", "at_start") for k in keys])
+        assert decoded(gathered).equals(decoded(mine.take(order)))
+        want = mine.group_by(keys).aggregate([("v", "sum"), ("v", "count")])
+        got = {tuple(r[k] for k in keys): (r["v_sum"], r["v_count"]) for r in reduced.to_pylist()}
+        assert got == {tuple(r[k] for k in keys): (r["v_sum"], r["v_count"]) for r in want.to_pylist()}
