@@ -92,7 +92,9 @@ def to_table(data: Any) -> Any:
         return pa.table({name: np.ascontiguousarray(data[name]) for name in data.dtype.names})
     mod = type(data).__module__ or ""
     if mod.startswith("pandas") and type(data).__name__ == "DataFrame":
-        return pa.Table.from_pandas(data, preserve_index=False)
+        table = pa.Table.from_pandas(data, preserve_index=False)
+        meta = {k: v for k, v in (table.schema.metadata or {}).items() if k != b"pandas"}
+        return table.replace_schema_metadata(meta or None)
     raise TypeError(f"send_table takes a pyarrow Table or RecordBatch, a pandas DataFrame or a numpy "
                     f"structured array, got {type(data).__module__}.{type(data).__qualname__}")
 
@@ -353,6 +355,12 @@ def _label(name: str) -> str:
     return repr(name)
 
 
+def _own_meta(schema: Any) -> dict:
+    """The schema metadata this module sets (key columns, aggregations), which must agree."""
+    meta = schema.metadata or {}
+    return {k.decode(): v.decode() for k, v in meta.items() if k.startswith(b"twisternet.")}
+
+
 def _schema_diff(a: Any, b: Any) -> str:
     fa = {f.name: f for f in a}
     fb = {f.name: f for f in b}
@@ -371,7 +379,7 @@ def _schema_diff(a: Any, b: Any) -> str:
     if not parts and a.names != b.names:
         parts.append(f"column order {a.names} vs {b.names}")
     if not parts:
-        parts.append("schema metadata differs")
+        parts.append("field metadata differs")
     return "; ".join(parts)
 
 
@@ -442,7 +450,8 @@ class _TableOps:
     def _new_schema(self, task: int, schema: Any) -> bool:
         """Whether ``task`` sends ``schema`` for the first time (then it goes to every destination)."""
         seen = self.__dict__.setdefault("_table_schemas", {})
-        if task in seen and seen[task].equals(schema, check_metadata=True):
+        if task in seen and seen[task].equals(schema, check_metadata=False) \
+                and _own_meta(seen[task]) == _own_meta(schema):
             return False
         seen[task] = schema
         return True
@@ -476,12 +485,19 @@ class _TableOps:
                                   f"tables)")
         if isinstance(t, pa.RecordBatch):
             t = pa.Table.from_batches([t])
-        if first is not None and not t.schema.equals(first, check_metadata=True):
-            raise TableSchemaError(
-                f"{self.describe()} (edge {self.edge}) at rank {self.rank}: tables from task {first_src} "
-                f"(rank {self.plan.rank_of(first_src)}) and task {src} (rank {self.plan.rank_of(src)}) "
-                f"have different schemas: {_schema_diff(first, t.schema)}")
-        return t
+        if first is None:
+            return t
+        if not t.schema.equals(first, check_metadata=False):
+            diff = _schema_diff(first, t.schema)
+        elif _own_meta(t.schema) != _own_meta(first):
+            diff = (f"they were sent with different key= or aggregate= ({_own_meta(first)} vs "
+                    f"{_own_meta(t.schema)})")
+        else:
+            return t        # user metadata may differ: the first table's is kept
+        raise TableSchemaError(
+            f"{self.describe()} (edge {self.edge}) at rank {self.rank}: tables from task {first_src} "
+            f"(rank {self.plan.rank_of(first_src)}) and task {src} (rank {self.plan.rank_of(src)}) "
+            f"have different schemas: {diff}")
 
     def _table_pairs(self, task: int, timeout: float | None) -> Iterable[tuple[int, Any]]:
         """``(source_task, table)`` pieces of local destination ``task``, in result order."""

@@ -539,3 +539,23 @@ def test_dictionary_decimal_and_boolean_keys(key):
         want = mine.group_by(keys).aggregate([("v", "sum"), ("v", "count")])
         got = {tuple(r[k] for k in keys): (r["v_sum"], r["v_count"]) for r in reduced.to_pylist()}
         assert got == {tuple(r[k] for k in keys): (r["v_sum"], r["v_count"]) for r in want.to_pylist()}
+
+
+def test_user_metadata_may_differ_but_key_choice_may_not():
+    import collectives as C
+
+    def body(ctx):
+        task = ctx.my_tasks[0]
+        t = pa.table({"k": [1, 2, 3], "j": [3, 2, 1]}).replace_schema_metadata({"who": str(ctx.rank)})
+        with C.Gather(ctx, edge=23, destinations=[0]) as g:
+            g.send_table(task, t)
+            g.finish(task)
+            rows = g.result_table().num_rows if ctx.rank == 0 else None
+        with C.KeyedGather(ctx, edge=24, destinations=[0]) as kg:
+            kg.send_table(task, t, key="k" if ctx.rank == 0 else "j")
+            kg.finish(task)
+            if ctx.rank == 0:
+                with pytest.raises(TableSchemaError, match="different key= or aggregate="):
+                    kg.result_table()
+        return rows
+    assert run_local(2, body, timeout=60)[0] == 6
