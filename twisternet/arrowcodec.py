@@ -192,14 +192,20 @@ def decode(body: Any, get: Callable[[Any], Any]) -> Any:
 
 
 def own_arrow(obj: Any) -> Any:
-    """A copy of Table/RecordBatch ``obj`` in memory of its own (one copy through an IPC stream), for
-    values that must outlive the receive buffer they were decoded from."""
+    """A copy of Table/RecordBatch ``obj`` in memory of its own, for values that must outlive the
+    receive buffer they were decoded from: written once as an Arrow IPC stream into a buffer of the exact
+    size (measured first without copying), then read back without copying."""
     pa = require_pyarrow()
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, obj.schema) as w:
-        if isinstance(obj, pa.Table):
-            w.write_table(obj)
-        else:
-            w.write_batch(obj)
-    reader = pa.ipc.open_stream(sink.getvalue())
+
+    def write(sink: Any) -> None:
+        with pa.ipc.new_stream(sink, obj.schema) as w:
+            if isinstance(obj, pa.Table):
+                w.write_table(obj)
+            else:
+                w.write_batch(obj)
+    mock = pa.MockOutputStream()
+    write(mock)
+    buf = pa.allocate_buffer(mock.size())
+    write(pa.FixedSizeBufferWriter(buf))
+    reader = pa.ipc.open_stream(buf)
     return reader.read_all() if isinstance(obj, pa.Table) else reader.read_next_batch()
