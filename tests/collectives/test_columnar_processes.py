@@ -87,3 +87,10 @@ def test_join_between_processes(how, tmp_path):
     rows = sorted(zip(*[got.column(c).to_pylist() for c in cols]), key=repr)
     assert got.num_rows == want.num_rows > 0
     assert rows == sorted(zip(*[want.column(c).to_pylist() for c in cols]), key=repr)
+
+
+@pytest.mark.parametrize("op", ["keyed_gather", "keyed_reduce", "allgather", "broadcast"])
+def test_four_processes_with_inner_tree_nodes(op, tmp_path):
+    """Four ranks: the trees have inner nodes that forward (and KeyedReduce combine) received pieces."""
+    params = {"op": op, "rows": 1500, "calls": 2, "key": ["s", "f"]}
+    check(run_job("tcp", 4, params, tmp_path), 4, params)
