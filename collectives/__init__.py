@@ -83,6 +83,7 @@ from .base import Callback, Mode, Operation
 from .broadcast import Broadcast
 from .edges import EDGE_SPAN, MAX_USER_EDGE, channel_edge
 from .gather import AllGather, Gather, KeyedGather
+from .join import Join
 from .keyed_reduce import KeyedReduce
 from .partition import KeyedPartition, Partition
 from .reduce import AllReduce, Reduce
@@ -97,7 +98,7 @@ from .barrier.distributed import Barrier, PartialBarrier, SemaphoreBarrier
 
 __all__ = [
     "Operation", "Mode", "Callback", "Reduce", "AllReduce", "Gather", "AllGather", "Broadcast", "Partition",
-    "KeyedPartition", "KeyedReduce", "KeyedGather", "Reduction", "KaryTree", "hash_selector", "stable_hash",
+    "KeyedPartition", "KeyedReduce", "KeyedGather", "Join", "Reduction", "KaryTree", "hash_selector", "stable_hash",
     "SpillStore", "SpillCorruptionError", "EDGE_SPAN", "MAX_USER_EDGE", "channel_edge", "VIAS",
     "Barrier", "PartialBarrier", "SemaphoreBarrier", "CatchUp", "LATE_FIRE", "FIRE",
 ]

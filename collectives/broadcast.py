@@ -7,12 +7,13 @@ from typing import Any, Iterable
 from twisternet.errors import ConfigError
 
 from .base import Callback, Mode
+from .columnar import BroadcastTables
 from .downtree import DownTreeMixin
 from .reduce import _need_edge
 from .reduction import snapshot
 
 
-class Broadcast(DownTreeMixin):
+class Broadcast(BroadcastTables, DownTreeMixin):
     """Copy every value of one source task to every destination task.
 
     Streaming: each destination gets every value, in send order, as it arrives. Batch: after the source

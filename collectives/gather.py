@@ -17,6 +17,7 @@ from typing import Any, Iterable, Iterator, Mapping
 from twisternet.errors import ConfigError
 
 from .base import Callback, Mode
+from .columnar import GatherTables, KeyedGatherTables
 from .columns import is_columns
 from .downtree import DownTreeMixin
 from .edges import DIRECT
@@ -101,7 +102,7 @@ class _TreeGatherBase(UpTreeOperation):
         super()._release_storage()
 
 
-class Gather(_TreeGatherBase):
+class Gather(GatherTables, _TreeGatherBase):
     """Collect every ``(source_task, value)`` at one destination task.
 
     Batch: after every source finished, the destination gets all records ordered by source task and,
@@ -482,7 +483,7 @@ class AllGather(DownTreeMixin, Gather):
         super()._release_storage()
 
 
-class KeyedGather(_TreeGatherBase):
+class KeyedGather(KeyedGatherTables, _TreeGatherBase):
     """Collect ``(key, value)`` records at the destination chosen by the key (one tree per destination).
 
     Batch: each destination gets its keys in ascending order (keys must be mutually orderable), values of

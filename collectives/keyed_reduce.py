@@ -7,6 +7,7 @@ from operator import itemgetter
 from typing import Any, Iterable
 
 from .base import Callback, Mode
+from .columnar import KeyedReduceTables
 from .columns import is_columns, to_columns
 from .reduce import _need_edge, _pick_op
 from .reduction import _ATOMS, ReduceFn, Reduction, _flat, own, snapshot
@@ -14,7 +15,7 @@ from .routing import Selector, check_key_type, hash_selector, normalize_key
 from .uptree import Node, UpTreeOperation
 
 
-class KeyedReduce(UpTreeOperation):
+class KeyedReduce(KeyedReduceTables, UpTreeOperation):
     """Reduce values by key; each key belongs to one destination (``selector``, default a stable hash).
 
     Batch: every node of a destination's tree combines the values of each key it sees (a combiner,

@@ -10,6 +10,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 
 from .base import Callback, Mode, Operation
+from .columnar import PartitionTables
 from .edges import DIRECT
 from .reduce import _need_edge
 from .reduction import snapshot
@@ -20,7 +21,7 @@ from .spill import SpillStore
 ValueSelector = Callable[[Any, Sequence[int]], int]
 
 
-class Partition(Operation):
+class Partition(PartitionTables, Operation):
     """Send each record of a source to one destination task, directly (no tree).
 
     ``send(task, value, destination=None)``: the destination is the one given, else

@@ -15,6 +15,7 @@ from typing import Any, Callable
 import numpy as np
 
 from twisternet.errors import CodecError
+from twisternet.arrowcodec import is_arrow_data, own_arrow
 
 ReduceFn = Callable[[Any, Any], Any]
 
@@ -90,13 +91,15 @@ def own(value: Any) -> Any:
     if t is tuple or t is list:
         if _flat(value):
             return value
-        if any(isinstance(v, (np.ndarray, tuple, list, dict)) for v in value):
+        if any(isinstance(v, (np.ndarray, tuple, list, dict)) or is_arrow_data(v) for v in value):
             return t(own(v) for v in value)
         return value
     if t is dict:
         if _flat(value.values()):
             return value
         return {k: own(v) for k, v in value.items()}
+    if is_arrow_data(value):       # an Arrow table decoded over the receive buffer
+        return own_arrow(value)
     return value
 
 

@@ -7,6 +7,9 @@ Record layout (all lengths little-endian u64, so objects over 2 GiB and 4 GiB wo
   numpy arrays and large bytes-like values travel *out of band*: the body holds a reference and the
   raw bytes follow untouched (zero-copy on send; on receive arrays are views of the received memory).
 
+pyarrow Tables and RecordBatches (optional: the ``arrow`` extra) keep their schema in band and send
+their column buffers out of band, untouched (see :mod:`twisternet.arrowcodec`).
+
 msgpack carries None, bool, int (64-bit), float, str, bytes, list and dict; bytes-like values
 (bytes, bytearray, memoryview) arrive as ``bytes``. Extension types keep what
 msgpack would lose: tuples stay tuples, numpy arrays and scalars keep dtype and shape, ints beyond 64
@@ -30,7 +33,7 @@ from typing import Any, Callable, Sequence
 import msgpack
 import numpy as np
 
-from . import pickling
+from . import arrowcodec, pickling
 from .errors import CodecError
 
 Buffer = bytes | bytearray | memoryview
@@ -43,6 +46,7 @@ _EXT_PICKLE = 5
 _EXT_BIGINT = 6
 _EXT_NPSCALAR = 7       # [dtype, bytes]
 _EXT_PICKLE_OOB = 8     # [pickle, [index, ...]]: a pickle whose large buffers travel out of band
+_EXT_ARROW = 9          # a pyarrow Table/RecordBatch: schema in band, buffers out of band (arrowcodec)
 
 _U64 = struct.Struct("<Q")
 _OOB_HEAD = struct.Struct("<BIQ")
@@ -99,6 +103,8 @@ class _Encoder:
             return msgpack.ExtType(_EXT_BIGINT, str(obj).encode())
         if isinstance(obj, np.generic) and _dtype_ok(obj.dtype):
             return msgpack.ExtType(_EXT_NPSCALAR, self._sub([obj.dtype.str, obj.tobytes()]))
+        if arrowcodec.is_arrow_data(obj):
+            return msgpack.ExtType(_EXT_ARROW, self._sub(arrowcodec.encode(obj, self._arrow_buffer)))
         if not self.allow_pickle:
             raise CodecError(f"cannot encode a value of type {t.__module__}.{t.__qualname__} without "
                              "pickle (config allow_pickle is false)")
@@ -111,6 +117,16 @@ class _Encoder:
         if len(self.oob) == first:
             return msgpack.ExtType(_EXT_PICKLE, data)
         return msgpack.ExtType(_EXT_PICKLE_OOB, self._sub([data, list(range(first, len(self.oob)))]))
+
+    def _arrow_buffer(self, buf: Any) -> Any:
+        """Reference to one Arrow buffer of a table: None, an out-of-band index (the buffer itself, not
+        copied) or, below the threshold, its bytes in band."""
+        if buf is None:
+            return None
+        if buf.size < self.threshold:
+            return buf.to_pybytes()
+        self.oob.append(memoryview(buf))
+        return len(self.oob) - 1
 
     def _pickle_buffer(self, buf: pickle.PickleBuffer) -> bool:
         """pickle's ``buffer_callback``: a large buffer (an array's data inside a pickled object) goes
@@ -195,6 +211,8 @@ class _Decoder:
             idx, kind = self._unpack(data)
             buf = self._oob(idx)
             return bytes(buf)
+        if code == _EXT_ARROW:
+            return arrowcodec.decode(self._unpack(data), self._arrow_buffer)
         if code == _EXT_BIGINT:
             return int(data.decode())
         if code == _EXT_NPSCALAR:
@@ -216,6 +234,18 @@ class _Decoder:
                     self.views = True
             return pickling.loads(data, buffers)
         raise CodecError(f"unknown codec extension type {code}")
+
+    def _arrow_buffer(self, ref: Any) -> Any:
+        pa = arrowcodec.require_pyarrow()
+        if ref is None:
+            return None
+        if type(ref) is bytes:
+            return pa.py_buffer(ref)
+        buf = self._oob(ref)
+        if self.copy:
+            return pa.py_buffer(bytes(buf))
+        self.views = True
+        return pa.py_buffer(buf)
 
     def _oob(self, idx: int) -> memoryview:
         if not 0 <= idx < len(self.oob):

@@ -99,3 +99,12 @@ class RemoteError(TwisternetError):
         super().__init__(f"rank {rank} failed: {message}")
         self.rank = rank
         self.remote_message = message
+
+
+class ArrowUnavailableError(TwisternetError, ImportError):
+    """A table API was used but pyarrow is not installed (``pip install 'twisternet[arrow]'``)."""
+
+
+class TableSchemaError(TwisternetError, ValueError):
+    """Tables sent to one columnar operation do not fit together (schemas differ, a key column is
+    missing or of an unsupported type); the message names the columns and the ranks."""

@@ -1,0 +1,217 @@
+"""Sorting tables larger than memory: sorted runs spilled as Arrow IPC files, merged back by key in
+vectorized blocks.
+
+:class:`SortedRuns` takes tables (:meth:`~SortedRuns.add`) while their bytes stay under a budget; past it
+the held rows are sorted by key (stable) and written as a *run*: an Arrow IPC file of record batches
+(optionally compressed). :meth:`~SortedRuns.batches` then yields every row in key order, stable (equal
+keys in the order added), as record batches: from memory when nothing was spilled, else by a block-wise
+k-way merge: each round takes, from every run's current batch, the rows whose key is below the smallest
+last key of the runs that have more batches (found by binary search), sorts that block with one Arrow
+sort, and yields it. Runs are written in batches of 1/16 of the budget, so merging holds about two such
+batches per run: within the budget up to 8 runs (data 8x the budget), growing by 1/8 of it per
+further run. Freed Arrow memory is handed back to the system after each run and merge block.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import tempfile
+import uuid
+from typing import Any, Iterator, Sequence
+
+from twisternet.arrowcodec import require_pyarrow
+
+from .columnar import sort_by_keys
+
+log = logging.getLogger(__name__)
+
+
+def _order_key(v: Any) -> tuple:
+    """A Python sort key ordered like Arrow's key sort with nulls first (NaN above every number)."""
+    if v is None:
+        return (0,)
+    if isinstance(v, float) and math.isnan(v):
+        return (2,)
+    return (1, v)
+
+
+def _release() -> None:
+    """Hand memory Arrow's allocator freed back to the system (mimalloc and jemalloc keep it
+    otherwise, and a long merge would hold far more than it uses)."""
+    try:
+        require_pyarrow().default_memory_pool().release_unused()
+    except AttributeError:      # pyarrow < 12
+        pass
+
+
+class _Run:
+    """A spilled run read back one record batch at a time."""
+
+    def __init__(self, path: str, keys: Sequence[str]) -> None:
+        pa = require_pyarrow()
+        self.path = path
+        self.keys = list(keys)
+        self._file = pa.OSFile(path, "rb")
+        self._reader = pa.ipc.open_file(self._file)
+        self._next = 0
+        self.buf = pa.Table.from_batches([], schema=self._reader.schema)
+
+    def more(self) -> bool:
+        """Whether the file has batches not yet loaded."""
+        return self._next < self._reader.num_record_batches
+
+    def load(self) -> None:
+        """Append the next batch of the file to ``buf``."""
+        pa = require_pyarrow()
+        batch = self._reader.get_batch(self._next)
+        self._next += 1
+        self.buf = pa.concat_tables([self.buf, pa.Table.from_batches([batch])]) if self.buf.num_rows else \
+            pa.Table.from_batches([batch])
+
+    def key_at(self, i: int) -> tuple:
+        return tuple(_order_key(self.buf.column(k)[i].as_py()) for k in self.keys)
+
+    def count_below(self, bound: tuple) -> int:
+        """Rows of ``buf`` (sorted) whose key is below ``bound``."""
+        lo, hi = 0, self.buf.num_rows
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.key_at(mid) < bound:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    def close(self) -> None:
+        try:
+            self._file.close()
+        finally:
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+
+
+class SortedRuns:
+    """Rows of tables with one schema, returned sorted by ``keys`` (stable) within ``memory_limit``
+    bytes while adding, spilling sorted Arrow IPC runs to ``spill_dir`` past it."""
+
+    def __init__(self, keys: Sequence[str], memory_limit: int, spill_dir: str | None = None, *,
+                 compression: str | None = None, batch_rows: int = 65536, name: str = "sorted runs") -> None:
+        pa = require_pyarrow()
+        if compression is not None and not pa.Codec.is_available(compression):
+            raise ValueError(f"Arrow IPC compression {compression!r} is not available in this pyarrow")
+        self.keys = list(keys)
+        self.memory_limit = max(1, int(memory_limit))
+        self.spill_dir = spill_dir or tempfile.gettempdir()
+        self.compression = compression
+        self.batch_rows = batch_rows
+        self.name = name
+        self._mem: list[Any] = []
+        self._mem_bytes = 0
+        self._paths: list[str] = []
+        self._runs: list[_Run] = []
+        self.spilled_bytes = 0
+        #: How many runs were spilled so far.
+        self.runs = 0
+
+    def add(self, table: Any) -> None:
+        """Hold ``table``'s rows (spilling a sorted run when past the memory limit)."""
+        if table.num_rows == 0:
+            return
+        self._mem.append(table)
+        self._mem_bytes += table.nbytes
+        if self._mem_bytes >= self.memory_limit:
+            self._spill()
+
+    def _sorted_mem(self) -> Any:
+        pa = require_pyarrow()
+        table = pa.concat_tables(self._mem) if self._mem else None
+        self._mem, self._mem_bytes = [], 0
+        return sort_by_keys(table, self.keys) if table is not None else None
+
+    def _spill(self) -> None:
+        pa = require_pyarrow()
+        table = self._sorted_mem()
+        if table is None:
+            return
+        os.makedirs(self.spill_dir, exist_ok=True)
+        path = os.path.join(self.spill_dir, f"twisternet-run-{os.getpid()}-{uuid.uuid4().hex}.arrow")
+        options = pa.ipc.IpcWriteOptions(compression=self.compression)
+        with pa.OSFile(path, "wb") as f, pa.ipc.new_file(f, table.schema, options=options) as w:
+            # run batches of 1/16 of the budget: merging 16 runs holds about the budget again
+            per_row = max(1, table.nbytes // max(1, table.num_rows))
+            rows = max(64, self.memory_limit // 16 // per_row)
+            for batch in table.to_batches(max_chunksize=rows):
+                w.write_batch(batch)
+        del table
+        _release()
+        self._paths.append(path)
+        self.runs += 1
+        self.spilled_bytes += os.path.getsize(path)
+        log.debug("%s: spilled run %d (%d bytes)", self.name, len(self._paths), os.path.getsize(path))
+
+    def batches(self) -> Iterator[Any]:
+        """Every row added, sorted by key (stable), as record batches of at most ``batch_rows`` rows."""
+        pa = require_pyarrow()
+        if not self._paths:
+            table = self._sorted_mem()
+            if table is not None:
+                yield from table.to_batches(max_chunksize=self.batch_rows)
+            return
+        self._spill()
+        self._runs = [_Run(p, self.keys) for p in self._paths]
+        runs = self._runs
+        for r in runs:
+            if r.more():
+                r.load()
+        while True:
+            pending = [r for r in runs if r.more()]
+            if not pending:
+                block = [r.buf for r in runs if r.buf.num_rows]
+                for r in runs:
+                    r.buf = r.buf.slice(r.buf.num_rows)
+            else:
+                bound = min(r.key_at(r.buf.num_rows - 1) if r.buf.num_rows else ((-1,),) for r in pending)
+                if bound == ((-1,),):            # a pending run with an empty buffer: load it first
+                    for r in pending:
+                        if not r.buf.num_rows:
+                            r.load()
+                    continue
+                block = []
+                for r in runs:
+                    if r.buf.num_rows:
+                        cut = r.count_below(bound)
+                        if cut:
+                            block.append(r.buf.slice(0, cut))
+                            r.buf = r.buf.slice(cut)
+                if not block:       # every remaining row of the bounding runs equals the bound: read on
+                    for r in pending:
+                        if r.key_at(r.buf.num_rows - 1) == bound:
+                            r.load()
+                    continue
+                for r in pending:
+                    if not r.buf.num_rows:
+                        r.load()
+            if block:
+                merged = sort_by_keys(pa.concat_tables(block), self.keys)
+                del block
+                yield from merged.to_batches(max_chunksize=self.batch_rows)
+                del merged
+                _release()
+            if not pending:
+                break
+        self.close()
+
+    def close(self) -> None:
+        """Remove the run files (idempotent)."""
+        for r in self._runs:
+            r.close()
+        for p in self._paths:
+            try:
+                os.unlink(p)
+            except FileNotFoundError:
+                pass
+        self._runs, self._paths, self._mem = [], [], []
