@@ -207,15 +207,7 @@ class Operation:
             self._raise_if_failed()
             self._active = True
             self._finished_local.add(task)
-            try:
-                self._on_local_finish(task)
-            except TwisternetError:
-                raise
-            except Exception as e:  # noqa: BLE001 - e.g. the reduction raised: every rank must hear of it
-                self._fail(e, f"in finish() of task {task}")
-                failed: BaseException | None = e
-            else:
-                failed = None
+            failed = self._guarded(lambda: self._on_local_finish(task), f"in finish() of task {task}")
         if failed is not None:
             self._after()
             raise failed
@@ -466,15 +458,7 @@ class Operation:
         with self._lock:
             self._raise_if_failed()
             self._active = True
-            try:
-                mutate()
-            except TwisternetError:
-                raise
-            except Exception as e:  # noqa: BLE001 - e.g. the reduction raised: every rank must hear of it
-                self._fail(e, f"in send() of task {task}")
-                failed: BaseException | None = e
-            else:
-                failed = None
+            failed = self._guarded(mutate, f"in send() of task {task}")
         if failed is not None:
             self._after()
             raise failed
@@ -558,6 +542,19 @@ class Operation:
         """Whether a failure another rank had in its call ``call`` (of a rank-level collective such as
         ``allreduce``) waits until this rank makes that call, because it is still in an earlier one."""
         return False
+
+    def _guarded(self, fn: Callable[[], None], where: str) -> BaseException | None:
+        """Run ``fn`` (under the operation's lock): an error of the user's code in it (e.g. the reduction
+        raised) fails the operation on every rank and is returned, for the caller to raise once it has
+        let go of the lock; the library's own errors propagate as they are."""
+        try:
+            fn()
+        except TwisternetError:
+            raise
+        except Exception as e:  # noqa: BLE001 - e.g. the reduction raised: every rank must hear of it
+            self._fail(e, where)
+            return e
+        return None
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:

@@ -52,25 +52,13 @@ def sweep_spill_dirs(spill_dir: str | None = None) -> list[str]:
     """Remove the spill directories in ``spill_base(spill_dir)`` whose owner process is gone and that
     belong to this user; returns their paths."""
     base = spill_base(spill_dir)
-    removed: list[str] = []
-    try:
-        names = os.listdir(base)
-    except OSError:
-        return removed
-    me = os.geteuid()
-    for name in names:
+
+    def spill_owner(name: str) -> tuple[int, str | None] | None:
         m = _SPILL_NAME.fullmatch(name)
-        if m is None or not owner.owner_gone(int(m.group(1)), m.group(2)):
-            continue
-        path = os.path.join(base, name)
-        try:
-            st = os.lstat(path)
-        except FileNotFoundError:
-            continue
-        if st.st_uid != me or not stat.S_ISDIR(st.st_mode):
-            continue
-        shutil.rmtree(path, ignore_errors=True)
-        removed.append(path)
+        return None if m is None else (int(m.group(1)), m.group(2))
+
+    removed = owner.remove_orphans(base, spill_owner, stat.S_ISDIR,
+                                   lambda path: shutil.rmtree(path, ignore_errors=True))
     if removed:
         log.info("removed %d spill directories left in %s by processes that are gone", len(removed), base)
     return removed

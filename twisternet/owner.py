@@ -13,6 +13,7 @@ import functools
 import hashlib
 import os
 import socket
+from typing import Callable
 
 
 @functools.lru_cache(maxsize=1)
@@ -47,4 +48,30 @@ def owner_gone(pid: int, tag: str | None) -> bool:
     return not pid_alive(pid)
 
 
-__all__ = ["namespace_tag", "pid_alive", "owner_gone"]
+def remove_orphans(directory: str, owner_of: Callable[[str], tuple[int, str | None] | None],
+                   is_kind: Callable[[int], bool], remove: Callable[[str], None]) -> list[str]:
+    """Remove the entries of ``directory`` whose name says (``owner_of``: pid and tag, or None for a
+    name that is not ours) that their owner is gone, that belong to this user and whose mode passes
+    ``is_kind`` (e.g. ``stat.S_ISREG``); links are never followed. Returns the removed paths."""
+    removed: list[str] = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    me = os.geteuid()
+    for name in names:
+        who = owner_of(name)
+        if who is None or not owner_gone(*who):
+            continue
+        path = os.path.join(directory, name)
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            continue
+        if st.st_uid == me and is_kind(st.st_mode):
+            remove(path)
+            removed.append(path)
+    return removed
+
+
+__all__ = ["namespace_tag", "pid_alive", "owner_gone", "remove_orphans"]

@@ -173,25 +173,7 @@ def sweep_stale(directory: str = SHM_DIR) -> list[str]:
     (a process killed before it unlinked its segment leaves one behind); returns their paths. Segments
     of live processes, of other hosts or pid namespaces (see twisternet.owner) and other users' files
     are left alone."""
-    removed: list[str] = []
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return removed
-    me = os.geteuid()
-    for name in names:
-        who = owner_of(name)
-        if who is None or not owner.owner_gone(*who):
-            continue
-        path = os.path.join(directory, name)
-        try:
-            st = os.lstat(path)
-        except FileNotFoundError:
-            continue
-        if st.st_uid != me or not stat.S_ISREG(st.st_mode):
-            continue
-        unlink(path)
-        removed.append(path)
+    removed = owner.remove_orphans(directory, owner_of, stat.S_ISREG, unlink)
     if removed:
         log.info("removed %d shared-memory segments left in %s by processes that are gone",
                  len(removed), directory)
