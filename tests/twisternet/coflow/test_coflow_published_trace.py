@@ -115,3 +115,17 @@ def test_published_trace_all_policies() -> None:
     # The whole run stays far from the old engine's minutes per policy (CPU time, not wall time).
     assert sum(cpu.values()) < 300, cpu
     assert all(math.isfinite(r.avg_cct) for r in res.values())
+
+
+def test_coflow_sim_without_trace_uses_published_path(tmp_path, monkeypatch, capsys) -> None:
+    from twisternet.coflow.cli import main
+    missing = tmp_path / "nowhere" / "FB2010-1Hr-150-0.txt"
+    monkeypatch.setenv("TWISTERNET_COFLOW_TRACE", str(missing))
+    assert main(["--policy", "sebf"]) == 2
+    err = capsys.readouterr().err
+    assert str(missing) in err and "coflow-benchmark" in err
+    small = tmp_path / "small.txt"
+    small.write_text(TEMPLATE)
+    monkeypatch.setenv("TWISTERNET_COFLOW_TRACE", str(small))
+    assert main(["--policy", "sebf", "--no-baseline"]) == 0
+    assert capsys.readouterr().out.startswith("policy=sebf coflows=4 ")
