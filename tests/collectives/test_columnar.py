@@ -142,7 +142,8 @@ def test_to_table_converts_batches_structured_arrays_and_dataframes():
         to_table([1, 2])
     pd = pytest.importorskip("pandas")
     df = pd.DataFrame({"k": [3, 4], "s": ["a", "b"]}, index=[10, 11])
-    assert to_table(df).equals(pa.table({"k": [3, 4], "s": ["a", "b"]}))
+    # the index is dropped; pandas >= 3 stores strings as large_string, which the table keeps
+    assert to_table(df).to_pydict() == {"k": [3, 4], "s": ["a", "b"]}
 
 
 # ------------------------------------------------------------------------------------- expected results
