@@ -24,10 +24,11 @@ else:  # pragma: no cover - exercised only on 3.10
 ENV_PREFIX = "TWISTERNET_"
 #: Environment variable naming a TOML file to read (not itself a config key).
 ENV_CONFIG_FILE = "TWISTERNET_CONFIG"
-#: ``TWISTERNET_*`` variables that describe how a job was launched rather than configure it (read by
-#: :mod:`twisternet.launch_env` and :mod:`twisternet.rendezvous`), so they are not configuration keys.
+#: ``TWISTERNET_*`` variables that are not configuration keys: how a job was launched (read by
+#: :mod:`twisternet.launch_env` and :mod:`twisternet.rendezvous`) and where tools find their inputs
+#: (the published coflow trace, :mod:`twisternet.coflow.trace`).
 ENV_LAUNCH_VARS = frozenset({"TWISTERNET_TOKEN_FILE", "TWISTERNET_TOKEN_DIR", "TWISTERNET_MASTER_PORT",
-                             "TWISTERNET_K8S_SERVICE"})
+                             "TWISTERNET_K8S_SERVICE", "TWISTERNET_COFLOW_TRACE"})
 
 _UNITS = {
     "": 1, "b": 1,

@@ -72,3 +72,13 @@ def test_frozen_replace_and_env_round_trip():
     with pytest.raises(ConfigError):
         c.replace(nonsense=1)
     assert load_config(env=to_env(c)) == c
+
+
+def test_variables_that_are_not_config_keys_are_left_to_their_readers():
+    """Launcher and tool variables (token file/dir, master port, Kubernetes service, the coflow trace) may
+    be set in a job's environment without being taken for unknown config keys; a typo still is one."""
+    from twisternet.config import ENV_LAUNCH_VARS, load_config
+    env = {name: "x" for name in ENV_LAUNCH_VARS}
+    assert load_config(env=env) == load_config(env={})
+    with pytest.raises(ConfigError, match="coflow_trcae"):
+        load_config(env={"TWISTERNET_COFLOW_TRCAE": "x"})
