@@ -23,13 +23,13 @@ import sys
 import textwrap
 import threading
 from pathlib import Path
-from typing import Any, Callable, Sequence
 
 import numpy as np
 import psutil
 import pytest
 
 from innet import InnetCluster, JobSpec, error_bound
+from tests.innet._innet_helpers import run_ranks
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = 17
@@ -91,28 +91,6 @@ ATTACKER = textwrap.dedent('''
 ''')
 
 
-def _run_ranks(fns: Sequence[Callable[[], Any]], timeout: float) -> list[Any]:
-    results: list[Any] = [None] * len(fns)
-
-    def run(i: int) -> None:
-        try:
-            results[i] = fns[i]()
-        except BaseException as e:  # noqa: BLE001 - re-raised below
-            results[i] = e
-
-    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(fns))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout)
-    if any(t.is_alive() for t in threads):
-        raise TimeoutError(f"the ranks did not finish within {timeout} s (the job is stuck)")
-    for r in results:
-        if isinstance(r, BaseException):
-            raise r
-    return results
-
-
 def _inputs(call: int) -> list[np.ndarray]:
     return [(np.random.default_rng([call, r]).standard_normal(SIZE) * 10).astype(np.float32)
             for r in range(WORLD)]
@@ -151,7 +129,7 @@ def test_flood_and_forged_packets_change_nothing() -> None:
         attacker.stdin.flush()
         got = [first]
         for c in range(1, calls):                            # during (and after) the flood
-            got.append(_run_ranks([lambda h=h, a=a: h.allreduce(a) for h, a in zip(handles, _inputs(c))],
+            got.append(run_ranks([lambda h=h, a=a: h.allreduce(a) for h, a in zip(handles, _inputs(c))],
                                   timeout=120))
         line = attacker.stdout.readline()
         attacker.wait(30)
