@@ -1,7 +1,7 @@
 """Coflow scheduling for twisternet: pluggable policies (FIFO, fair, Varys SEBF+MADD, deadline admission
 control, JIT-style DAG/LAT), a trace-driven event simulator, the coflow-benchmark trace format, and a
 small thread-safe table the runtime uses to rank its coflows, the per-process runtime hook that orders
-and paces pending sends (``live``), and the job-wide coordinator service (design.md section 6)."""
+and paces pending sends (``live``), and the job-wide coordinator service (docs/design.md section 6)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Live coflow scheduling inside a running :class:`~twisternet.context.Context` (design.md section 6).
+"""Live coflow scheduling inside a running :class:`~twisternet.context.Context` (docs/design.md section 6).
 
 With ``coflow_policy`` set (anything but ``"none"``) every Context owns a :class:`CoflowRuntime`. Each
 operation instance registers a coflow with it when it is created (:meth:`CoflowRuntime.attach`, called
