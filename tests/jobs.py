@@ -47,7 +47,8 @@ def lines(proc: subprocess.CompletedProcess, prefix: str) -> list[str]:
     for line in proc.stdout.splitlines():
         body = line.split("] ", 1)[1] if line.startswith("[") and "] " in line else line
         if body.startswith(prefix):
-            out.append(body)
+            # mpiexec may glue two ranks' lines together: "A rank=0 ...A rank=1 ..."
+            out.extend(prefix + part for part in body.split(prefix)[1:])
     return out
 
 
