@@ -14,6 +14,7 @@ from tests.jobs import mpiexec, run_mpi, run_tcp
 from twisternet.testing import run_local
 
 from .launchers import run_scenario
+from .scenarios import run_kinds
 
 pytestmark = pytest.mark.timeout(400)
 SCRIPT = Path(__file__).parent / "scripts" / "edge_reuse.py"
@@ -49,29 +50,11 @@ def test_threads_reuse_the_edge_every_epoch() -> None:
     assert run_local(3, body, timeout=200) == [40] * 3
 
 
-def _kinds_job(ctx, kinds: tuple[str, str]):
-    import collectives as C
-    kind = kinds[ctx.rank]
-    op = (C.Gather if kind == "gather" else C.Reduce if kind == "reduce" else
-          C.AllGather if kind == "allgather" else C.AllReduce)(ctx, edge=7, timeout=20)
-    try:
-        op.send(ctx.rank, ctx.rank + 1)
-        op.finish(ctx.rank)
-        if ctx.rank in op.local_destinations:
-            list(op.results())
-        op.close()
-        # a rank with nothing left to wait for on the edge hears of it at its next blocking call
-        ctx.wait_until(lambda: False, timeout=10)
-    except Exception as e:  # noqa: BLE001 - the test checks what each rank raised
-        return type(e).__name__, str(e)
-    return "no error", ""
-
-
 @pytest.mark.parametrize("kinds", [("gather", "reduce"), ("allgather", "allreduce")])
 def test_different_operations_on_one_edge_raise_on_every_rank(kinds: tuple[str, str]) -> None:
-    for name, msg in run_local(2, _kinds_job, kinds, timeout=60):
-        assert name == "MismatchError", (name, msg)
-        assert "different operations on one edge" in msg and "edge 7" in msg, msg
+    for r in run_local(2, run_kinds, {"kinds": list(kinds)}, timeout=60):
+        assert r["error"] == "MismatchError", r
+        assert "different operations on one edge" in r["message"] and "edge 7" in r["message"], r
 
 
 # Known defect, MPI only, about 1 run in 6: every rank raises MismatchError as it should, but a source
