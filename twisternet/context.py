@@ -242,6 +242,13 @@ class Context:
         self._lost_after: dict[int, int] = {}   # peer -> the rank whose loss it reported (its cause)
         self._told: set[int] = set()            # lost ranks this rank told its peers about
         self._failure: BaseException | None = None
+        #: A failure that names a programming error between ranks (an edge mismatch nobody on this rank
+        #: was left to catch) rather than a broken rank: it is raised at the next blocking call, but the
+        #: transport is sound, so close() still leaves collectively instead of aborting the job.
+        self._reported_failure: BaseException | None = None
+        self._reported_heard = False
+        self._reported_pair: tuple[int, int, str, str] | None = None
+        self._mismatch_pairs: set[tuple[int, int, str, str]] = set()
         self._closed = False
         self._stop = False
 
@@ -485,8 +492,10 @@ class Context:
             self._closed = True
         limit = self.config.timeout if timeout is None else timeout
         deadline = time.monotonic() + limit
+        with self._lock:
+            broken = self._failure is not None and self._failure is not self._reported_failure
         try:
-            if not self._lost and self._failure is None:
+            if not self._lost and not broken:
                 self._linger(deadline)
         finally:
             self._stop = True
@@ -495,9 +504,9 @@ class Context:
                 self._thread.join(max(1.0, deadline - time.monotonic()))
             with self._chan_lock:
                 try:
-                    if self._failure is not None or self._lost:
+                    if broken or self._lost:
                         self._flush_notices(time.monotonic() + _NOTICE_FLUSH)
-                    if self._failure is not None:
+                    if broken:
                         self.channel.abort(f"rank {self.rank} failed: {self._failure!r}")
                     else:
                         self.channel.close(max(0.5, min(deadline - time.monotonic(), self.config.peer_timeout)))
@@ -510,6 +519,10 @@ class Context:
             self.notify()
             if self._on_close is not None:
                 self._on_close()
+        with self._lock:
+            unheard = None if broken or self._reported_heard else self._reported_failure
+        if unheard is not None:
+            raise unheard  # a reported failure user code has not heard yet, raised once the job is left
 
     def _flush_notices(self, deadline: float) -> None:
         """Before a failing rank drops its connections: get its loss notices (and what is queued before
@@ -581,12 +594,22 @@ class Context:
                 self._send(peer, _MISMATCH_EDGE, [edge, theirs[0], mine[1], theirs[1]], block=False, timeout=0.0)
             except TwisternetError:
                 log.debug("rank %d: could not tell rank %d of the mismatch", self.rank, peer, exc_info=True)
+        # the same two operations meet on each channel edge they share: report the pair once
+        pair = (peer, mine[0], mine[1], theirs[1])
         if on_error is not None:
+            with self._lock:
+                self._mismatch_pairs.add(pair)
+                if self._reported_pair == pair:
+                    self._reported_heard = True  # the operation raises it to user code
             on_error(err)
         else:
             with self._lock:
+                if pair in self._mismatch_pairs:
+                    return
+                self._mismatch_pairs.add(pair)
                 if self._failure is None:
-                    self._failure = err
+                    self._failure = self._reported_failure = err
+                    self._reported_pair = pair
             self.notify()
 
     def _on_mismatch_notice(self, src: int, obj: Any) -> bool:
@@ -1196,6 +1219,11 @@ class Context:
         with self._lock:
             failure = self._failure
             lost = next(iter(self._lost.items()), None)
+        if failure is not None and failure is self._reported_failure:
+            if self._closed:
+                failure = None  # while leaving the job: close() raises it at the end if still unheard
+            else:
+                self._reported_heard = True
         if failure is not None:
             # the original exception (a handler's or the engine's), so callers see what really failed
             raise failure

@@ -57,15 +57,7 @@ def test_different_operations_on_one_edge_raise_on_every_rank(kinds: tuple[str, 
         assert "different operations on one edge" in r["message"] and "edge 7" in r["message"], r
 
 
-# Known defect, MPI only, about 1 run in 6: every rank raises MismatchError as it should, but a source
-# rank whose operation had already closed learns it from its peer's notice, which fails its Context; its
-# close then aborts the channel instead of leaving, and the peer, still flushing to it, dies of
-# PeerLostError at exit (MPI_Abort, exit 1). A mismatch must not turn into a loss (see the stop note).
-_MISMATCH_CASCADE = pytest.mark.xfail(strict=False, reason="MPI: a caught MismatchError can still abort "
-                                      "the peer's job at exit (intermittent; see the comment above)")
-
-
-@pytest.mark.parametrize("launcher", ["tcp", pytest.param("mpi", marks=_MISMATCH_CASCADE)])
+@pytest.mark.parametrize("launcher", ["tcp", "mpi"])
 @pytest.mark.parametrize("kinds", [["gather", "reduce"], ["allgather", "allreduce"]])
 def test_processes_different_operations_on_one_edge_raise_on_every_rank(launcher: str, kinds: list) -> None:
     for r in run_scenario(launcher, 2, "run_kinds", {"kinds": kinds}, timeout=120):
