@@ -6,7 +6,7 @@ import zlib
 from operator import itemgetter
 from typing import Any, Iterable
 
-from .base import Callback, Mode
+from .base import Callback, Mode, record_nbytes
 from .columnar import KeyedReduceTables
 from .columns import is_columns, to_columns
 from .reduce import _need_edge, _pick_op
@@ -37,6 +37,7 @@ class KeyedReduce(KeyedReduceTables, UpTreeOperation):
         self._route_cache: dict[str, int] = {}   # str key -> destination, for the default selector
         self.key_type = check_key_type(key_type)
         self.selector: Selector = selector or hash_selector
+        self._combiner_bytes: dict[int, int] = {}   # inner batch combiner (tree id) -> bytes taken since flush
         super().__init__(ctx, sources, destinations, _need_edge(edge, type(self).__name__), mode=mode,
                          callback=callback, limit=limit, timeout=timeout, fanout=fanout)
 
@@ -121,19 +122,29 @@ class KeyedReduce(KeyedReduceTables, UpTreeOperation):
         if node.parent is None:
             return self.mode == "batch" or self._sink_room(node.tid)
         if self.mode == "batch":
-            return len(node.state) < self.limit or self._out_room(node)
+            return self._combiner_has_room(node) or self._out_room(node)
         return self._out_room(node)
 
-    def _combine(self, table: dict, pairs: Iterable, copy: Any) -> None:
+    def _combiner_has_room(self, node: Node) -> bool:
+        """An inner combiner holds at most ``limit`` keys and about ``byte_limit`` bytes of values (the
+        bytes taken since its last flush: no more than it holds for sums, min/max or concatenation)."""
+        return len(node.state) < self.limit and self._combiner_bytes.get(node.tid, 0) < self.byte_limit
+
+    def _combine(self, table: dict, pairs: Iterable, copy: Any) -> int:
+        """Fold ``pairs`` into ``table``; returns the :func:`record_nbytes` of the non-scalar values."""
         comb = self.reduction.combine
         scalar = self.reduction.scalar
         atoms = _ATOMS
+        nbytes = 0
         for key, value in pairs:
+            if type(value) not in atoms:
+                nbytes += record_nbytes(value)
             if key in table:
                 old = table[key]
                 table[key] = scalar(old, value) if type(old) in atoms and type(value) in atoms else comb(old, value)
             else:
                 table[key] = value if type(value) in atoms else copy(value)
+        return nbytes
 
     def _take(self, node: Node, pairs: list, copy: Any) -> None:
         if node.parent is None:
@@ -143,10 +154,13 @@ class KeyedReduce(KeyedReduceTables, UpTreeOperation):
             else:
                 self._deliver_many(node.tid, self._running(table, pairs, copy))
         elif self.mode == "batch":
-            self._combine(node.state, pairs, copy)
-            if len(node.state) >= self.limit:
+            taken = self._combine(node.state, pairs, copy)
+            if taken:
+                self._combiner_bytes[node.tid] = self._combiner_bytes.get(node.tid, 0) + taken
+            if not self._combiner_has_room(node):
                 self._up_send(node, "d", to_columns(node.state.items(), 2))
                 node.state.clear()
+                self._combiner_bytes[node.tid] = 0
         else:
             keys = [k for k, _ in pairs]
             values = [v for _, v in pairs]

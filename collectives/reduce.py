@@ -9,7 +9,7 @@ import numpy as np
 
 from twisternet.errors import ConfigError
 
-from .base import Callback, Mode
+from .base import Callback, Mode, record_nbytes
 from .downtree import DownTreeMixin
 from .reduction import ReduceFn, Reduction, own, snapshot
 from .uptree import Node, UpTreeOperation
@@ -29,15 +29,33 @@ def _need_edge(edge: int | None, name: str) -> int:
 
 
 class _Rounds:
-    """Streaming reduce state of one node: a queue per input (local task or child rank)."""
+    """Streaming reduce state of one node: a queue per input (local task or child rank), each bounded in
+    records (``limit`` shared by the inputs) and in bytes (``byte_limit`` shared alike, counted as
+    :func:`record_nbytes`; a queue always takes one value, so a round can always form)."""
 
-    __slots__ = ("order", "queues", "done", "qlimit")
+    __slots__ = ("order", "queues", "done", "qlimit", "qbytes", "qbyte_limit")
 
-    def __init__(self, inputs: list[tuple[str, int]], limit: int) -> None:
+    def __init__(self, inputs: list[tuple[str, int]], limit: int, byte_limit: int) -> None:
         self.order = inputs
         self.queues: dict[tuple[str, int], deque] = {i: deque() for i in inputs}
         self.done: set[tuple[str, int]] = set()
         self.qlimit = max(1, limit // max(1, len(inputs)))
+        self.qbytes: dict[tuple[str, int], int] = dict.fromkeys(inputs, 0)
+        self.qbyte_limit = max(1, byte_limit // max(1, len(inputs)))
+
+    def room(self, i: tuple[str, int]) -> bool:
+        """Whether input ``i`` may queue one more value."""
+        q = self.queues[i]
+        return not q or (len(q) < self.qlimit and self.qbytes[i] < self.qbyte_limit)
+
+    def push(self, i: tuple[str, int], value: Any) -> None:
+        self.queues[i].append(value)
+        self.qbytes[i] += record_nbytes(value)
+
+    def pop(self, i: tuple[str, int]) -> Any:
+        value = self.queues[i].popleft()
+        self.qbytes[i] -= record_nbytes(value)
+        return value
 
 
 class Reduce(UpTreeOperation):
@@ -80,7 +98,7 @@ class Reduce(UpTreeOperation):
         if self.mode == "batch":
             return []
         inputs = [("t", t) for t in self.local_sources] + [("r", c) for c in node.children]
-        return _Rounds(inputs, self.limit)
+        return _Rounds(inputs, self.limit, self.byte_limit)
 
     def _node(self) -> Node:
         return next(iter(self._nodes.values()))
@@ -97,9 +115,9 @@ class Reduce(UpTreeOperation):
             live = [i for i in st.order if st.queues[i] or i not in st.done]
             if not live or any(not st.queues[i] for i in live):
                 return
-            acc = st.queues[live[0]].popleft()
+            acc = st.pop(live[0])
             for i in live[1:]:
-                acc = self.reduction.combine(acc, st.queues[i].popleft())
+                acc = self.reduction.combine(acc, st.pop(i))
             if node.parent is not None:
                 self._up_send(node, "d", acc)
             else:
@@ -127,13 +145,14 @@ class Reduce(UpTreeOperation):
         if self.mode == "batch":
             return self._input(task, lambda: True, lambda: self._acc(node.state, value, copy=snapshot),
                                block=block, timeout=timeout)
-        q = node.state.queues[("t", task)] if task in self.local_sources else None
+        st: _Rounds = node.state
+        inp = ("t", task)
 
         def room() -> bool:
-            return len(q) < node.state.qlimit and self._out_room(node)
+            return st.room(inp) and self._out_room(node)
 
         def mutate() -> None:
-            q.append(snapshot(value))
+            st.push(inp, snapshot(value))
             self._rounds(node)
         return self._input(task, room, mutate, block=block, timeout=timeout)
 
@@ -149,10 +168,13 @@ class Reduce(UpTreeOperation):
     def _up_data(self, node: Node, src: int, payload: Any) -> bool:
         if self.mode == "batch":
             raise self._protocol(src, payload)
-        q = node.state.queues[("r", src)]
-        if len(q) >= node.state.qlimit or not self._out_room(node):
+        st: _Rounds = node.state
+        inp = ("r", src)
+        if inp not in st.queues:
+            raise self._protocol(src, payload)
+        if not st.room(inp) or not self._out_room(node):
             return False
-        q.append(self._own(payload))
+        st.push(inp, self._own(payload))
         self._rounds(node)
         return True
 
