@@ -101,7 +101,7 @@ def test_garbage_control_message_is_a_protocol_error_or_valid(data: bytes) -> No
     except ProtocolError:
         return
     assert kind in (mpich._KIND_CREDIT, mpich._KIND_ABORT, mpich._KIND_OFFER, mpich._KIND_SLOT_OFFER,
-                    mpich._KIND_SLOT_GRANT, mpich._KIND_SLOT_RETIRE)
+                    mpich._KIND_SLOT_GRANT, mpich._KIND_SLOT_RETIRE, mpich._KIND_HEARTBEAT)
 
 
 slot_ids = st.integers(0, (1 << 32) - 1)
