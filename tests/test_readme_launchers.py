@@ -102,13 +102,9 @@ def test_torchrun_recipe_on_one_node(tmp_path: Path):
     line = re.sub(r"--rdzv-endpoint \S+", f"--rdzv-endpoint 127.0.0.1:{port}", line)
     (tmp_path / "job.py").write_text(JOB.read_text())
     setup = recipe.splitlines()[0].replace("/shared/twisternet", str(tmp_path / "tokens"))
-    # MASTER_PORT + 1, the default, may be taken on a busy machine (torchrun picks MASTER_PORT at random):
-    # the README's TWISTERNET_MASTER_PORT names a free one
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        tn_port = s.getsockname()[1]
-    env = job_env(PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", OMP_NUM_THREADS="1",
-                  TWISTERNET_MASTER_PORT=str(tn_port))
+    # rank 0 picks a free port and publishes it in torchrun's agent store: no port to choose here
+    env = job_env(PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", OMP_NUM_THREADS="1")
+    env.pop("TWISTERNET_MASTER_PORT", None)
     res = subprocess.run(["bash", "-c", f"{setup}\n{line}"], cwd=tmp_path, env=env, capture_output=True,
                          text=True, timeout=240)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]

@@ -22,9 +22,11 @@ Launchers, in the order they are recognised (the first that matches wins):
 ``none``        nothing of the above: a one-process job
 ==============  ===========================================================================================
 
-The bootstrap master's port: ``TWISTERNET_MASTER_PORT`` when set. Otherwise, under torchrun,
-``MASTER_PORT + 1`` (``MASTER_PORT`` itself belongs to torch's TCPStore, which a program that also calls
-``torch.distributed.init_process_group`` opens there); under Slurm ``20000 + SLURM_JOB_ID % 20000``, so
+The bootstrap master's port: ``TWISTERNET_MASTER_PORT`` when set. Otherwise, under torchrun, a free
+port rank 0 picks and publishes in the torch elastic agent's store at ``MASTER_ADDR:MASTER_PORT``
+(``TORCHELASTIC_USE_AGENT_STORE=True``, what torchrun sets), so no fixed port can be taken already; without
+the agent's store, ``MASTER_PORT + 1`` (``MASTER_PORT`` itself belongs to torch's TCPStore, which a program
+that also calls ``torch.distributed.init_process_group`` opens there); under Slurm ``20000 + SLURM_JOB_ID % 20000``, so
 that two jobs sharing a first node do not collide; under Kubernetes :data:`DEFAULT_PORT`.
 """
 
@@ -66,6 +68,10 @@ class LaunchInfo:
     master: tuple[str, int] | None = None
     #: An id of this job run given by the launcher (Slurm job id, torchrun run id, Kubernetes job name).
     job_id: str | None = None
+    #: torch elastic's agent store (HOST, PORT): rank 0 publishes the master's port there (``master``'s
+    #: port is then 0 until it does), under the key :attr:`store_key`.
+    store: tuple[str, int] | None = None
+    store_key: str = ""
 
     @property
     def hosts_master(self) -> bool:
@@ -205,11 +211,16 @@ def _torchrun(env: Mapping[str, str]) -> LaunchInfo | None:
     rank, world = _int(env, "RANK"), _int(env, "WORLD_SIZE", minimum=1)
     _check_rank("torchrun", rank, world, "RANK")
     store_port = _int(env, "MASTER_PORT", minimum=1)
+    run_id = env.get("TORCHELASTIC_RUN_ID") or None
+    published = env.get("TORCHELASTIC_USE_AGENT_STORE") == "True" and not env.get("TWISTERNET_MASTER_PORT")
     return LaunchInfo("torchrun", rank=rank, world=world,
                       local_rank=_opt_int(env, "LOCAL_RANK"),
                       local_world=_opt_int(env, "LOCAL_WORLD_SIZE", minimum=1),
-                      master=(env["MASTER_ADDR"], _port(env, store_port + 1)),
-                      job_id=env.get("TORCHELASTIC_RUN_ID") or None)
+                      master=(env["MASTER_ADDR"], 0 if published else _port(env, store_port + 1)),
+                      job_id=run_id,
+                      store=(env["MASTER_ADDR"], store_port) if published else None,
+                      store_key=(f"twisternet/{run_id or 'job'}/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+                                 "/master_port") if published else "")
 
 
 def _slurm(env: Mapping[str, str]) -> LaunchInfo | None:

@@ -119,6 +119,44 @@ def _bind_host(host: str) -> str:
     return "0.0.0.0"
 
 
+def _open_store(info: LaunchInfo, timeout: float) -> Any:
+    """A client of torch elastic's agent store (None if torch cannot be imported)."""
+    assert info.store is not None
+    try:
+        from datetime import timedelta
+
+        from torch.distributed import TCPStore
+    except ImportError:
+        log.warning("torchrun's agent store is there but torch cannot be imported: the bootstrap master "
+                    "falls back to MASTER_PORT + 1")
+        return None
+    host, port = info.store
+    try:
+        return TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout))
+    except Exception as e:  # noqa: BLE001 - torch raises RuntimeError/DistStoreError; say what it was
+        raise TwisternetError(f"rank {info.rank}: cannot reach torchrun's agent store at {host}:{port} "
+                              f"({e}); set TWISTERNET_MASTER_PORT to a free port, the same on every rank") from None
+
+
+def _published_port(store: Any, info: LaunchInfo, timeout: float) -> int:
+    """The bootstrap port rank 0 published in the agent store (waits up to ``timeout``)."""
+    assert info.store is not None
+    try:
+        raw = store.get(info.store_key)
+    except Exception as e:  # noqa: BLE001 - a store timeout: rank 0 never published
+        raise TwisternetError(f"rank {info.rank}: rank 0 did not publish the bootstrap port in torchrun's "
+                              f"agent store at {info.store[0]}:{info.store[1]} within {timeout:g} s ({e}); "
+                              "is rank 0 running twisternet too?") from None
+    try:
+        port = int(raw)
+    except ValueError:
+        port = 0
+    if not 0 < port < 65536:
+        raise TwisternetError(f"rank {info.rank}: torchrun's agent store holds {raw!r} under "
+                              f"{info.store_key}, not a port")
+    return port
+
+
 def prepare(cfg: Config, info: LaunchInfo) -> tuple[Config, Callable[[], None] | None]:
     """Config for joining a job ``info`` describes, starting the master on rank 0.
 
@@ -135,6 +173,11 @@ def prepare(cfg: Config, info: LaunchInfo) -> tuple[Config, Callable[[], None] |
                               "or start the job with mpiexec for the MPI channel)")
     token, token_path = resolve_token(cfg, info)
     host, port = info.master
+    store = _open_store(info, cfg.connect_timeout) if info.store is not None else None
+    if store is None and port == 0:
+        # torch is not importable after all: the documented fallback, the same on every rank
+        assert info.store is not None
+        port = info.store[1] + 1
     master: Any = None
     if info.hosts_master:
         from .bootstrap import Master, install_job_services
@@ -149,6 +192,11 @@ def prepare(cfg: Config, info: LaunchInfo) -> tuple[Config, Callable[[], None] |
         master.start()
         log.info("rank 0 hosts the bootstrap master on %s:%d for %d ranks (%s)", *master.address, info.world,
                  info.launcher)
+        port = master.address[1]
+        if store is not None:
+            store.set(info.store_key, str(port))
+    elif store is not None:
+        port = _published_port(store, info, cfg.connect_timeout)
     joined = cfg.replace(channel="tcp", master=f"{host}:{port}", rank=info.rank, world=info.world, token=token)
 
     def finish() -> None:

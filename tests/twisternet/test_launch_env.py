@@ -54,6 +54,33 @@ def test_torchrun():
     assert info.job_id == "abc" and not info.hosts_master
     assert detect({**env, "RANK": "0"}).hosts_master
     assert detect({**env, "TWISTERNET_MASTER_PORT": "4000"}).master == ("node07", 4000)
+    assert info.store is None
+
+
+def test_torchrun_with_the_agent_store_publishes_a_free_port():
+    env = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "node07", "MASTER_PORT": "29500",
+           "TORCHELASTIC_RUN_ID": "abc", "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RESTART_COUNT": "2"}
+    info = detect(env)
+    assert info.master == ("node07", 0) and info.store == ("node07", 29500)
+    assert info.store_key == "twisternet/abc/2/master_port"
+    fixed = detect({**env, "TWISTERNET_MASTER_PORT": "4000"})
+    assert fixed.master == ("node07", 4000) and fixed.store is None
+
+
+def test_a_port_never_published_in_the_agent_store_is_a_clear_error():
+    torch = pytest.importorskip("torch", reason="torch is in the dev extra (pip install '.[dev]')")
+    from datetime import timedelta
+
+    from twisternet.errors import TwisternetError
+    from twisternet.rendezvous import _published_port
+    server = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=1))
+    info = detect({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(server.port),
+                   "TORCHELASTIC_USE_AGENT_STORE": "True"})
+    client = torch.distributed.TCPStore("127.0.0.1", server.port, is_master=False, timeout=timedelta(seconds=1))
+    with pytest.raises(TwisternetError, match="did not publish the bootstrap port"):
+        _published_port(client, info, 1.0)
+    server.set(info.store_key, "4711")
+    assert _published_port(client, info, 1.0) == 4711
 
 
 def test_torchrun_without_master_says_what_is_missing():
