@@ -9,12 +9,12 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from twisternet.channel import MAX_EDGE, Buffer, Channel, ChannelHandler, fits_credit
+from twisternet.channel import MAX_EDGE, Buffer, Channel, ChannelHandler
 from twisternet.errors import ClosedError, ConfigError, PeerLostError, TwisternetError
 
 from .. import shm_slots
-from .buffers import BulkCacheMixin
-from .credit import CreditMixin
+from .buffers import BulkCache
+from .credit import CreditLedger, CreditReturns
 from .launch import (
     _OPEN_CHANNELS,
     _import_mpi,
@@ -27,7 +27,7 @@ from .preposted import PrepostedMixin
 from .receive import ReceiveMixin
 from .records import _CtrlRecv, _DataRecv, _Incoming, _PreRecv, _Release, _Send
 from .rendezvous import RendezvousMixin
-from .requests import RequestsMixin
+from .requests import RequestsMixin, RequestTable
 from .slots import SlotsMixin
 from .wire import (
     _CTRL_BUF_SIZE,
@@ -49,8 +49,8 @@ log = logging.getLogger(__name__)
 _CTRL_RECVS_PER_PEER = 2
 
 
-class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, CreditMixin, BulkCacheMixin,
-                 RequestsMixin, LivenessMixin, Channel):
+class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, RequestsMixin,
+                 LivenessMixin, Channel):
     """Channel over mpi4py ``Isend``/``Irecv`` with pre-posted receives, rendezvous for large messages
     and per (peer, edge) byte credits. Build it with :func:`create_channel`."""
 
@@ -84,18 +84,11 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Cred
         # Segments a rendezvous header can announce in one pool buffer.
         self._max_segments = (self._pool_buf_size - _HDR.size - _U32.size) // 8
         self._credit = config.buffer_size * config.buffer_count
-        self._credit_batch = max(1, self._credit // 4)
+        self._credit_ledger = CreditLedger(self._credit)
+        self._credit_returns = CreditReturns(max(1, self._credit // 4))
         npeers = max(1, self.world - 1)
         self._recvs_per_peer = max(1, min(config.buffer_count, config.pool_buffers // npeers))
         self._spare_cap = config.pool_buffers
-        # Recycled rendezvous buffers: fresh memory costs a page fault per page on first touch,
-        # which halves large-message bandwidth, so released (and unreferenced) ones are kept.
-        self._bulk_cache: list[Any] = []
-        self._bulk_cache_bytes = 0
-        # Bounded like the TCP channel's idle receive buffers: at least one buffer of the largest
-        # message a program exchanges (up to twice memory_limit) is kept, so a stream of 256 MB messages
-        # does not pay 65536 page faults per message.
-        self._bulk_cache_cap = max(4 * self._credit, 2 * config.memory_limit)
 
         self._handler: ChannelHandler | None = None
         self._started = False
@@ -103,12 +96,7 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Cred
         self._owner_thread: int | None = None
         self._in_poll = False
 
-        # Request slots: Testsome runs over ``_reqs``; ``_ops[i]`` says what slot i is for.
-        self._reqs: list[Any] = []
-        self._ops: list[Any] = []
-        self._free_slots: list[int] = []
-        self._statuses: list[Any] = []  # filled by Testsome; read only when it reports an error
-        self._active = 0
+        self._requests = RequestTable(MPI)
 
         # Receive side.
         self._data_recvs: list[deque[_DataRecv]] = [deque() for _ in range(self.world)]
@@ -119,8 +107,6 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Cred
         # Rendezvous payloads moving (either direction): MPI needs frequent polls to pipeline them.
         self._bulk_active = 0
         self._released: deque[_Release] = deque()
-        self._credit_out: dict[int, dict[int, int]] = {}
-        self._credit_since: dict[int, float] = {}
         # Pre-posted payload receives (see _pre_offer): capacity offered per peer (0: none), receives
         # posted so far, the posted ones no header has claimed yet, where in a page the peer's payloads
         # start, and the total capacity offered (bounded by memory_limit).
@@ -133,10 +119,9 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Cred
         self._pre_budget = config.memory_limit
 
         # Send side.
-        self._inflight: dict[tuple[int, int], int] = {}
-        self._blocked: set[tuple[int, int]] = set()
         self._pending_sends = [0] * self.world
         self._pending_total = 0  # over peers not lost (sends to a lost peer may never complete)
+        self._pending_bytes = [0] * self.world  # message bytes in those sends (see pending_bytes)
         self._posted_sends = [0] * self.world
         self._sendq: list[deque[tuple[Any, int, _Send]]] = [deque() for _ in range(self.world)]
         # Offers of pre-posted receives from each peer: (first receive number, capacity), and how
@@ -195,6 +180,10 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Cred
                                       "slot_sent": 0, "slot_received": 0, "slot_offers": 0,
                                       "slots_retired": 0, "slot_waits": 0, "slot_wait_timeouts": 0,
                                       "slot_deferred": 0, "slot_refused": 0, "slot_split": 0}
+        # Recycled rendezvous buffers (see .buffers), bounded like the TCP channel's idle receive
+        # buffers: at least one buffer of the largest message a program exchanges (up to twice
+        # memory_limit) is kept, so a stream of 256 MB messages does not pay 65536 page faults each.
+        self._bulk_cache = BulkCache(max(4 * self._credit, 2 * config.memory_limit), self.stats)
 
     def _node_peers(self) -> set[int]:
         """The other ranks of the communicator on this host (collective: ``MPI_Comm_split_type``)."""
@@ -277,16 +266,14 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Cred
             self.stats["send_refused"] += 1
             self.stats["slot_refused"] += 1
             return False
-        inflight = self._inflight.get(key, 0)
-        if not fits_credit(inflight, cost, self._credit):
-            self._blocked.add(key)
+        if not self._credit_ledger.fits(key, cost):
             self.stats["send_refused"] += 1
             return False
         MPI = self._MPI
         try:
             if size <= self._eager_limit:
                 wire = b"".join((_HDR.pack(_KIND_EAGER, 0, 0, edge, size), *views))
-                self._submit(wire, TAG_DATA, _Send(peer, wire))
+                self._submit(wire, TAG_DATA, _Send(peer, wire, nbytes=size))
                 if token is not None:  # the parts were copied: reusable now (reported by progress)
                     self._events.append((self._handler.on_sent, (token,)))  # type: ignore[union-attr]
                 self.stats["eager_sent"] += 1
@@ -298,7 +285,7 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Cred
             self._lose(peer, f"MPI error sending to it: {e.Get_error_string()}")
             raise PeerLostError(peer, self._lost[peer]) from e
         # (read again: a slot send may have polled and taken credit returns in meanwhile)
-        self._inflight[key] = self._inflight.get(key, 0) + cost
+        self._credit_ledger.charge(key, cost)
         self.stats["msgs_sent"] += 1
         self.stats["bytes_sent"] += size
         return True
@@ -322,6 +309,16 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Cred
             return self._pending_total > 0
         return self._pending_sends[peer] > 0 and peer not in self._lost
 
+
+    def pending_bytes(self, peer: int | None = None) -> int:
+        """Bytes of messages handed to :meth:`send` (for ``peer``, or for anyone) that MPI has not
+        finished sending yet: queued, posted, or waiting for a shared-memory slot. An eager message
+        counts until MPI completes its send; a message copied into a peer's shared-memory slot is in
+        that peer's memory and no longer counts (the part of a split one that goes through MPI does).
+        Sends to a lost peer do not count. The coflow scheduler keeps this below ``coflow_inflight``."""
+        if peer is None:
+            return sum(n for p, n in enumerate(self._pending_bytes) if p not in self._lost)
+        return self._pending_bytes[peer] if peer not in self._lost else 0
 
     def close(self, timeout: float) -> None:
         """Flush, say goodbye to every peer, wait (bounded) for theirs, then free all MPI resources."""

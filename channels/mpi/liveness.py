@@ -80,8 +80,7 @@ class LivenessMixin:
         q = self._sendq[peer]
         while q:
             self._unaccount_send(q.popleft()[2], False)
-        self._credit_out.pop(peer, None)
-        self._credit_since.pop(peer, None)
+        self._credit_returns.drop(peer)
         for key in [k for k in self._split_in if k[0] == peer]:
             del self._split_in[key]
         for key in [k for k in self._order if k[0] == peer]:
@@ -160,10 +159,7 @@ class LivenessMixin:
             while q:
                 self._unaccount_send(q.popleft()[2], False)
         cancelled = []
-        for i, op in enumerate(self._ops):
-            if op is None:
-                continue
-            req = self._reqs[i]
+        for req, op in self._requests.outstanding():
             if isinstance(op, _Send):
                 try:
                     req.Free()  # completes in the background (or never, if the peer is gone)
@@ -188,10 +184,7 @@ class LivenessMixin:
         else:
             if cancelled and time.monotonic() >= limit:
                 log.warning("rank %d: %d cancelled receives did not complete", self.rank, len(cancelled))
-        self._reqs.clear()
-        self._ops.clear()
-        self._free_slots.clear()
-        self._active = 0
+        self._requests.clear()
         self._data_recvs = [deque() for _ in range(self.world)]
         self._ctrl_recvs = [deque() for _ in range(self.world)]
         self._pre_q = [deque() for _ in range(self.world)]

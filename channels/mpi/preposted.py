@@ -105,7 +105,7 @@ class PrepostedMixin:
 
     def _post_pre(self, peer: int, cap: int) -> _PreRecv:
         """Post ``peer``'s next pre-posted receive, of ``cap`` bytes."""
-        store = self._bulk_cache_take(cap + _INLINE_MAX + _PAGE)
+        store = self._bulk_cache.take(cap + _INLINE_MAX + _PAGE)
         start = _INLINE_MAX + (self._pre_page[peer] - self._MPI.Get_address(store) - _INLINE_MAX) % _PAGE
         op = _PreRecv(peer, store, start, cap)
         self._post(self._comm.Irecv([store[start:start + cap], self._MPI.BYTE], peer, TAG_PRE), op)
@@ -181,7 +181,7 @@ class PrepostedMixin:
 
     def _pre_recycle(self, op: _PreRecv) -> None:
         if op.store is not None:
-            self._bulk_cache_put(op.store)
+            self._bulk_cache.put(op.store)
             op.store = None
 
     def _pre_rearm(self, peer: int) -> None:
@@ -207,11 +207,5 @@ class PrepostedMixin:
                 self._pre_early -= 1
                 self._pre_recycle(op)
                 continue
-            for i, o in enumerate(self._ops):
-                if o is op:
-                    try:
-                        self._reqs[i].Cancel()
-                    except self._MPI.Exception:
-                        pass
-                    break
+            self._requests.cancel(op)
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import sys
-import time
 from collections import deque
 from typing import Any
 
@@ -85,7 +84,7 @@ class ReceiveMixin:
             bulk = lengths[-1] if len(lengths) == 2 - (not flags & _FLAG_INLINE) else 0
             # A payload of one segment makes us offer pre-posted receives (_pre_offer): take a buffer
             # one of them can use next, so it is recycled rather than a fresh one faulted in.
-            store = self._bulk_cache_take(max(size, _pre_cap(bulk) + _INLINE_MAX) + _PAGE)
+            store = self._bulk_cache.take(max(size, _pre_cap(bulk) + _INLINE_MAX) + _PAGE)
             skip = (page - self._MPI.Get_address(store)) % _PAGE
             target = store[skip:skip + size]
             off = 0
@@ -135,8 +134,7 @@ class ReceiveMixin:
                 log.warning("rank %d: rank %d said goodbye; a message for it was still waiting for a "
                             "slot and is dropped", self.rank, peer)
             self._slot_drop_deferred(peer)
-            self._credit_out.pop(peer, None)
-            self._credit_since.pop(peer, None)
+            self._credit_returns.drop(peer)
         else:
             raise ProtocolError(f"unknown message kind {kind} from rank {peer}")
 
@@ -161,19 +159,14 @@ class ReceiveMixin:
                 self._slot_control(peer, kind, body)
             body = ()
         on_credit = self._handler.on_credit  # type: ignore[union-attr]
+        ledger = self._credit_ledger
         for edge, nbytes in body:
             key = (peer, edge)
-            left = self._inflight.get(key, 0) - nbytes
-            if left < 0:
+            unblocked, excess = ledger.returned(key, nbytes)
+            if excess:
                 log.error("rank %d: rank %d returned %d bytes of credit on edge %d, more than in flight",
                           self.rank, peer, nbytes, edge)
-                left = 0
-            if left:
-                self._inflight[key] = left
-            else:
-                self._inflight.pop(key, None)
-            if key in self._blocked:
-                self._blocked.discard(key)
+            if unblocked:
                 self._events.append((on_credit, (peer, edge)))
         if peer not in self._lost and not self._closed:
             self._post_ctrl_recv(peer, buf)
@@ -181,7 +174,7 @@ class ReceiveMixin:
     def _drain_released(self) -> None:
         released = self._released
         spares = self._spares
-        now = None
+        returns = self._credit_returns
         slot_news: dict[int, list[tuple[str, Any]]] = {}
         while released:
             rel = released.popleft()
@@ -200,20 +193,14 @@ class ReceiveMixin:
                         if len(spares) < self._spare_cap:
                             spares.append(buf)
                     else:
-                        self._bulk_cache_put(buf)
+                        self._bulk_cache.put(buf)
                 del buf
                 if not rel.pool and self._pre_cap[rel.peer]:
                     self._pre_rearm(rel.peer)   # most likely into the buffer just returned
             peer = rel.peer
             if peer in self._bye_from or peer in self._lost:
                 continue
-            per_edge = self._credit_out.get(peer)
-            if per_edge is None:
-                per_edge = self._credit_out[peer] = {}
-                if now is None:
-                    now = time.monotonic()
-                self._credit_since[peer] = now
-            per_edge[rel.edge] = per_edge.get(rel.edge, 0) + rel.cost
+            returns.add(peer, rel.edge, rel.cost)
         for peer, news in slot_news.items():
             self._slot_tell(peer, news)
 

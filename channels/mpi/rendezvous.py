@@ -59,6 +59,7 @@ class RendezvousMixin:
             # the header: one MPI message less each way per message.
             inline = segments[0]
             segments = segments[1:]
+        inline_n = lengths[0] if inline else 0
         group = _SendGroup(token, len(segments))
         pre = False
         if dtype is None and len(segments) == 1:
@@ -72,20 +73,20 @@ class RendezvousMixin:
             # The payload first: it can land in the receive the peer posted for it before
             # the peer has even read the header.
             seg = segments[0]
-            self._submit([seg, MPI.BYTE], TAG_PRE, _Send(peer, seg, None, group, True))
+            self._submit([seg, MPI.BYTE], TAG_PRE, _Send(peer, seg, None, group, True, memoryview(seg).nbytes))
             hdr = _rndv_header(edge, size, lengths, page, inline, _FLAG_PRE)
-            self._submit(hdr, TAG_DATA, _Send(peer, hdr))
+            self._submit(hdr, TAG_DATA, _Send(peer, hdr, nbytes=inline_n))
             self._pre_used[peer] += 1
             self.stats["pre_sent"] += 1
             segments = []
         else:
             hdr = _rndv_header(edge, size, lengths, page, inline)
-            self._submit(hdr, TAG_DATA, _Send(peer, hdr))
+            self._submit(hdr, TAG_DATA, _Send(peer, hdr, nbytes=inline_n))
         if dtype is not None:
-            self._submit([MPI.BOTTOM, 1, dtype], TAG_BULK, _Send(peer, views, dtype, group, True))
+            self._submit([MPI.BOTTOM, 1, dtype], TAG_BULK, _Send(peer, views, dtype, group, True, size))
         else:
             for seg in segments:
-                self._submit([seg, MPI.BYTE], TAG_BULK, _Send(peer, seg, None, group, True))
+                self._submit([seg, MPI.BYTE], TAG_BULK, _Send(peer, seg, None, group, True, memoryview(seg).nbytes))
         self.stats["rendezvous_sent"] += 1
 
 

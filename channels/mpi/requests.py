@@ -20,7 +20,7 @@ from .records import (
     _Send,
     _SendGroup,
 )
-from .wire import TAG_CTRL, TAG_DATA
+from .wire import TAG_CTRL, TAG_DATA, _encode_credit
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +35,102 @@ _SPIN = 1e-3
 _BUSY_SPIN = 0.05
 #: Seconds a poll keeps testing for the header of a payload that arrived in a pre-posted receive.
 _PRE_HEADER_WAIT = 5e-5
+
+
+class RequestTable:
+    """The outstanding MPI requests, each with the bookkeeping object (:mod:`.records`) saying what it
+    is for. ``Testsome`` runs over one array of requests; the slots of completed ones are reused, so
+    that array stays as long as the most requests ever outstanding at once."""
+
+    __slots__ = ("_MPI", "_reqs", "_ops", "_free", "_statuses", "active")
+
+    def __init__(self, MPI: Any) -> None:
+        self._MPI = MPI
+        self._reqs: list[Any] = []
+        self._ops: list[Any] = []         # ``_ops[i]``: what request i is for (None: a free slot)
+        self._free: list[int] = []
+        self._statuses: list[Any] = []    # filled by Testsome; read only when it reports an error
+        #: Requests outstanding.
+        self.active = 0
+
+    def add(self, req: Any, op: Any) -> None:
+        """Track the MPI request ``req``, described by ``op``."""
+        if self._free:
+            i = self._free.pop()
+            self._reqs[i] = req
+            self._ops[i] = op
+        else:
+            self._reqs.append(req)
+            self._ops.append(op)
+        self.active += 1
+
+    def testsome(self) -> tuple[list[Any], list[tuple[Any, int]]]:
+        """``(done, failed)``: the ops of the requests that completed since the last call, and (only
+        when MPI reports errors, MPI_ERR_IN_STATUS) ``(op, error code)`` of those that failed.
+        Both leave the table."""
+        MPI = self._MPI
+        reqs = self._reqs
+        statuses = self._statuses
+        if len(statuses) < len(reqs):
+            statuses.extend(MPI.Status() for _ in range(len(reqs) - len(statuses)))
+        failed: list[tuple[Any, int]] = []
+        try:
+            idx = MPI.Request.Testsome(reqs, statuses)
+        except MPI.Exception:
+            idx = self._sort_failed(failed)
+        if not idx:
+            return [], failed
+        ops = self._ops
+        free = self._free
+        done = []
+        for i in idx:
+            done.append(ops[i])
+            ops[i] = None
+            free.append(i)
+        self.active -= len(idx)
+        return done, failed
+
+    def _sort_failed(self, failed: list[tuple[Any, int]]) -> list[int]:
+        """Testsome raised (MPI_ERR_IN_STATUS): the indices of the requests it completed without
+        error; the failed ones leave the table and go to ``failed``.
+
+        The error leaves the indices unreported, but every request Testsome completed is now
+        REQUEST_NULL and the statuses hold their outcomes in ascending index order."""
+        MPI = self._MPI
+        null = MPI.REQUEST_NULL
+        finished = [i for i, op in enumerate(self._ops) if op is not None and self._reqs[i] == null]
+        completed: list[int] = []
+        for k, i in enumerate(finished):
+            err = self._statuses[k].Get_error() if k < len(self._statuses) else MPI.ERR_OTHER
+            if err == MPI.SUCCESS:
+                completed.append(i)
+                continue
+            failed.append((self._ops[i], err))
+            self._ops[i] = None
+            self._free.append(i)
+            self.active -= 1
+        return completed
+
+    def cancel(self, op: Any) -> None:
+        """Cancel the request ``op`` describes, if it is outstanding (it then completes as cancelled)."""
+        for i, o in enumerate(self._ops):
+            if o is op:
+                try:
+                    self._reqs[i].Cancel()
+                except self._MPI.Exception:
+                    pass
+                return
+
+    def outstanding(self) -> list[tuple[Any, Any]]:
+        """``(request, op)`` of every outstanding request."""
+        return [(self._reqs[i], op) for i, op in enumerate(self._ops) if op is not None]
+
+    def clear(self) -> None:
+        """Forget every request (at teardown, once they are freed or cancelled)."""
+        self._reqs.clear()
+        self._ops.clear()
+        self._free.clear()
+        self.active = 0
 
 
 class RequestsMixin:
@@ -72,7 +168,7 @@ class RequestsMixin:
                     return True
                 continue
             delay = self._backoff(idle)
-            if self._credit_since:
+            if self._credit_returns:
                 delay = min(delay, _CREDIT_MAX_DELAY / 2)
             if wake.wait(min(delay, remaining)):
                 wake.clear()
@@ -81,14 +177,7 @@ class RequestsMixin:
                 return True
 
     def _post(self, req: Any, op: Any) -> None:
-        if self._free_slots:
-            i = self._free_slots.pop()
-            self._reqs[i] = req
-            self._ops[i] = op
-        else:
-            self._reqs.append(req)
-            self._ops.append(op)
-        self._active += 1
+        self._requests.add(req, op)
         if type(op) is _BulkRecv:
             self._bulk_active += 1
 
@@ -99,6 +188,7 @@ class RequestsMixin:
         queued small sends one per progress call, so thousands of posted ones cost O(n) per poll."""
         peer = op.peer
         self._pending_sends[peer] += 1
+        self._pending_bytes[peer] += op.nbytes
         if peer not in self._lost:
             self._pending_total += 1
         if op.bulk:
@@ -127,6 +217,7 @@ class RequestsMixin:
     def _unaccount_send(self, op: _Send, posted: bool) -> None:
         peer = op.peer
         self._pending_sends[peer] -= 1
+        self._pending_bytes[peer] -= op.nbytes
         if peer not in self._lost:
             self._pending_total -= 1
         if op.bulk:
@@ -172,7 +263,7 @@ class RequestsMixin:
                 self._drain_released()
                 did = True
             completed = False
-            if self._active:
+            if self._requests.active:
                 completed = self._test_requests()
             if self._slot_deferred:         # messages waiting for a slot: wait no longer?
                 now = time.monotonic()
@@ -183,7 +274,7 @@ class RequestsMixin:
                 self._dispatch()
                 if self._released:  # consumers that release inside on_message: return it now
                     self._drain_released()
-            if self._credit_out:
+            if self._credit_returns:
                 self._flush_credit(quiet=not completed)
             now = time.monotonic()
             if now >= self._next_liveness:
@@ -209,22 +300,11 @@ class RequestsMixin:
         return True
 
     def _test_once(self) -> bool:
-        MPI = self._MPI
-        if len(self._statuses) < len(self._reqs):
-            self._statuses.extend(MPI.Status() for _ in range(len(self._reqs) - len(self._statuses)))
-        try:
-            idx = MPI.Request.Testsome(self._reqs, self._statuses)
-        except MPI.Exception:
-            idx = self._find_failed()
-        if not idx:
+        done, failed = self._requests.testsome()
+        if failed:
+            self._requests_failed(failed)
+        if not done:
             return False
-        ops = self._ops
-        done = []
-        for i in idx:
-            done.append(ops[i])
-            ops[i] = None
-            self._free_slots.append(i)
-        self._active -= len(idx)
         data_peers: set[int] = set()
         ctrl_peers: set[int] = set()
         for op in done:
@@ -261,25 +341,10 @@ class RequestsMixin:
                 self._data_received(q.popleft())
         return True
 
-    def _find_failed(self) -> list[int]:
-        """Testsome raised (MPI_ERR_IN_STATUS): sort the requests it completed into good ones (returned)
-        and failed ones, whose peers are reported lost.
-
-        The error leaves the indices unreported, but every request Testsome completed is now
-        REQUEST_NULL and the statuses hold their outcomes in ascending index order."""
+    def _requests_failed(self, failed: list[tuple[Any, int]]) -> None:
+        """Undo the bookkeeping of requests MPI reported failed, and report their peers lost."""
         MPI = self._MPI
-        null = MPI.REQUEST_NULL
-        finished = [i for i, op in enumerate(self._ops) if op is not None and self._reqs[i] == null]
-        completed: list[int] = []
-        for k, i in enumerate(finished):
-            err = self._statuses[k].Get_error() if k < len(self._statuses) else MPI.ERR_OTHER
-            if err == MPI.SUCCESS:
-                completed.append(i)
-                continue
-            op = self._ops[i]
-            self._ops[i] = None
-            self._free_slots.append(i)
-            self._active -= 1
+        for op, err in failed:
             peer = op.peer
             cls = type(op)
             if cls is _Send:
@@ -303,7 +368,6 @@ class RequestsMixin:
             except MPI.Exception:
                 what = f"MPI error {err}"
             self._lose(peer, f"MPI error on a {cls.__name__.strip('_')} request: {what}")
-        return completed
 
     def _send_done(self, op: _Send) -> None:
         self._unaccount_send(op, True)
@@ -319,6 +383,17 @@ class RequestsMixin:
                 group = group.token
             self._events.append((self._handler.on_sent, (group,)))  # type: ignore[union-attr]
 
+
+    def _flush_credit(self, quiet: bool) -> None:
+        """Send the batched credit returns that are due (all of them when ``quiet``)."""
+        for peer, items in self._credit_returns.due(quiet):
+            for msg in _encode_credit(items):
+                try:
+                    self._submit(msg, TAG_CTRL, _Send(peer, msg), urgent=True)
+                except self._MPI.Exception as e:
+                    self._lose(peer, f"MPI error returning credit: {e.Get_error_string()}")
+                    break
+                self.stats["credit_msgs_sent"] += 1
 
     def _dispatch(self) -> None:
         """Run queued handler callbacks; one that raises leaves the rest queued for the next call."""

@@ -168,7 +168,8 @@ class SlotsMixin:
                             _SLOT_SPLIT.pack(cut), head))
             self._submit(hdr, TAG_DATA, _Send(peer, hdr))
             rest = last[cut - tail:]
-            self._submit([rest, self._MPI.BYTE], TAG_BULK, _Send(peer, rest, None, _SendGroup(token, 1), True))
+            op = _Send(peer, rest, None, _SendGroup(token, 1), True, rest.nbytes)
+            self._submit([rest, self._MPI.BYTE], TAG_BULK, op)
             body = [*body[:-1], last[:cut - tail]]
         off = 0
         for seg in body:
@@ -194,6 +195,7 @@ class SlotsMixin:
         then it goes through MPI). It counts as pending; later messages on its edge wait behind it."""
         self._slot_deferred[peer] = (edge, views, segments, size, token)
         self._pending_sends[peer] += 1
+        self._pending_bytes[peer] += size
         self._pending_total += 1
         self.stats["slot_deferred"] += 1
 
@@ -220,8 +222,9 @@ class SlotsMixin:
     def _slot_undefer(self, peer: int) -> None:
         """``peer``'s held message leaves (sent, or dropped): its bookkeeping, and credit for a smaller
         message refused behind it."""
-        edge = self._slot_deferred.pop(peer)[0]
+        edge, _, _, size, _ = self._slot_deferred.pop(peer)
         self._pending_sends[peer] -= 1
+        self._pending_bytes[peer] -= size
         if peer not in self._lost:
             self._pending_total -= 1
         if peer in self._slot_blocked:

@@ -993,6 +993,43 @@ def scenario_wakeup() -> None:
     ok(ch.rank, woke_after=round(woke, 3), idle_cpu=round(cpu, 3))
 
 
+def scenario_pending_bytes() -> None:
+    """``pending_bytes`` counts the payload bytes handed to ``send`` that MPI has not finished sending,
+    per peer and in total: a rendezvous payload stays pending until its receiver takes it, and
+    nothing is pending once the sends completed."""
+    from mpi4py import MPI
+    ctl = MPI.COMM_WORLD.Dup()   # rank 1 waits on it, without progressing the channel
+    ch, rec = make_channel(mpi_shared_memory=False, buffer_size=65536)
+    size = 4 << 20
+    details: dict[str, Any] = {}
+    if ch.rank == 0:
+        check(ch.pending_bytes() == 0 and ch.pending_bytes(1) == 0, "pending bytes before any send")
+        small = payload(0, 1, 4, 0, 1000)   # on an edge of its own: the big one uses all of edge 3's credit
+        check(ch.send(1, 3, [payload(0, 1, 3, 0, size)], token="big"), "big send refused")
+        check(ch.send(1, 4, [small[:500], small[500:]], token="small"), "small send refused")
+        now = ch.pending_bytes(1)
+        # The big payload cannot have left: rank 1 has not read its header yet. (The small one may.)
+        check(size <= now <= size + 1000, f"pending_bytes(1) = {now} right after sending {size} + 1000")
+        check(ch.pending_bytes() == now, f"pending_bytes() = {ch.pending_bytes()}, the only peer's {now}")
+        ctl.send("go", dest=1, tag=77)
+        spin(ch, lambda: set(rec.sent) == {"big", "small"} and not ch.has_pending(), "the sends to complete")
+        check(ch.pending_bytes() == 0 and ch.pending_bytes(1) == 0,
+              f"{ch.pending_bytes()} bytes pending after every send completed")
+        details["pending_after_send"] = now
+    else:
+        ctl.recv(source=0, tag=77)
+        spin(ch, lambda: len(rec.messages) == 2, "both messages")
+        got = {edge: digest(data) for _, edge, data, _ in rec.messages}
+        check(got == {3: digest(payload(0, 1, 3, 0, size)), 4: digest(payload(0, 1, 4, 0, 1000))},
+              "message contents")
+        for msg in rec.messages:
+            msg[3]()
+        check(ch.pending_bytes() == 0, "the receiver has bytes pending")
+    ch.close(10.0)
+    ctl.Free()
+    ok(ch.rank, **details)
+
+
 SCENARIOS = {name[len("scenario_"):]: fn for name, fn in globals().items() if name.startswith("scenario_")}
 
 if __name__ == "__main__":

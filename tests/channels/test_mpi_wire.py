@@ -102,7 +102,7 @@ def test_garbage_control_message_is_a_protocol_error_or_valid(data: bytes) -> No
     except ProtocolError:
         return
     assert kind in (wire._KIND_CREDIT, wire._KIND_ABORT, wire._KIND_OFFER, wire._KIND_SLOT_OFFER,
-                    wire._KIND_SLOT_GRANT, wire._KIND_SLOT_RETIRE)
+                    wire._KIND_SLOT_GRANT, wire._KIND_SLOT_RETIRE, wire._KIND_HEARTBEAT)
 
 
 slot_ids = st.integers(0, (1 << 32) - 1)
