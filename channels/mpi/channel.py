@@ -359,6 +359,19 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Requ
         finally:
             self._teardown()
 
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise ClosedError("MPI channel is closed")
+        if not self._started:
+            raise TwisternetError("MPIChannel.start(handler) must be called first")
+        if self._owner_thread is not None:
+            self._check_thread()
+
+    def _check_thread(self) -> None:
+        if self._owner_thread is not None and threading.get_ident() != self._owner_thread:
+            raise TwisternetError(
+                f"MPI provides only {_level_name(self._MPI, self.thread_level)}: the MPI channel must be "
+                "driven from the thread that initialised MPI")
 
 def create_channel(config: "Config", *, comm: Any = None, rank: int | None = None,
                    world: int | None = None, **_launch_info: Any) -> MPIChannel:

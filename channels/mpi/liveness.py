@@ -4,13 +4,10 @@ a peer lost, leaving without a goodbye (abort), and freeing every MPI resource a
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections import deque
 
-from twisternet.errors import ClosedError, TwisternetError
-
-from .launch import _OPEN_CHANNELS, _ORPHANED_SENDS, _SILENT_LOST, _level_name
+from .launch import _OPEN_CHANNELS, _ORPHANED_SENDS, _SILENT_LOST
 from .records import _Heartbeat, _Send
 from .wire import _HEARTBEAT_MSG, TAG_CTRL, _encode_abort
 
@@ -62,8 +59,6 @@ class LivenessMixin:
         log.warning("rank %d: channel aborted: %s", self.rank, reason)
         self._teardown()
 
-
-    # --- peers, checks, teardown -------------------------------------------------------------------
 
     def _lose(self, peer: int, reason: str) -> None:
         """Mark ``peer`` lost (once) and report it, unless it already left cleanly."""
@@ -135,21 +130,6 @@ class LivenessMixin:
 
     def _waiting_for_peers(self) -> list[int]:
         return [p for p in self._live_peers() if p not in self._bye_from or self._bulk_pending[p]]
-
-    def _check_usable(self) -> None:
-        if self._closed:
-            raise ClosedError("MPI channel is closed")
-        if not self._started:
-            raise TwisternetError("MPIChannel.start(handler) must be called first")
-        if self._owner_thread is not None:
-            self._check_thread()
-
-    def _check_thread(self) -> None:
-        if self._owner_thread is not None and threading.get_ident() != self._owner_thread:
-            raise TwisternetError(
-                f"MPI provides only {_level_name(self._MPI, self.thread_level)}: the MPI channel must be "
-                "driven from the thread that initialised MPI")
-
 
     def _teardown(self) -> None:
         """Cancel pre-posted receives, drop what is left and free the communicator."""

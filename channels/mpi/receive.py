@@ -6,18 +6,14 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections import deque
 from typing import Any
 
 from twisternet.errors import ProtocolError
 
-from .records import _BulkRecv, _CtrlRecv, _DataRecv, _Incoming, _Release
+from .records import _CtrlRecv, _DataRecv, _Incoming, _Release
 from .wire import (
     _ANSWERS,
-    _FLAG_INLINE,
-    _FLAG_PRE,
     _HDR,
-    _INLINE_MAX,
     _KIND_ABORT,
     _KIND_BYE,
     _KIND_EAGER,
@@ -29,12 +25,7 @@ from .wire import (
     _KIND_SLOT_GRANT,
     _KIND_SLOT_OFFER,
     _KIND_SLOT_RETIRE,
-    _PAGE,
-    TAG_BULK,
     _decode_ctrl,
-    _pre_cap,
-    _rndv_inline,
-    _rndv_lengths,
 )
 
 log = logging.getLogger(__name__)
@@ -77,40 +68,7 @@ class ReceiveMixin:
             else:
                 self._events.append((self._handler.on_message, (peer, edge, data, rel)))  # type: ignore[union-attr]
         elif kind == _KIND_RNDV:
-            if flags & _FLAG_PRE:
-                self._pre_claim(peer, buf, flags, page, edge, size)
-                return
-            lengths = _rndv_lengths(buf, size)
-            bulk = lengths[-1] if len(lengths) == 2 - (not flags & _FLAG_INLINE) else 0
-            # A payload of one segment makes us offer pre-posted receives (_pre_offer): take a buffer
-            # one of them can use next, so it is recycled rather than a fresh one faulted in.
-            store = self._bulk_cache.take(max(size, _pre_cap(bulk) + _INLINE_MAX) + _PAGE)
-            skip = (page - self._MPI.Get_address(store)) % _PAGE
-            target = store[skip:skip + size]
-            off = 0
-            if flags & _FLAG_INLINE:
-                start = _rndv_inline(buf, lengths, peer)
-                off = lengths[0]
-                target[:off] = memoryview(buf)[start:start + off]
-                lengths = lengths[1:]
-            self._post_data_recv(peer, buf)
-            inc = _Incoming(peer, edge, memoryview(target), _Release(self, peer, edge, size, store, False),
-                            False, len(lengths))
-            key = (peer, edge)
-            q = self._order.get(key)
-            if q is None:
-                q = self._order[key] = deque()
-            q.append(inc)
-            BYTE = self._MPI.BYTE
-            first = off
-            for n in lengths:
-                self._post(self._comm.Irecv([target[off:off + n], BYTE], peer, TAG_BULK), _BulkRecv(peer, inc))
-                off += n
-            self._bulk_pending[peer] += len(lengths)
-            if self._slot_grow(peer, size):
-                self._pre_page[peer] = (page + first) % _PAGE
-            elif bulk:
-                self._pre_offer(peer, bulk, (page + first) % _PAGE)
+            self._rndv_received(peer, buf, flags, page, edge, size)
         elif kind == _KIND_SLOT:
             self._slot_filled(peer, buf, flags, edge, size)
         elif kind == _KIND_SLOT_DONE:

@@ -5,12 +5,14 @@ delivers the message, in order on its (peer, edge), when every segment is in."""
 from __future__ import annotations
 
 import logging
+from collections import deque
 from typing import Any
 
 from twisternet.channel import Buffer
 
-from .records import _BulkRecv, _Incoming, _Send, _SendGroup
+from .records import _BulkRecv, _Incoming, _Release, _Send, _SendGroup
 from .wire import (
+    _FLAG_INLINE,
     _FLAG_PRE,
     _HDR,
     _INLINE_MAX,
@@ -20,7 +22,10 @@ from .wire import (
     TAG_BULK,
     TAG_DATA,
     TAG_PRE,
+    _pre_cap,
     _rndv_header,
+    _rndv_inline,
+    _rndv_lengths,
 )
 
 log = logging.getLogger(__name__)
@@ -90,8 +95,6 @@ class RendezvousMixin:
         self.stats["rendezvous_sent"] += 1
 
 
-    # --- sending helpers --------------------------------------------------------------------------
-
     def _gather_type(self, views: list[memoryview]) -> Any:
         """An hindexed byte datatype (relative to MPI.BOTTOM) that spans ``views`` in order."""
         MPI = self._MPI
@@ -108,6 +111,45 @@ class RendezvousMixin:
                 off += step
         return MPI.BYTE.Create_hindexed(lengths, addrs).Commit()
 
+
+    def _rndv_received(self, peer: int, buf: bytearray, flags: int, page: int, edge: int, size: int) -> None:
+        """A rendezvous header from ``peer`` (in the pool buffer ``buf``): post one receive per segment
+        into a (recycled) buffer placed like the sender's payload within a page, and queue the message
+        on its (peer, edge) until the segments are in; or hand it to the pre-posted receive it went to."""
+        if flags & _FLAG_PRE:
+            self._pre_claim(peer, buf, flags, page, edge, size)
+            return
+        lengths = _rndv_lengths(buf, size)
+        bulk = lengths[-1] if len(lengths) == 2 - (not flags & _FLAG_INLINE) else 0
+        # A payload of one segment makes us offer pre-posted receives (_pre_offer): take a buffer
+        # one of them can use next, so it is recycled rather than a fresh one faulted in.
+        store = self._bulk_cache.take(max(size, _pre_cap(bulk) + _INLINE_MAX) + _PAGE)
+        skip = (page - self._MPI.Get_address(store)) % _PAGE
+        target = store[skip:skip + size]
+        off = 0
+        if flags & _FLAG_INLINE:
+            start = _rndv_inline(buf, lengths, peer)
+            off = lengths[0]
+            target[:off] = memoryview(buf)[start:start + off]
+            lengths = lengths[1:]
+        self._post_data_recv(peer, buf)
+        inc = _Incoming(peer, edge, memoryview(target), _Release(self, peer, edge, size, store, False),
+                        False, len(lengths))
+        key = (peer, edge)
+        q = self._order.get(key)
+        if q is None:
+            q = self._order[key] = deque()
+        q.append(inc)
+        BYTE = self._MPI.BYTE
+        first = off
+        for n in lengths:
+            self._post(self._comm.Irecv([target[off:off + n], BYTE], peer, TAG_BULK), _BulkRecv(peer, inc))
+            off += n
+        self._bulk_pending[peer] += len(lengths)
+        if self._slot_grow(peer, size):
+            self._pre_page[peer] = (page + first) % _PAGE
+        elif bulk:
+            self._pre_offer(peer, bulk, (page + first) % _PAGE)
 
     def _bulk_done(self, op: _BulkRecv) -> None:
         inc = op.incoming

@@ -1,5 +1,5 @@
 """The MPI channel under a real ``mpiexec`` (the venv's MPICH hydra): each test runs one scenario of
-``mpi_scenarios.py`` on 2-4 ranks and checks that every rank reported success."""
+``mpi_scenarios/`` (run by its ``run.py``) on 2-4 ranks and checks that every rank reported success."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 import mpi4py  # noqa: F401  (in the dev extra, with the mpich wheel: missing means a broken install)
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = Path(__file__).with_name("mpi_scenarios.py")
+SCRIPT = Path(__file__).with_name("mpi_scenarios") / "run.py"
 MPIEXEC = Path(sys.executable).parent / "mpiexec"
 
 assert MPIEXEC.exists(), f"no mpiexec next to {sys.executable}: install the mpi or dev extra (mpich wheel)"
