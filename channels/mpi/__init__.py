@@ -119,7 +119,7 @@ Layout (one concept per module): :mod:`.wire` (tags, kinds, structs, encoders an
 bookkeeping object of each outstanding request), :mod:`.requests` (the request table, ``Testsome``
 polling and the send queue), :mod:`.receive` (data and control messages as they arrive; the eager
 path), :mod:`.rendezvous`, :mod:`.preposted` (pre-posted payload receives), :mod:`.slots` (the
-shared-memory slot protocol), :mod:`.credit` (batched credit returns), :mod:`.buffers` (reuse of
+shared-memory slot protocol), :mod:`.credit` (bytes in flight and batched returns), :mod:`.buffers` (reuse of
 rendezvous buffers), :mod:`.liveness` (heartbeats, lost peers, abort and teardown) and
 :mod:`.channel` (:class:`MPIChannel`, composing them, and :func:`create_channel`).
 """

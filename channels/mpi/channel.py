@@ -290,7 +290,6 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Requ
         self.stats["bytes_sent"] += size
         return True
 
-
     def flush_released(self) -> None:
         """Return what the handlers just released (slots are granted back at once: their sender may
         be waiting for one); credit joins the usual batches."""
@@ -308,7 +307,6 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Requ
         if peer is None:
             return self._pending_total > 0
         return self._pending_sends[peer] > 0 and peer not in self._lost
-
 
     def pending_bytes(self, peer: int | None = None) -> int:
         """Bytes of messages handed to :meth:`send` (for ``peer``, or for anyone) that MPI has not
@@ -372,6 +370,7 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Requ
             raise TwisternetError(
                 f"MPI provides only {_level_name(self._MPI, self.thread_level)}: the MPI channel must be "
                 "driven from the thread that initialised MPI")
+
 
 def create_channel(config: "Config", *, comm: Any = None, rank: int | None = None,
                    world: int | None = None, **_launch_info: Any) -> MPIChannel:

@@ -14,6 +14,7 @@ from .wire import _HEARTBEAT_MSG, TAG_CTRL, _encode_abort
 log = logging.getLogger(__name__)
 
 
+#: Most seconds between two liveness checks (the heartbeat interval, when shorter).
 _LIVENESS_TICK = 0.5
 
 
@@ -58,7 +59,6 @@ class LivenessMixin:
                     pass
         log.warning("rank %d: channel aborted: %s", self.rank, reason)
         self._teardown()
-
 
     def _lose(self, peer: int, reason: str) -> None:
         """Mark ``peer`` lost (once) and report it, unless it already left cleanly."""
@@ -111,7 +111,6 @@ class LivenessMixin:
                 self._post(req, _Heartbeat(peer, _HEARTBEAT_MSG))
                 self._beat_busy[peer] = True
                 self._beat_sent[peer] = now
-
 
     def _world_rank(self, peer: int) -> int:
         """``peer``'s rank in COMM_WORLD (the channel may run on a split communicator)."""

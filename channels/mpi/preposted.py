@@ -67,7 +67,6 @@ class PrepostedMixin:
                 return True
         return False
 
-
     # --- pre-posted payload receives -----------------------------------------------------------------
     #
     # A rendezvous payload is normally received only once its header has been read, so the copy waits

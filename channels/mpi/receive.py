@@ -96,7 +96,6 @@ class ReceiveMixin:
         else:
             raise ProtocolError(f"unknown message kind {kind} from rank {peer}")
 
-
     def _ctrl_received(self, op: _CtrlRecv) -> None:
         peer = op.peer
         buf = op.buf

@@ -94,7 +94,6 @@ class RendezvousMixin:
                 self._submit([seg, MPI.BYTE], TAG_BULK, _Send(peer, seg, None, group, True, memoryview(seg).nbytes))
         self.stats["rendezvous_sent"] += 1
 
-
     def _gather_type(self, views: list[memoryview]) -> Any:
         """An hindexed byte datatype (relative to MPI.BOTTOM) that spans ``views`` in order."""
         MPI = self._MPI
@@ -110,7 +109,6 @@ class RendezvousMixin:
                 addrs.append(base + off)
                 off += step
         return MPI.BYTE.Create_hindexed(lengths, addrs).Commit()
-
 
     def _rndv_received(self, peer: int, buf: bytearray, flags: int, page: int, edge: int, size: int) -> None:
         """A rendezvous header from ``peer`` (in the pool buffer ``buf``): post one receive per segment

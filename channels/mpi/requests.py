@@ -237,7 +237,6 @@ class RequestsMixin:
         self._post(self._comm.Irecv(buf, peer, TAG_CTRL), op)
         self._ctrl_recvs[peer].append(op)
 
-
     # --- the progress engine ------------------------------------------------------------------------
 
     @staticmethod
@@ -382,7 +381,6 @@ class RequestsMixin:
                     return
                 group = group.token
             self._events.append((self._handler.on_sent, (group,)))  # type: ignore[union-attr]
-
 
     def _flush_credit(self, quiet: bool) -> None:
         """Send the batched credit returns that are due (all of them when ``quiet``)."""

@@ -76,7 +76,6 @@ _KIND_SLOT_RETIRE = 11
 #: ``peer_timeout`` seconds is reported lost (the same keys and meaning as the TCP channel).
 _KIND_HEARTBEAT = 13
 _HEARTBEAT_MSG = _CTRL_HDR.pack(_KIND_HEARTBEAT, 0)
-#: Most seconds between two liveness checks (the heartbeat interval, when shorter).
 _SLOT_OFFER = struct.Struct(f"<IQQ{shm_slots.NONCE}s")
 _CTRL_BUF_SIZE = 4096
 _SLOT_IDS_MAX = (_CTRL_BUF_SIZE - _CTRL_HDR.size) // 4
