@@ -1,5 +1,5 @@
 """The MPI channel under a real ``mpiexec`` (the venv's MPICH hydra): each test runs one scenario of
-``mpi_scenarios.py`` on 2-4 ranks and checks that every rank reported success."""
+``mpi_scenarios/`` (run by its ``run.py``) on 2-4 ranks and checks that every rank reported success."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 import mpi4py  # noqa: F401  (in the dev extra, with the mpich wheel: missing means a broken install)
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = Path(__file__).with_name("mpi_scenarios.py")
+SCRIPT = Path(__file__).with_name("mpi_scenarios") / "run.py"
 MPIEXEC = Path(sys.executable).parent / "mpiexec"
 
 assert MPIEXEC.exists(), f"no mpiexec next to {sys.executable}: install the mpi or dev extra (mpich wheel)"
@@ -194,3 +194,11 @@ def test_ranks_must_agree_on_buffer_configuration() -> None:
 def test_message_over_2gib() -> None:
     """Needs about 4.5 GB of memory across the two ranks."""
     assert_all_ok(2, "huge", timeout=240)
+
+
+@pytest.mark.timeout(120)
+def test_pending_bytes_counts_payload_bytes_until_mpi_completes_the_send() -> None:
+    """The coflow scheduler's in-flight cap reads ``pending_bytes(peer)``: a 4 MB rendezvous message
+    stays pending while its receiver does not take it, and the count drops to 0 once sent."""
+    ranks = assert_all_ok(2, "pending_bytes")
+    assert json.loads(ranks[0])["pending_after_send"] >= 4 << 20

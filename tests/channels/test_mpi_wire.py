@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import channels.mpi as mpich
+from channels.mpi import wire
 from twisternet.errors import ProtocolError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -71,37 +72,37 @@ counts = st.integers(0, (1 << 63) - 1)
 
 @given(st.lists(st.tuples(edges, counts), max_size=800))
 def test_credit_roundtrip(items: list[tuple[int, int]]) -> None:
-    msgs = mpich._encode_credit(items)
-    assert all(len(m) <= mpich._CTRL_BUF_SIZE for m in msgs)
+    msgs = wire._encode_credit(items)
+    assert all(len(m) <= wire._CTRL_BUF_SIZE for m in msgs)
     decoded = []
     for m in msgs:
-        buf = bytearray(mpich._CTRL_BUF_SIZE)  # as received: in a fixed-size buffer
+        buf = bytearray(wire._CTRL_BUF_SIZE)  # as received: in a fixed-size buffer
         buf[:len(m)] = m
-        kind, body = mpich._decode_ctrl(buf)
-        assert kind == mpich._KIND_CREDIT
+        kind, body = wire._decode_ctrl(buf)
+        assert kind == wire._KIND_CREDIT
         decoded.extend(body)
     assert decoded == items
 
 
 @given(st.text(max_size=5000))
 def test_abort_notice_roundtrip(reason: str) -> None:
-    msg = mpich._encode_abort(reason)
-    assert len(msg) <= mpich._CTRL_BUF_SIZE
-    kind, text = mpich._decode_ctrl(msg)
-    assert kind == mpich._KIND_ABORT
+    msg = wire._encode_abort(reason)
+    assert len(msg) <= wire._CTRL_BUF_SIZE
+    kind, text = wire._decode_ctrl(msg)
+    assert kind == wire._KIND_ABORT
     assert reason.encode("utf-8", "replace").decode("utf-8", "replace").startswith(text)
-    if len(reason.encode("utf-8", "replace")) <= mpich._CTRL_BUF_SIZE - 8:
+    if len(reason.encode("utf-8", "replace")) <= wire._CTRL_BUF_SIZE - 8:
         assert text == reason.encode("utf-8", "replace").decode("utf-8")
 
 
 @given(st.binary(max_size=64))
 def test_garbage_control_message_is_a_protocol_error_or_valid(data: bytes) -> None:
     try:
-        kind, _ = mpich._decode_ctrl(data)
+        kind, _ = wire._decode_ctrl(data)
     except ProtocolError:
         return
-    assert kind in (mpich._KIND_CREDIT, mpich._KIND_ABORT, mpich._KIND_OFFER, mpich._KIND_SLOT_OFFER,
-                    mpich._KIND_SLOT_GRANT, mpich._KIND_SLOT_RETIRE, mpich._KIND_HEARTBEAT)
+    assert kind in (wire._KIND_CREDIT, wire._KIND_ABORT, wire._KIND_OFFER, wire._KIND_SLOT_OFFER,
+                    wire._KIND_SLOT_GRANT, wire._KIND_SLOT_RETIRE, wire._KIND_HEARTBEAT)
 
 
 slot_ids = st.integers(0, (1 << 32) - 1)
@@ -110,55 +111,55 @@ slot_ids = st.integers(0, (1 << 32) - 1)
 @given(slot_ids, st.integers(0, (1 << 64) - 1), st.integers(0, (1 << 64) - 1), st.binary(min_size=16, max_size=16),
        st.text(min_size=1, max_size=200))
 def test_slot_offer_roundtrip(slot: int, cap: int, size: int, nonce: bytes, name: str) -> None:
-    offer = mpich.shm_slots.Offer(slot, cap, size, nonce, "/dev/shm/" + name)
-    msg = mpich._encode_slot_offer(offer)
-    buf = bytearray(mpich._CTRL_BUF_SIZE)
+    offer = wire.shm_slots.Offer(slot, cap, size, nonce, "/dev/shm/" + name)
+    msg = wire._encode_slot_offer(offer)
+    buf = bytearray(wire._CTRL_BUF_SIZE)
     buf[:len(msg)] = msg
-    assert mpich._decode_ctrl(buf) == (mpich._KIND_SLOT_OFFER, offer)
+    assert wire._decode_ctrl(buf) == (wire._KIND_SLOT_OFFER, offer)
     with pytest.raises(ProtocolError):
-        mpich._decode_ctrl(msg[:-1])
+        wire._decode_ctrl(msg[:-1])
 
 
 def test_slot_offer_path_must_fit_a_control_buffer() -> None:
     with pytest.raises(ValueError, match="too long"):
-        mpich._encode_slot_offer(mpich.shm_slots.Offer(1, 2, 3, b"n" * 16, "/dev/shm/" + "x" * 5000))
+        wire._encode_slot_offer(wire.shm_slots.Offer(1, 2, 3, b"n" * 16, "/dev/shm/" + "x" * 5000))
 
 
-@given(st.sampled_from([mpich._KIND_SLOT_GRANT, mpich._KIND_SLOT_RETIRE]), st.lists(slot_ids, min_size=1, max_size=3000))
+@given(st.sampled_from([wire._KIND_SLOT_GRANT, wire._KIND_SLOT_RETIRE]), st.lists(slot_ids, min_size=1, max_size=3000))
 @settings(max_examples=50)
 def test_slot_ids_roundtrip(kind: int, ids: list[int]) -> None:
     got = []
-    for m in mpich._encode_slot_ids(kind, ids):
-        assert len(m) <= mpich._CTRL_BUF_SIZE
-        k, body = mpich._decode_ctrl(m)
+    for m in wire._encode_slot_ids(kind, ids):
+        assert len(m) <= wire._CTRL_BUF_SIZE
+        k, body = wire._decode_ctrl(m)
         assert k == kind
         got.extend(body)
         with pytest.raises(ProtocolError):
-            mpich._decode_ctrl(m[:-1])
+            wire._decode_ctrl(m[:-1])
     assert got == ids
 
 
 @given(slot_ids, st.sampled_from(["ack", "refuse", "retired"]))
 def test_slot_answer_is_a_data_header(slot: int, answer: str) -> None:
-    kind, flags, page, edge, size = mpich._HDR.unpack_from(mpich._encode_slot_answer(slot, answer), 0)
-    assert (kind, mpich._ANSWERS[flags], page, edge, size) == (mpich._KIND_SLOT_ANSWER, answer, 0, slot, 0)
+    kind, flags, page, edge, size = wire._HDR.unpack_from(wire._encode_slot_answer(slot, answer), 0)
+    assert (kind, wire._ANSWERS[flags], page, edge, size) == (wire._KIND_SLOT_ANSWER, answer, 0, slot, 0)
 
 
 @given(st.integers(0, (1 << 64) - 1), st.integers(0, (1 << 64) - 1))
 def test_pre_post_offer_roundtrip(first: int, cap: int) -> None:
-    buf = bytearray(mpich._CTRL_BUF_SIZE)
-    msg = mpich._encode_offer(first, cap)
+    buf = bytearray(wire._CTRL_BUF_SIZE)
+    msg = wire._encode_offer(first, cap)
     buf[:len(msg)] = msg
-    assert mpich._decode_ctrl(buf) == (mpich._KIND_OFFER, (first, cap))
+    assert wire._decode_ctrl(buf) == (wire._KIND_OFFER, (first, cap))
     with pytest.raises(ProtocolError):
-        mpich._decode_ctrl(msg[:-1])
+        wire._decode_ctrl(msg[:-1])
 
 
 @given(st.integers(1, 1 << 40))
 def test_pre_post_capacity_fits_with_little_slack(n: int) -> None:
-    cap = mpich._pre_cap(n)
+    cap = wire._pre_cap(n)
     assert n <= cap <= n + max(64 << 10, n // 8)
-    assert mpich._pre_cap(cap) == cap       # a payload of exactly the capacity gets the same offer
+    assert wire._pre_cap(cap) == cap       # a payload of exactly the capacity gets the same offer
 
 
 # --- rendezvous headers and segments ---------------------------------------------------------------
@@ -166,14 +167,14 @@ def test_pre_post_capacity_fits_with_little_slack(n: int) -> None:
 @given(edges, st.lists(st.integers(1, 1 << 40), min_size=1, max_size=50), st.integers(0, 4095),
        st.binary(max_size=64))
 def test_rndv_header_roundtrip(edge: int, lengths: list[int], page: int, inline: bytes) -> None:
-    hdr = mpich._rndv_header(edge, sum(lengths), lengths, page, inline)
-    kind, flags, got_page, got_edge, size = mpich._HDR.unpack_from(hdr, 0)
-    assert (kind, got_page, got_edge, size) == (mpich._KIND_RNDV, page, edge, sum(lengths))
-    assert flags == (mpich._FLAG_INLINE if inline else 0)
-    assert list(mpich._rndv_lengths(hdr, size)) == lengths
-    assert hdr[mpich._HDR.size + 4 + 8 * len(lengths):] == inline
+    hdr = wire._rndv_header(edge, sum(lengths), lengths, page, inline)
+    kind, flags, got_page, got_edge, size = wire._HDR.unpack_from(hdr, 0)
+    assert (kind, got_page, got_edge, size) == (wire._KIND_RNDV, page, edge, sum(lengths))
+    assert flags == (wire._FLAG_INLINE if inline else 0)
+    assert list(wire._rndv_lengths(hdr, size)) == lengths
+    assert hdr[wire._HDR.size + 4 + 8 * len(lengths):] == inline
     with pytest.raises(ProtocolError):
-        mpich._rndv_lengths(hdr, size + 1)
+        wire._rndv_lengths(hdr, size + 1)
 
 
 part_sizes = st.lists(st.sampled_from([0, 1, 100, (64 << 10) - 1, 64 << 10, 200_000]), max_size=8)
@@ -185,22 +186,22 @@ def test_segments_concatenate_to_the_message(sizes: list[int], seed: int) -> Non
     import random
     rnd = random.Random(seed)
     parts = [bytes(rnd.getrandbits(8) for _ in range(min(n, 64))) * (n // 64) + bytes(n % 64) for n in sizes]
-    views = [mpich._byte_view(p) for p in parts]
-    segs = mpich._segments(views)
+    views = [wire._byte_view(p) for p in parts]
+    segs = wire._segments(views)
     assert b"".join(bytes(memoryview(s)) for s in segs) == b"".join(parts)
     assert all(memoryview(s).nbytes > 0 for s in segs)
     # large parts travel as themselves (zero copy); only small neighbours are joined
-    big = [p for p in parts if len(p) >= mpich._COALESCE]
-    assert sum(1 for s in segs if memoryview(s).nbytes >= mpich._COALESCE) >= len(big)
+    big = [p for p in parts if len(p) >= wire._COALESCE]
+    assert sum(1 for s in segs if memoryview(s).nbytes >= wire._COALESCE) >= len(big)
     for s in segs:
-        if isinstance(s, memoryview) and s.nbytes >= mpich._COALESCE:
+        if isinstance(s, memoryview) and s.nbytes >= wire._COALESCE:
             assert any(s.obj is p for p in parts)
 
 
 def test_byte_view_flattens_and_rejects_non_contiguous() -> None:
     import numpy as np
     a = np.arange(12, dtype=np.float64).reshape(3, 4)
-    v = mpich._byte_view(a)
+    v = wire._byte_view(a)
     assert v.nbytes == 96 and v.format == "B" and bytes(v) == a.tobytes()
     with pytest.raises(TypeError, match="contiguous"):
-        mpich._byte_view(a[:, ::2])
+        wire._byte_view(a[:, ::2])

@@ -1,0 +1,397 @@
+"""The :class:`MPIChannel` class, which composes the protocol parts of this package into one
+:class:`~twisternet.channel.Channel`, and :func:`create_channel`, which builds it."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+from twisternet.channel import MAX_EDGE, Buffer, Channel, ChannelHandler
+from twisternet.errors import ClosedError, ConfigError, PeerLostError, TwisternetError
+
+from .. import shm_slots
+from .buffers import BulkCache
+from .credit import CreditLedger, CreditReturns
+from .launch import (
+    _OPEN_CHANNELS,
+    _import_mpi,
+    _install_abort_hook,
+    _level_name,
+    _register_exit_hooks,
+)
+from .liveness import _LIVENESS_TICK, LivenessMixin
+from .preposted import PrepostedMixin
+from .receive import ReceiveMixin
+from .records import _CtrlRecv, _DataRecv, _Incoming, _PreRecv, _Release, _Send
+from .rendezvous import RendezvousMixin
+from .requests import RequestsMixin, RequestTable
+from .slots import SlotsMixin
+from .wire import (
+    _CTRL_BUF_SIZE,
+    _HDR,
+    _KIND_BYE,
+    _KIND_EAGER,
+    _U32,
+    TAG_DATA,
+    _byte_view,
+    _segments,
+)
+
+if TYPE_CHECKING:  # pragma: no cover - typing only; importing mpi4py initialises MPI
+    from twisternet.config import Config
+
+log = logging.getLogger(__name__)
+
+
+_CTRL_RECVS_PER_PEER = 2
+
+
+class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, RequestsMixin,
+                 LivenessMixin, Channel):
+    """Channel over mpi4py ``Isend``/``Irecv`` with pre-posted receives, rendezvous for large messages
+    and per (peer, edge) byte credits. Build it with :func:`create_channel`."""
+
+    name = "mpi"
+
+    def __init__(self, config: "Config", comm: Any, MPI: Any) -> None:
+        super().__init__(comm.Get_rank(), comm.Get_size(), config)
+        self._MPI = MPI
+        #: Thread level MPI granted (an ``MPI.THREAD_*`` constant).
+        self.thread_level: int = MPI.Query_thread()
+        #: True when MPI gave less than THREAD_SERIALIZED: every call must come from the thread that
+        #: initialised MPI, which means manual progress from that thread.
+        self.requires_main_thread_progress: bool = self.thread_level < MPI.THREAD_SERIALIZED
+        self._comm = comm.Dup()
+        self._comm.Set_errhandler(MPI.ERRORS_RETURN)
+        self._comm.Set_name(f"twisternet-mpi<{comm.Get_name()}>")
+        # Receive buffers and credits are sized from the config on both ends: all ranks must agree.
+        mine = (config.buffer_size, config.buffer_count)
+        every = self._comm.allgather(mine)
+        if any(v != mine for v in every):
+            self._comm.Free()
+            raise ConfigError("buffer_size", "every rank must use the same buffer_size and buffer_count; "
+                              f"(buffer_size, buffer_count) by rank: {every}")
+
+        self._eager_limit = config.buffer_size
+        self._pool_buf_size = config.buffer_size + _HDR.size
+        # Eager messages at most this big are copied out of the pool buffer (which is reposted at once);
+        # bigger ones are handed out zero-copy and the pool slot gets a spare buffer. Either way a
+        # held buffer carries at least half its size in credit, so memory stays within 2x the credit.
+        self._copy_limit = config.buffer_size // 2
+        # Segments a rendezvous header can announce in one pool buffer.
+        self._max_segments = (self._pool_buf_size - _HDR.size - _U32.size) // 8
+        self._credit = config.buffer_size * config.buffer_count
+        self._credit_ledger = CreditLedger(self._credit)
+        self._credit_returns = CreditReturns(max(1, self._credit // 4))
+        npeers = max(1, self.world - 1)
+        self._recvs_per_peer = max(1, min(config.buffer_count, config.pool_buffers // npeers))
+        self._spare_cap = config.pool_buffers
+
+        self._handler: ChannelHandler | None = None
+        self._started = False
+        self._closed = False
+        self._owner_thread: int | None = None
+        self._in_poll = False
+
+        self._requests = RequestTable(MPI)
+
+        # Receive side.
+        self._data_recvs: list[deque[_DataRecv]] = [deque() for _ in range(self.world)]
+        self._ctrl_recvs: list[deque[_CtrlRecv]] = [deque() for _ in range(self.world)]
+        self._order: dict[tuple[int, int], deque[_Incoming]] = {}
+        self._spares: list[bytearray] = []
+        self._bulk_pending = [0] * self.world
+        # Rendezvous payloads moving (either direction): MPI needs frequent polls to pipeline them.
+        self._bulk_active = 0
+        self._released: deque[_Release] = deque()
+        # Pre-posted payload receives (see _pre_offer): capacity offered per peer (0: none), receives
+        # posted so far, the posted ones no header has claimed yet, where in a page the peer's payloads
+        # start, and the total capacity offered (bounded by memory_limit).
+        self._pre_cap = [0] * self.world
+        self._pre_posted = [0] * self.world
+        self._pre_q: list[deque[_PreRecv]] = [deque() for _ in range(self.world)]
+        self._pre_page = [0] * self.world
+        self._pre_total = 0
+        self._pre_early = 0     # payloads received whose header has not been read yet
+        self._pre_budget = config.memory_limit
+
+        # Send side.
+        self._pending_sends = [0] * self.world
+        self._pending_total = 0  # over peers not lost (sends to a lost peer may never complete)
+        self._pending_bytes = [0] * self.world  # message bytes in those sends (see pending_bytes)
+        self._posted_sends = [0] * self.world
+        self._sendq: list[deque[tuple[Any, int, _Send]]] = [deque() for _ in range(self.world)]
+        # Offers of pre-posted receives from each peer: (first receive number, capacity), and how
+        # many of that peer's pre-posted receives we have used.
+        self._pre_offers: list[deque[tuple[int, int]]] = [deque() for _ in range(self.world)]
+        self._pre_used = [0] * self.world
+        self._pre_page_sent = [-1] * self.world  # where in a page our last payload to each peer sat
+
+        # Shared-memory landing slots (channels.shm_slots) between ranks on one host: ours, which peers
+        # fill (_slots_in), and the peers' we fill (_slots_out).
+        shared = bool(config.mpi_shared_memory) and shm_slots.supported()
+        on_host = self._node_peers()   # collective: every rank calls it, whatever its own config says
+        self._slot_peers = on_host if shared else set()
+        if self._slot_peers:
+            shm_slots.sweep_stale()
+        self._slots_in = shm_slots.SlotOwner(budget=config.memory_limit, max_cap=config.memory_limit // 2)
+        self._slots_out = shm_slots.SlotUser(enabled=shared)
+        self._slot_slow = [False] * self.world   # a wait for a grant from that peer timed out
+        self._slot_prefer = [True] * self.world  # wait for the slot of our previous message to that peer
+        self._slot_probes = [0] * self.world     # sends since preferring it stopped paying off
+        self._slot_want_last = [False] * self.world  # the deferred messages wait for that slot
+        self._slot_wait_until = [0.0] * self.world   # messages for that peer wait for a slot till then
+        # The large message waiting for a slot to come back, per peer (at most one: a second one sends
+        # both through MPI, see _slot_send); smaller messages on its edge are refused meanwhile, and
+        # the peers for which one was get on_credit once it has left (_slot_blocked).
+        self._slot_deferred: dict[int, tuple[int, list[memoryview], list[Buffer], int, object]] = {}
+        self._slot_blocked: set[int] = set()
+        self._split_in: dict[tuple[int, int], _Incoming] = {}   # (peer, slot): split message being copied in
+
+        # Liveness (as the TCP channel): when each peer was last heard from (any completed receive),
+        # when we last sent it a heartbeat, and whether that heartbeat is still in MPI.
+        self._peer_timeout = config.peer_timeout
+        self._hb_interval = config.heartbeat_interval
+        self._heard = [0.0] * self.world
+        self._beat_sent = [0.0] * self.world
+        self._beat_busy = [False] * self.world
+        self._next_liveness = float("inf")
+
+        # Peer state.
+        self._bye_from: set[int] = set()
+        self._bye_sent = False
+        self._lost: dict[int, str] = {}
+
+        # Handler callbacks waiting to run (so an exception in one never corrupts channel state).
+        self._events: deque[tuple[Callable[..., None], tuple[Any, ...]]] = deque()
+
+        self._wake = threading.Event()
+        self._last_activity = time.monotonic()
+        _OPEN_CHANNELS.add(self)
+        #: Counters for tests and benchmarks.
+        self.stats: dict[str, int] = {"msgs_sent": 0, "bytes_sent": 0, "msgs_received": 0,
+                                      "bytes_received": 0, "eager_sent": 0, "rendezvous_sent": 0,
+                                      "credit_msgs_sent": 0, "send_refused": 0,
+                                      "rndv_buffers_reused": 0, "noncontiguous_sent": 0,
+                                      "pre_sent": 0, "pre_skips": 0, "pre_received": 0,
+                                      "slot_sent": 0, "slot_received": 0, "slot_offers": 0,
+                                      "slots_retired": 0, "slot_waits": 0, "slot_wait_timeouts": 0,
+                                      "slot_deferred": 0, "slot_refused": 0, "slot_split": 0}
+        # Recycled rendezvous buffers (see .buffers), bounded like the TCP channel's idle receive
+        # buffers: at least one buffer of the largest message a program exchanges (up to twice
+        # memory_limit) is kept, so a stream of 256 MB messages does not pay 65536 page faults each.
+        self._bulk_cache = BulkCache(max(4 * self._credit, 2 * config.memory_limit), self.stats)
+
+    def _node_peers(self) -> set[int]:
+        """The other ranks of the communicator on this host (collective: ``MPI_Comm_split_type``)."""
+        MPI = self._MPI
+        try:
+            node = self._comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+        except MPI.Exception as e:
+            log.debug("rank %d: cannot tell which ranks share this host: %s", self.rank, e)
+            return set()
+        mine = node.Get_group()
+        world = self._comm.Get_group()
+        try:
+            ranks = MPI.Group.Translate_ranks(mine, list(range(node.Get_size())), world)
+        finally:
+            mine.Free()
+            world.Free()
+            node.Free()
+        return {r for r in ranks if r not in (self.rank, MPI.UNDEFINED)}
+
+    # --- public API -----------------------------------------------------------------------------
+
+    @property
+    def comm(self) -> Any:
+        """The channel's private communicator (a dup of the one it was built on)."""
+        return self._comm
+
+    def start(self, handler: ChannelHandler) -> None:
+        """Check the thread level, pre-post the receives for every peer and begin delivering."""
+        if self._started:
+            raise TwisternetError("MPIChannel.start called twice")
+        if self._closed:
+            raise ClosedError("MPI channel is closed")
+        MPI = self._MPI
+        if self.requires_main_thread_progress:
+            level = _level_name(MPI, self.thread_level)
+            if self.config.progress != "manual" or not MPI.Is_thread_main():
+                raise ConfigError(
+                    "progress",
+                    f"MPI provides only {level}, so the channel may only be driven from the thread that "
+                    "initialised MPI: use progress='manual' and call progress from that thread (or "
+                    "initialise MPI with THREAD_SERIALIZED or THREAD_MULTIPLE)")
+            self._owner_thread = threading.get_ident()
+        self._handler = handler
+        for peer in range(self.world):
+            if peer == self.rank:
+                continue
+            for _ in range(self._recvs_per_peer):
+                self._post_data_recv(peer, bytearray(self._pool_buf_size))
+            for _ in range(_CTRL_RECVS_PER_PEER):
+                self._post_ctrl_recv(peer, bytearray(_CTRL_BUF_SIZE))
+        now = time.monotonic()
+        self._heard = [now] * self.world
+        self._beat_sent = [now] * self.world
+        self._next_liveness = now + min(self._hb_interval, _LIVENESS_TICK)
+        self._started = True
+        log.debug("MPI channel rank %d/%d started (thread level %s, %d eager receives per peer)",
+                  self.rank, self.world, _level_name(MPI, self.thread_level), self._recvs_per_peer)
+
+    def send(self, peer: int, edge: int, parts: Sequence[Buffer], token: object = None) -> bool:
+        """Post one message for ``peer`` on ``edge``; False (nothing queued) when it lacks credit."""
+        self._check_usable()
+        if not isinstance(peer, int) or not 0 <= peer < self.world or peer == self.rank:
+            raise ValueError(f"peer must be a rank in [0, {self.world}) other than {self.rank}, got {peer!r}")
+        if not isinstance(edge, int) or not 0 <= edge < MAX_EDGE:
+            raise ValueError(f"edge must be an int in [0, 2**31), got {edge!r}")
+        if peer in self._lost:
+            raise PeerLostError(peer, self._lost[peer])
+        if peer in self._bye_from:
+            raise ClosedError(f"rank {peer} has closed its channel; it accepts no more messages")
+        if self._bye_sent:
+            raise ClosedError("MPI channel is closing")
+        views = [_byte_view(p) for p in parts]
+        size = sum(v.nbytes for v in views)
+        cost = size or 1
+        key = (peer, edge)
+        held = self._slot_deferred.get(peer)
+        if held is not None and held[0] == edge and size <= self._eager_limit:
+            # a large message on this edge waits for a slot: this one may not overtake it
+            self._slot_blocked.add(peer)
+            self.stats["send_refused"] += 1
+            self.stats["slot_refused"] += 1
+            return False
+        if not self._credit_ledger.fits(key, cost):
+            self.stats["send_refused"] += 1
+            return False
+        MPI = self._MPI
+        try:
+            if size <= self._eager_limit:
+                wire = b"".join((_HDR.pack(_KIND_EAGER, 0, 0, edge, size), *views))
+                self._submit(wire, TAG_DATA, _Send(peer, wire, nbytes=size))
+                if token is not None:  # the parts were copied: reusable now (reported by progress)
+                    self._events.append((self._handler.on_sent, (token,)))  # type: ignore[union-attr]
+                self.stats["eager_sent"] += 1
+            else:
+                segments = _segments(views)
+                if not (peer in self._slot_peers and self._slot_send(peer, edge, views, segments, size, token)):
+                    self._send_rendezvous(peer, edge, views, segments, size, token)
+        except MPI.Exception as e:
+            self._lose(peer, f"MPI error sending to it: {e.Get_error_string()}")
+            raise PeerLostError(peer, self._lost[peer]) from e
+        # (read again: a slot send may have polled and taken credit returns in meanwhile)
+        self._credit_ledger.charge(key, cost)
+        self.stats["msgs_sent"] += 1
+        self.stats["bytes_sent"] += size
+        return True
+
+    def flush_released(self) -> None:
+        """Return what the handlers just released (slots are granted back at once: their sender may
+        be waiting for one); credit joins the usual batches."""
+        if self._released and not self._in_poll and self._started and not self._closed:
+            self._check_thread()
+            self._drain_released()
+
+    def wakeup(self) -> None:
+        """Cut a waiting :meth:`progress` short. Thread-safe; never calls MPI."""
+        self._wake.set()
+
+    def has_pending(self, peer: int | None = None) -> bool:
+        """Whether sends to ``peer`` (or to anyone) have not completed yet; sends to a lost peer
+        do not count (they may never complete)."""
+        if peer is None:
+            return self._pending_total > 0
+        return self._pending_sends[peer] > 0 and peer not in self._lost
+
+    def pending_bytes(self, peer: int | None = None) -> int:
+        """Bytes of messages handed to :meth:`send` (for ``peer``, or for anyone) that MPI has not
+        finished sending yet: queued, posted, or waiting for a shared-memory slot. An eager message
+        counts until MPI completes its send; a message copied into a peer's shared-memory slot is in
+        that peer's memory and no longer counts (the part of a split one that goes through MPI does).
+        Sends to a lost peer do not count. The coflow scheduler keeps this below ``coflow_inflight``."""
+        if peer is None:
+            return sum(n for p, n in enumerate(self._pending_bytes) if p not in self._lost)
+        return self._pending_bytes[peer] if peer not in self._lost else 0
+
+    def close(self, timeout: float) -> None:
+        """Flush, say goodbye to every peer, wait (bounded) for theirs, then free all MPI resources."""
+        if self._closed:
+            return
+        if not self._started:
+            self._free_comm()
+            self._closed = True
+            _OPEN_CHANNELS.discard(self)
+            return
+        self._check_thread()
+        deadline = time.monotonic() + max(0.0, timeout)
+        try:
+            # Every accepted message is posted or queued, in order, and MPI keeps a peer's TAG_DATA
+            # messages in order, so the goodbye can go at once: the peer sees it after all our
+            # headers. Then one phase waits for our sends to complete, for every peer's goodbye and
+            # for the payloads those peers announced before it.
+            for peer in list(self._slot_deferred):   # through MPI now: nothing may follow the goodbye
+                self._slot_run_deferred(peer, give_up=True)
+            self._bye_sent = True
+            bye = _HDR.pack(_KIND_BYE, 0, 0, 0, 0)
+            for peer in self._live_peers():
+                try:
+                    self._submit(bye, TAG_DATA, _Send(peer, bye))
+                except self._MPI.Exception as e:
+                    self._lose(peer, f"MPI error saying goodbye: {e.Get_error_string()}")
+            while time.monotonic() < deadline and (self._waiting_for_peers() or self.has_pending()):
+                self.progress(min(0.01, max(0.0, deadline - time.monotonic())))
+            if self.has_pending():
+                unfinished = [p for p in range(self.world) if self.has_pending(p)]
+                log.warning("rank %d: closing with sends to ranks %s not completed after %gs",
+                            self.rank, unfinished, timeout)
+            missing = self._waiting_for_peers()
+            if missing:
+                log.warning("rank %d: no goodbye from ranks %s within %gs; closing anyway",
+                            self.rank, missing, timeout)
+            self._dispatch()
+        finally:
+            self._teardown()
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise ClosedError("MPI channel is closed")
+        if not self._started:
+            raise TwisternetError("MPIChannel.start(handler) must be called first")
+        if self._owner_thread is not None:
+            self._check_thread()
+
+    def _check_thread(self) -> None:
+        if self._owner_thread is not None and threading.get_ident() != self._owner_thread:
+            raise TwisternetError(
+                f"MPI provides only {_level_name(self._MPI, self.thread_level)}: the MPI channel must be "
+                "driven from the thread that initialised MPI")
+
+
+def create_channel(config: "Config", *, comm: Any = None, rank: int | None = None,
+                   world: int | None = None, **_launch_info: Any) -> MPIChannel:
+    """Build the MPI channel on ``comm`` (default ``MPI.COMM_WORLD``), initialising MPI if needed.
+
+    Collective over ``comm``: every rank must call it (it dups the communicator). ``rank``/``world``,
+    if given by the caller (or set in ``config``), must agree with the communicator. Other launch
+    information passed by the core's registry is ignored.
+    """
+    MPI = _import_mpi()
+    _register_exit_hooks()
+    if config.mpi_abort_on_error:
+        _install_abort_hook(MPI)
+    if comm is None:
+        comm = MPI.COMM_WORLD
+    if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
+        raise TypeError(f"comm must be an mpi4py intracommunicator, got {comm!r}")
+    for key, given in (("rank", rank), ("world", world)):
+        actual = comm.Get_rank() if key == "rank" else comm.Get_size()
+        for source, value in (("argument", given), ("config", getattr(config, key))):
+            if value is not None and value != actual:
+                raise ConfigError(key, f"{source} says {value} but the MPI communicator says {actual}")
+    return MPIChannel(config, comm, MPI)
+

@@ -1,0 +1,99 @@
+"""Credit, both ways: the sender's ledger of bytes in flight per (peer, edge), and the receiver's
+returns of released bytes, batched per peer (sent once an edge has a quarter of its credit pending,
+when a poll is quiet, or after 1 ms). The messages that carry returns are in :mod:`.wire`."""
+
+from __future__ import annotations
+
+import time
+
+from twisternet.channel import fits_credit
+
+#: Pending credit older than this (seconds) is returned even if the batch is small.
+_CREDIT_MAX_DELAY = 1e-3
+
+
+class CreditLedger:
+    """Sender side: bytes in flight per (peer, edge) against ``credit`` bytes each (see
+    :func:`twisternet.channel.fits_credit`), and the (peer, edge) pairs refused for lack of it,
+    which get ``on_credit`` when returns come."""
+
+    __slots__ = ("credit", "_inflight", "_blocked")
+
+    def __init__(self, credit: int) -> None:
+        self.credit = credit
+        self._inflight: dict[tuple[int, int], int] = {}
+        self._blocked: set[tuple[int, int]] = set()
+
+    def fits(self, key: tuple[int, int], cost: int) -> bool:
+        """Whether a message of ``cost`` bytes may go on ``key`` now; if not, ``key`` is remembered
+        as blocked."""
+        if fits_credit(self._inflight.get(key, 0), cost, self.credit):
+            return True
+        self._blocked.add(key)
+        return False
+
+    def charge(self, key: tuple[int, int], cost: int) -> None:
+        """A message of ``cost`` bytes went on ``key``."""
+        self._inflight[key] = self._inflight.get(key, 0) + cost
+
+    def returned(self, key: tuple[int, int], nbytes: int) -> tuple[bool, bool]:
+        """The receiver returned ``nbytes`` on ``key``: ``(unblocked, excess)``, whether ``key`` had
+        been refused (and may send again) and whether more came back than was in flight."""
+        left = self._inflight.get(key, 0) - nbytes
+        excess = left < 0
+        if left > 0:
+            self._inflight[key] = left
+        else:
+            self._inflight.pop(key, None)
+        if key in self._blocked:
+            self._blocked.discard(key)
+            return True, excess
+        return False, excess
+
+    def inflight(self, key: tuple[int, int]) -> int:
+        """Bytes in flight on ``key``."""
+        return self._inflight.get(key, 0)
+
+
+class CreditReturns:
+    """Receiver side: bytes released per peer and edge, not yet returned, and since when each peer
+    has some waiting. ``batch``: an edge with this much pending is returned at the next poll."""
+
+    __slots__ = ("batch", "_out", "_since")
+
+    def __init__(self, batch: int) -> None:
+        self.batch = batch
+        self._out: dict[int, dict[int, int]] = {}
+        self._since: dict[int, float] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._out)
+
+    def add(self, peer: int, edge: int, nbytes: int) -> None:
+        """``nbytes`` of a message from ``peer`` on ``edge`` were released."""
+        per_edge = self._out.get(peer)
+        if per_edge is None:
+            per_edge = self._out[peer] = {}
+            self._since[peer] = time.monotonic()
+        per_edge[edge] = per_edge.get(edge, 0) + nbytes
+
+    def drop(self, peer: int) -> None:
+        """``peer`` left or was lost: nothing goes back to it any more."""
+        self._out.pop(peer, None)
+        self._since.pop(peer, None)
+
+    def due(self, quiet: bool) -> list[tuple[int, list[tuple[int, int]]]]:
+        """Take the returns to send now, ``(peer, [(edge, bytes), ...])``: all of them when ``quiet``,
+        else only full or old batches."""
+        now = time.monotonic()
+        batch = self.batch
+        out = []
+        for peer in list(self._out):
+            per_edge = self._out[peer]
+            if not (quiet or now - self._since[peer] >= _CREDIT_MAX_DELAY
+                    or max(per_edge.values()) >= batch):
+                continue
+            del self._out[peer]
+            del self._since[peer]
+            out.append((peer, list(per_edge.items())))
+        return out

@@ -1,0 +1,144 @@
+"""Scenarios: flow control (credit, refusals, resuming) and the bytes a sender has pending."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Any, Callable
+
+from helpers import DEADLINE, check, digest, make_channel, ok, payload, spin
+
+
+def scenario_backpressure() -> None:
+    """Rank 1 consumes slowly: rank 0's sends are refused once the credit is used, resume after
+    release, never exceed the budget, and other edges keep flowing meanwhile."""
+    bs, count = 64 << 10, 4
+    credit = bs * count
+    ch, rec = make_channel(buffer_size=bs, buffer_count=count)
+    size = 48 << 10  # above the copy limit: these hold pool buffers until released
+    fit = credit // size  # independent expectation: 5 messages fit in 256 KiB
+    total = 40
+    if ch.rank == 0:
+        data = [payload(0, 1, 1, i, size) for i in range(total)]
+        accepted = 0
+        while accepted < total and ch.send(1, 1, [data[accepted]]):
+            accepted += 1
+        check(accepted == fit, f"expected {fit} messages to fit the credit, {accepted} did")
+        # Blocked edge 1 does not block edge 2.
+        check(ch.send(1, 2, [b"other edge"]), "send on another edge was refused")
+        # Stay blocked while rank 1 holds everything (it signals with a message on edge 9).
+        go = []
+        rec.on_message_hook = lambda p, e, d, r: (go.append(bytes(d)), r())
+        refusals = 0
+        while not go:
+            refusals += not ch.send(1, 1, [data[accepted]])
+            ch.progress(0.005)
+            check(time.monotonic() < DEADLINE, "rank 0 never got the go signal")
+        check(refusals > 0, "send should have stayed refused")
+        check(not ch.send(1, 1, [data[accepted]]) or False, "rank 1 still holds the credit")
+        # Now rank 1 releases slowly; we keep sending as credit returns.
+        while accepted < total:
+            if ch.send(1, 1, [data[accepted]]):
+                accepted += 1
+            else:
+                ch.progress(0.002)
+            check(time.monotonic() < DEADLINE, "rank 0 stuck sending")
+        # A lone message larger than the whole credit may travel once nothing is in flight...
+        big = payload(0, 1, 1, total, credit * 2)
+        spin(ch, lambda: ch.send(1, 1, [big]), "the oversize send to be accepted")
+        # ...and then nothing else on that edge until it is released.
+        check(not ch.send(1, 1, [b"x"]), "a send behind an oversize message must wait")
+        spin(ch, lambda: ch.send(1, 1, [b"x"]), "credit after the oversize message")
+        spin(ch, lambda: not ch.has_pending(), "sends to complete")
+        ok(0, accepted=accepted, refused_while_held=refusals)
+    else:
+        held: deque[tuple[int, memoryview, Callable[[], None]]] = deque()
+        order: list[tuple[int, int]] = []
+        rec.on_message_hook = lambda p, e, d, r: (held.append((e, d, r)), order.append((e, d.nbytes)))
+        spin(ch, lambda: sum(1 for e, _, _ in held if e == 1) == fit and any(e == 2 for e, _, _ in held),
+             "the credit's worth of messages and the other edge's message")
+        # Hold for a while: nothing more may arrive on edge 1.
+        end = time.monotonic() + 0.3
+        while time.monotonic() < end:
+            ch.progress(0.005)
+        n1 = sum(1 for e, _, _ in held if e == 1)
+        check(n1 == fit, f"rank 0 exceeded the credit: {n1} messages held, credit fits {fit}")
+        for e, d, r in [h for h in held if h[0] == 2]:
+            check(bytes(d) == b"other edge", "wrong message on edge 2")
+            r()
+        held = deque(h for h in held if h[0] == 1)
+        check(ch.send(0, 9, [b"go"]), "go signal refused")
+        seq = 0
+        max_held = 0
+        got_big = False
+        end = DEADLINE
+        while True:
+            ch.progress(0.001)
+            check(time.monotonic() < end, "rank 1 timed out consuming")
+            in_flight = sum(d.nbytes for e, d, _ in held if e == 1)
+            max_held = max(max_held, in_flight)
+            if in_flight > credit + credit // 16:
+                check(len(held) == 1, f"{in_flight} bytes held beyond the credit by {len(held)} messages")
+            if not held:
+                continue
+            e, d, r = held[0]
+            if seq < total:
+                check(d.nbytes == size and bytes(d) == payload(0, 1, 1, seq, size), f"message {seq} corrupt")
+                time.sleep(0.002)  # the slow consumer
+            elif seq == total:
+                check(d.nbytes == credit * 2 and bytes(d) == payload(0, 1, 1, total, credit * 2),
+                      "oversize message corrupt")
+                end2 = time.monotonic() + 0.2
+                while time.monotonic() < end2:  # hold it: the next message must not arrive meanwhile
+                    ch.progress(0.005)
+                check(len(held) == 1, "a message overtook the held oversize message's credit")
+                got_big = True
+            else:
+                check(bytes(d) == b"x", "last message corrupt")
+                held.popleft()
+                r()
+                break
+            held.popleft()
+            r()
+            seq += 1
+        check(got_big, "oversize message not seen")
+        ok(1, max_held=max_held)
+    ch.close(30)
+    check(not rec.lost, f"peers reported lost: {rec.lost}")
+
+
+def scenario_pending_bytes() -> None:
+    """``pending_bytes`` counts the payload bytes handed to ``send`` that MPI has not finished sending,
+    per peer and in total: a rendezvous payload stays pending until its receiver takes it, and
+    nothing is pending once the sends completed."""
+    from mpi4py import MPI
+    ctl = MPI.COMM_WORLD.Dup()   # rank 1 waits on it, without progressing the channel
+    ch, rec = make_channel(mpi_shared_memory=False, buffer_size=65536)
+    size = 4 << 20
+    details: dict[str, Any] = {}
+    if ch.rank == 0:
+        check(ch.pending_bytes() == 0 and ch.pending_bytes(1) == 0, "pending bytes before any send")
+        small = payload(0, 1, 4, 0, 1000)   # on an edge of its own: the big one uses all of edge 3's credit
+        check(ch.send(1, 3, [payload(0, 1, 3, 0, size)], token="big"), "big send refused")
+        check(ch.send(1, 4, [small[:500], small[500:]], token="small"), "small send refused")
+        now = ch.pending_bytes(1)
+        # The big payload cannot have left: rank 1 has not read its header yet. (The small one may.)
+        check(size <= now <= size + 1000, f"pending_bytes(1) = {now} right after sending {size} + 1000")
+        check(ch.pending_bytes() == now, f"pending_bytes() = {ch.pending_bytes()}, the only peer's {now}")
+        ctl.send("go", dest=1, tag=77)
+        spin(ch, lambda: set(rec.sent) == {"big", "small"} and not ch.has_pending(), "the sends to complete")
+        check(ch.pending_bytes() == 0 and ch.pending_bytes(1) == 0,
+              f"{ch.pending_bytes()} bytes pending after every send completed")
+        details["pending_after_send"] = now
+    else:
+        ctl.recv(source=0, tag=77)
+        spin(ch, lambda: len(rec.messages) == 2, "both messages")
+        got = {edge: digest(data) for _, edge, data, _ in rec.messages}
+        check(got == {3: digest(payload(0, 1, 3, 0, size)), 4: digest(payload(0, 1, 4, 0, 1000))},
+              "message contents")
+        for msg in rec.messages:
+            msg[3]()
+        check(ch.pending_bytes() == 0, "the receiver has bytes pending")
+    ch.close(10.0)
+    ctl.Free()
+    ok(ch.rank, **details)

@@ -1,0 +1,43 @@
+"""Run one MPI channel scenario: ``mpiexec -n N python tests/channels/mpi_scenarios/run.py SCENARIO``
+(``test_mpi_channel.py`` does). The scenarios live in this directory, one module per feature; every
+``scenario_<name>`` function of those modules is a scenario called ``<name>``."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
+for path in (ROOT, HERE):
+    if path not in sys.path:
+        sys.path.insert(0, path)
+
+SCENARIO = sys.argv[1] if len(sys.argv) > 1 else "mixed"
+# Before anything imports mpi4py's MPI module (which initialises MPI):
+if SCENARIO == "funneled":
+    import mpi4py
+    mpi4py.rc.thread_level = "funneled"
+elif SCENARIO == "selfinit":
+    import mpi4py
+    mpi4py.rc.initialize = False
+
+import endings  # noqa: E402
+import failures  # noqa: E402
+import flow  # noqa: E402
+import placement  # noqa: E402
+import slot_scenarios  # noqa: E402
+import threads_init  # noqa: E402
+import transfers  # noqa: E402
+
+SCENARIOS = {name[len("scenario_"):]: fn
+             for module in (transfers, placement, slot_scenarios, flow, endings, failures, threads_init)
+             for name, fn in vars(module).items() if name.startswith("scenario_")}
+
+if __name__ == "__main__":
+    logging.basicConfig(level=os.environ.get("MPI_SCENARIO_LOG", "WARNING"),
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if SCENARIO not in SCENARIOS:
+        sys.exit(f"unknown scenario {SCENARIO!r}; known: {', '.join(sorted(SCENARIOS))}")
+    SCENARIOS[SCENARIO]()
