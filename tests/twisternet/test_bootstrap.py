@@ -499,9 +499,8 @@ def test_oversize_frame_is_refused() -> None:
 def test_a_worker_meeting_a_master_busy_with_handshakes_retries_and_joins(monkeypatch) -> None:
     """Every handshake slot of the master is taken by a silent connection, so the worker's first
     connection is closed unread: join tries again and joins once the silent one timed out."""
-    import twisternet.bootstrap as bootstrap
-    monkeypatch.setattr(bootstrap, "MAX_PENDING_HANDSHAKES", 1, raising=False)
-    monkeypatch.setattr(bootstrap, "_MAX_HANDSHAKES", 1, raising=False)   # the name before the cap
+    from twisternet.bootstrap import master as master_module
+    monkeypatch.setattr(master_module, "MAX_PENDING_HANDSHAKES", 1)
     master, addr = start_master(1, handshake_timeout=1.5)
     host, port = parse_address(addr)
     silent = socket.create_connection((host, port))
@@ -581,7 +580,7 @@ def test_refused_world_mismatch_is_named_in_the_join_failure() -> None:
 
 def test_no_route_to_the_master_is_retried_then_names_the_master(monkeypatch) -> None:
     import errno
-    from twisternet import bootstrap
+    from twisternet.bootstrap import addresses as bootstrap
     calls = []
 
     def unreachable(master: str) -> str:
@@ -606,12 +605,12 @@ def test_no_route_to_the_master_is_retried_then_names_the_master(monkeypatch) ->
 def test_tcp_channel_without_a_route_raises_a_twisternet_error_naming_the_master(monkeypatch) -> None:
     import errno
     from channels.tcp import create_channel
-    from twisternet import bootstrap
+    from twisternet.bootstrap import addresses
     from twisternet.config import load_config
 
     def never(master: str) -> str:
         raise OSError(errno.ENETUNREACH, "Network is unreachable")
-    monkeypatch.setattr(bootstrap, "local_address_for", never)
+    monkeypatch.setattr(addresses, "local_address_for", never)
     config = load_config(env={}, master="127.0.0.1:9", token="9f3c1a7e52b84d06e1c7a9b3f25d8e40", connect_timeout=0.5)
     with pytest.raises(TwisternetError, match=r"bootstrap master at 127\.0\.0\.1:9 from "):
         create_channel(config)
