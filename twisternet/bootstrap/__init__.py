@@ -15,7 +15,8 @@ from .addresses import (
            route_to_master,
 )
 from .join import join
-from .master import MAX_PENDING_HANDSHAKES, SERVICES_ENTRY, Master, install_job_services
+from .admission import MAX_PENDING_HANDSHAKES
+from .master import SERVICES_ENTRY, Master, install_job_services
 from .session import MasterSession
 from .wire import MAX_MESSAGE, FrameReader, encode_message
 from .wire import FrameReader as _FrameReader  # noqa: F401  (the name the tests know)

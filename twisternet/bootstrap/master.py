@@ -17,11 +17,10 @@ import threading
 import time
 from typing import Any, Callable, Iterable
 
-from twisternet.auth import PeerClosedDuringHandshake, handshake
-from twisternet.errors import AuthError, ConfigError, ProtocolError
-from twisternet.logthrottle import LogThrottle
+from twisternet.errors import ConfigError, ProtocolError
 from twisternet.waker import Waker
 
+from .admission import Admission
 from .join import check_token
 from .roster import Roster
 from .service_host import (
@@ -37,13 +36,6 @@ log = logging.getLogger(__name__)
 
 #: Bytes the master may queue for one worker that does not read before declaring it lost.
 _MAX_OUTBUF = 64 << 20
-#: Handshakes the master runs at once (one thread each); further connections are closed unread until
-#: one finishes (a joining worker whose connection is closed that way retries).
-MAX_PENDING_HANDSHAKES = 64
-#: Seconds the listener rests after ``accept`` failed (EMFILE, ENOBUFS, ...), doubling up to the
-#: maximum while it keeps failing (retrying at once would spin on the still-readable listener).
-_ACCEPT_BACKOFF_MIN = 0.05
-_ACCEPT_BACKOFF_MAX = 1.0
 
 
 class _Conn:
@@ -114,12 +106,8 @@ class Master:
         self._lock = threading.Lock()
         self._commands: collections.deque[Callable[[], None]] = collections.deque()
         self._services = ServiceHost()
-        self._handshakes = threading.BoundedSemaphore(MAX_PENDING_HANDSHAKES)
-        self._accept_backoff = 0.0
-        self._accept_resume: float | None = None   # while accept rests after an error: when it resumes
-        self._noise = LogThrottle(log)
-        #: Connections closed unread because MAX_PENDING_HANDSHAKES were already running.
-        self.dropped_connections = 0
+        self._admission = Admission(self._listener, self._sel, self._token, world, handshake_timeout,
+                                    self._admitted, self._refused_early)
         self._conns: dict[socket.socket, _Conn] = {}
         self._roster = Roster(world)             # authenticated workers waiting for the table
         self._by_rank: dict[int, _Conn] = {}     # running connections
@@ -140,6 +128,11 @@ class Master:
         self._started_at = time.monotonic()
 
     # ---------------------------------------------------------------- public API
+    @property
+    def dropped_connections(self) -> int:
+        """Connections closed unread because MAX_PENDING_HANDSHAKES were already running."""
+        return self._admission.dropped
+
     def start(self) -> "Master":
         """Serve in a daemon thread; returns self."""
         with self._lock:
@@ -245,7 +238,7 @@ class Master:
 
     # ---------------------------------------------------------------- loop
     def _loop(self) -> None:
-        self._sel.register(self._listener, selectors.EVENT_READ, "listen")
+        self._admission.watch()
         self._sel.register(self._waker, selectors.EVENT_READ, "wake")
         next_hb = time.monotonic() + self.heartbeat_interval
         log.info("bootstrap master for %d workers listening on %s:%d", self.world, *self.address)
@@ -268,15 +261,10 @@ class Master:
                 timeout = min(timeout, max(0.0, self._started_at + self.join_timeout - now))
             if self._phase == "failed":
                 timeout = min(timeout, max(0.0, self._failed_at + self._fail_linger - now))
-            if self._accept_resume is not None:
-                if now >= self._accept_resume:
-                    self._accept_resume = None
-                    self._sel.register(self._listener, selectors.EVENT_READ, "listen")
-                else:
-                    timeout = min(timeout, self._accept_resume - now)
+            timeout = self._admission.timeout(now, timeout)
             for key, mask in self._sel.select(timeout):
                 if key.data == "listen":
-                    self._accept()
+                    self._admission.accept()
                 elif key.data == "wake":
                     self._waker.drain()
                 else:
@@ -345,76 +333,24 @@ class Master:
             self._close(conn)
         if self.exit_code is None:
             self.exit_code = 1 if ("lost" in self._status or self._phase == "failed") else 0
-        self._accept_resume = None
-        for s in (self._listener, self._waker):
-            try:
-                self._sel.unregister(s)
-            except (KeyError, ValueError):
-                pass
-            s.close()
+        self._admission.close()
+        try:
+            self._sel.unregister(self._waker)
+        except (KeyError, ValueError):
+            pass
+        self._waker.close()
         self._sel.close()
         if self._phase != "failed":
             self._phase = "done"
         self._done.set()
 
     # ---------------------------------------------------------------- connections
-    def _accept(self) -> None:
-        for _ in range(64):     # a bounded batch per round: running workers have messages too
-            try:
-                sock, addr = self._listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as e:
-                self._pause_accept(e)
-                return
-            self._accept_backoff = 0.0
-            peer = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr)
-            if not self._handshakes.acquire(blocking=False):
-                self.dropped_connections += 1
-                self._noise.warning("busy", "bootstrap master: closed the connection from %s unread "
-                                    "(%d handshakes already running)", peer, MAX_PENDING_HANDSHAKES)
-                sock.close()
-                continue
-            sock.setblocking(True)
-            try:
-                threading.Thread(target=self._authenticate, args=(sock, peer), daemon=True,
-                                 name="twisternet-master-handshake").start()
-            except RuntimeError as e:   # cannot start a thread (resource limit)
-                self._handshakes.release()
-                sock.close()
-                self._pause_accept(e)
-                return
+    def _refused_early(self, peer: str, why: str) -> None:
+        """A connection failed its handshake (handshake thread): remember it for the join report."""
+        self._post_if_serving(lambda: self._note_refused(peer, "", why))
 
-    def _pause_accept(self, error: BaseException) -> None:
-        """``accept`` failed: stop watching the listener for a while, backing off while it fails."""
-        self._accept_backoff = min(_ACCEPT_BACKOFF_MAX, max(_ACCEPT_BACKOFF_MIN, 2 * self._accept_backoff))
-        self._noise.warning("accept", "bootstrap master: accept failed (%s); not accepting for %.2fs",
-                            error, self._accept_backoff)
-        if self._accept_resume is None:
-            try:
-                self._sel.unregister(self._listener)
-            except (KeyError, ValueError):
-                pass
-        self._accept_resume = time.monotonic() + self._accept_backoff
-
-    def _authenticate(self, sock: socket.socket, peer: str) -> None:
-        """Runs in a short-lived thread per connection, bounded by handshake_timeout."""
-        try:
-            hello = handshake(sock, self._token, initiator=False, timeout=self.handshake_timeout,
-                              hello={"kind": "master", "world": self.world})
-        except (AuthError, ProtocolError) as e:
-            self._noise.warning("rejected", "bootstrap master: rejected connection from %s: %s", peer, e)
-            sock.close()
-            if not isinstance(e, PeerClosedDuringHandshake):   # a worker retries those
-                why = "wrong job token" if isinstance(e, AuthError) and "token" in str(e) else str(e)
-                self._post_if_serving(lambda: self._note_refused(peer, "", why))
-            return
-        except Exception:
-            log.exception("bootstrap master: handshake with %s failed", peer)
-            sock.close()
-            return
-        finally:
-            self._handshakes.release()
+    def _admitted(self, sock: socket.socket, peer: str, hello: dict) -> None:
+        """A connection proved the token (handshake thread): let the master's thread take it."""
         with self._lock:
             if self._serving:
                 self._commands.append(lambda: self._on_join(sock, peer, hello))
