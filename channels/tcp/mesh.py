@@ -226,7 +226,6 @@ def create_channel(config: Config, **_: Any) -> TCPChannel:
         session.close()
         raise
     ch = TCPChannel(session.rank, session.world, config, peers, listeners, token, session)
-    ch.service_handlers = {}
     log.debug("rank %d: mesh of %d peers ready (%s)", ch.rank, len(peers),
               ", ".join(f"{r}:{p.kind}" for r, p in sorted(peers.items())))
     return ch

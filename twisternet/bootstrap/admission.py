@@ -37,7 +37,8 @@ class Admission:
     def __init__(self, listener: socket.socket, sel: selectors.BaseSelector, token: bytes, world: int,
                  handshake_timeout: float, admitted: Callable[[socket.socket, str, dict], None],
                  refused: Callable[[str, str], None]) -> None:
-        self._listener = listener
+        #: The listening socket (watched while no ``accept`` error makes it rest).
+        self.listener = listener
         self._sel = sel
         self._token = token
         self._hello = {"kind": "master", "world": world}
@@ -53,7 +54,7 @@ class Admission:
 
     def watch(self) -> None:
         """Start watching the listener."""
-        self._sel.register(self._listener, selectors.EVENT_READ, "listen")
+        self._sel.register(self.listener, selectors.EVENT_READ, "listen")
 
     def timeout(self, now: float, timeout: float) -> float:
         """Watch the listener again once its rest is over; ``timeout`` cut to the end of the rest."""
@@ -69,7 +70,7 @@ class Admission:
         """Take the waiting connections (a bounded batch: running workers have messages too)."""
         for _ in range(64):
             try:
-                sock, addr = self._listener.accept()
+                sock, addr = self.listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as e:
@@ -100,7 +101,7 @@ class Admission:
                             error, self._backoff)
         if self._resume is None:
             try:
-                self._sel.unregister(self._listener)
+                self._sel.unregister(self.listener)
             except (KeyError, ValueError):
                 pass
         self._resume = time.monotonic() + self._backoff
@@ -129,7 +130,7 @@ class Admission:
         """Stop watching and close the listener."""
         self._resume = None
         try:
-            self._sel.unregister(self._listener)
+            self._sel.unregister(self.listener)
         except (KeyError, ValueError):
             pass
-        self._listener.close()
+        self.listener.close()
