@@ -109,7 +109,7 @@ class Master:
         self._admission = Admission(self._listener, self._sel, self._token, world, handshake_timeout,
                                     self._admitted, self._refused_early)
         self._conns: dict[socket.socket, _Conn] = {}
-        self._roster = Roster(world)             # authenticated workers waiting for the table
+        self._roster: Roster[_Conn] = Roster(world)             # authenticated workers waiting for the table
         self._by_rank: dict[int, _Conn] = {}     # running connections
         self._status: list[str] = ["absent"] * world   # absent / running / left / lost
         #: Per rank once the job runs: "rank R on HOST (ADDRESS; ranks on that host: ...)".

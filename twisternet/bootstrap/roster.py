@@ -7,7 +7,7 @@ The master answers nobody until ``world`` workers joined; then ranks a worker as
 from __future__ import annotations
 
 import logging
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 from .addresses import hostport, rank_places, where
 
@@ -25,12 +25,15 @@ class Joiner(Protocol):
     rank: int | None
 
 
-class Roster:
+C = TypeVar("C", bound=Joiner)
+
+
+class Roster(Generic[C]):
     """Workers that joined a job still assembling (in arrival order) and the connections refused."""
 
     def __init__(self, world: int) -> None:
         self.world = world
-        self.joining: list[Any] = []
+        self.joining: list[C] = []
         #: (peer address, host id if known, why), newest last, at most MAX_REFUSED.
         self.refused: list[tuple[str, str, str]] = []
 
@@ -79,14 +82,14 @@ class Roster:
             text += "; no other worker reached it"
         return text
 
-    def assign(self) -> tuple[list[Any], list[dict], list[str]]:
+    def assign(self) -> tuple[list[C], list[dict], list[str]]:
         """Give every joined worker a rank: ``(workers by rank, address table, place of each rank)``."""
         taken = {c.rank for c in self.joining if c.rank is not None}
         free = iter(r for r in range(self.world) if r not in taken)
         for conn in self.joining:
             if conn.rank is None:
                 conn.rank = next(free)
-        ordered = sorted(self.joining, key=lambda c: c.rank)
+        ordered = sorted(self.joining, key=lambda c: c.rank)  # type: ignore[arg-type,return-value]
         table = []
         for conn in ordered:
             entry = dict(conn.hello["listen"])

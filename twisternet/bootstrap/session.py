@@ -7,7 +7,7 @@ import select
 import socket
 import threading
 import time
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 from twisternet.errors import ClosedError, ProtocolError
 from twisternet.waker import Waker
@@ -191,6 +191,7 @@ class MasterSession:
     def _link_loop(self) -> str | None:
         """Read, dispatch and heartbeat until the link ends; return why (None: asked to stop)."""
         next_hb = time.monotonic() + self._hb
+        watched: list[Any] = [self._sock, self._waker]
         while True:
             if self._stop:
                 return None
@@ -201,7 +202,7 @@ class MasterSession:
                 return f"no message from the master for {self._peer_timeout:g}s"
             wait = 0.2 if self._closing else max(0.0, min(next_hb, self._last_rx + self._peer_timeout) - now)
             try:
-                ready, _, _ = select.select([self._sock, self._waker], [], [], wait)
+                ready, _, _ = select.select(watched, [], [], wait)
             except (OSError, ValueError):
                 return "the master link was closed"
             if self._waker in ready:
