@@ -101,7 +101,7 @@ def test_the_master_tells_its_services_when_a_rank_is_lost():
                                                             "label": "b", "spec": spec}})
         with pytest.raises(queue.Empty):
             events[1].get(timeout=0.5)          # the place is held
-        sessions[0]._sock.shutdown(2)           # rank 0 dies: no goodbye
+        sessions[0].sever()                     # rank 0 dies: no goodbye
         while True:
             ev = events[1].get(timeout=20)
             if ev.get("type") == "service":

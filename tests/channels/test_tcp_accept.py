@@ -108,12 +108,12 @@ def test_a_failing_accept_rests_instead_of_spinning_and_logs_a_few_lines(caplog)
 def test_the_master_rests_after_a_failing_accept_and_caps_its_handshakes(caplog):
     FailingListener.calls = 0
     m = Master(1, TOKEN, "127.0.0.1", 0)
-    real = m._listener
+    real = m._admission.listener
     fake = FailingListener(socket.AF_INET, socket.SOCK_STREAM)
     fake.bind(("127.0.0.1", 0))
     fake.listen(16)
     fake.setblocking(False)
-    m._listener = fake
+    m._admission.listener = fake
     client = socket.create_connection(fake.getsockname(), timeout=10)
     try:
         with caplog.at_level(logging.WARNING, logger="twisternet.bootstrap"):

@@ -20,7 +20,7 @@ from hypothesis import given, settings, strategies as st
 from twisternet.auth import handshake
 from twisternet.bootstrap import (MAX_MESSAGE, Master, MasterSession, _FrameReader, encode_message, host_id,
                                   join, parse_address)
-from twisternet.errors import (AuthError, ConfigError, OperationTimeout, PeerLostError, ProtocolError,
+from twisternet.errors import (AuthError, ClosedError, ConfigError, OperationTimeout, PeerLostError, ProtocolError,
                                TwisternetError)
 
 pytestmark = pytest.mark.timeout(60)
@@ -499,9 +499,8 @@ def test_oversize_frame_is_refused() -> None:
 def test_a_worker_meeting_a_master_busy_with_handshakes_retries_and_joins(monkeypatch) -> None:
     """Every handshake slot of the master is taken by a silent connection, so the worker's first
     connection is closed unread: join tries again and joins once the silent one timed out."""
-    import twisternet.bootstrap as bootstrap
-    monkeypatch.setattr(bootstrap, "MAX_PENDING_HANDSHAKES", 1, raising=False)
-    monkeypatch.setattr(bootstrap, "_MAX_HANDSHAKES", 1, raising=False)   # the name before the cap
+    from twisternet.bootstrap import admission
+    monkeypatch.setattr(admission, "MAX_PENDING_HANDSHAKES", 1)
     master, addr = start_master(1, handshake_timeout=1.5)
     host, port = parse_address(addr)
     silent = socket.create_connection((host, port))
@@ -581,7 +580,7 @@ def test_refused_world_mismatch_is_named_in_the_join_failure() -> None:
 
 def test_no_route_to_the_master_is_retried_then_names_the_master(monkeypatch) -> None:
     import errno
-    from twisternet import bootstrap
+    from twisternet.bootstrap import addresses as bootstrap
     calls = []
 
     def unreachable(master: str) -> str:
@@ -606,12 +605,12 @@ def test_no_route_to_the_master_is_retried_then_names_the_master(monkeypatch) ->
 def test_tcp_channel_without_a_route_raises_a_twisternet_error_naming_the_master(monkeypatch) -> None:
     import errno
     from channels.tcp import create_channel
-    from twisternet import bootstrap
+    from twisternet.bootstrap import addresses
     from twisternet.config import load_config
 
     def never(master: str) -> str:
         raise OSError(errno.ENETUNREACH, "Network is unreachable")
-    monkeypatch.setattr(bootstrap, "local_address_for", never)
+    monkeypatch.setattr(addresses, "local_address_for", never)
     config = load_config(env={}, master="127.0.0.1:9", token="9f3c1a7e52b84d06e1c7a9b3f25d8e40", connect_timeout=0.5)
     with pytest.raises(TwisternetError, match=r"bootstrap master at 127\.0\.0\.1:9 from "):
         create_channel(config)
@@ -652,6 +651,25 @@ def test_master_reports_where_a_lost_rank_ran_and_why_it_gave_up() -> None:
         assert ev == {"type": "peer_lost", "rank": 1,
                       "reason": "it gave up: rank 1 failed: PeerLostError('rank 7 on hostZ')",
                       "place": f"rank 1 on {socket.gethostname()} (127.0.0.1)"}, ev
+    sessions[0].close(), sessions[2].close()
+    assert master.wait(10) == 1
+
+
+def test_a_severed_session_is_reported_lost_without_a_goodbye_and_stops_its_thread() -> None:
+    """sever() drops the master link as a dying process does: no bye, no abort reason."""
+    master, addr = start_master(3)
+    sessions = join_all(addr, [0, 1, 2])
+    logs = [Events(s) for s in sessions]
+    link = sessions[1]._thread
+    sessions[1].sever()
+    for i in (0, 2):
+        ev = logs[i].wait_for(lambda e: e["type"] == "peer_lost", timeout=10)
+        assert ev["rank"] == 1 and "without a goodbye" in ev["reason"], ev
+    assert not link.is_alive()
+    assert not [e for e in logs[1].items if e["type"] == "master_lost"], logs[1].items
+    with pytest.raises(ClosedError):
+        sessions[1].send({"service": "x"})
+    sessions[1].close()                 # after sever: nothing more to do, no error
     sessions[0].close(), sessions[2].close()
     assert master.wait(10) == 1
 

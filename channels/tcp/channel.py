@@ -1,0 +1,564 @@
+"""The TCP channel's engine side: sending, receiving, pushing, closing and loss reports on a built mesh.
+
+Sends are scatter-gather (``sendmsg``), so large messages go from the caller's memory to the kernel
+without a copy; large incoming payloads are received straight into a buffer of their own. A peer whose
+connection breaks without a ``BYE``, that stays silent for ``peer_timeout``, or that the bootstrap
+master reports lost is reported lost, the reason naming where it ran (and for an ``ABORT``, why).
+"""
+
+from __future__ import annotations
+
+import logging
+import selectors
+import socket
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from twisternet.channel import Buffer, Channel, ChannelHandler
+from twisternet.config import Config
+from twisternet.errors import ProtocolError
+from twisternet.waker import Waker
+
+from .accept import LateConnections
+from .buffers import RecvBuffers
+from .credit import CreditLedger
+from .liveness import Liveness, rank_places
+from .peer import STAGING, Peer
+from .poller import IN, OUT, READABLE, Poller
+from .wire import (
+    ABORT,
+    BYE,
+    CREDIT,
+    DATA,
+    HDR,
+    HEADER_SIZE,
+    HEARTBEAT,
+    MAX_ABORT_REASON,
+    WITH_PAYLOAD,
+    check_header,
+    header,
+)
+
+log = logging.getLogger(__name__)
+
+#: Longest (seconds) abort() spends handing its ABORT frame to peers that are still answering.
+ABORT_FLUSH = 1.0
+#: Most buffers one ``sendmsg`` call takes.
+MAX_IOV = 512
+#: While a large payload is being written or read, how long (seconds, per progress call) the channel
+#: waits for that socket alone instead of going back through the engine for every chunk the socket
+#: takes: a chunk is ~0.1 ms of copying at loopback speed, the round through the engine ~30 us of
+#: Python. Other peers wait at most this long.
+BULK_WAIT = 1e-3
+#: A queue holding at least this many bytes counts as a large payload being written.
+BULK_BYTES = 1 << 20
+
+
+class TCPChannel(Channel):
+    """The TCP/Unix-socket transport. Build it with :func:`create_channel`."""
+
+    name = "tcp"
+
+    def __init__(self, rank: int, world: int, config: Config, peers: dict[int, Peer],
+                 listeners: list[socket.socket], token: bytes, session: Any = None) -> None:
+        super().__init__(rank, world, config)
+        self.credit = config.buffer_size * config.buffer_count
+        self._peers = peers
+        self._listeners = listeners
+        self.session = session
+        self._handler: ChannelHandler | None = None
+        self._waker = Waker()
+        self._ledger = CreditLedger(self.credit, self._waker.wake)
+        #: Bytes in flight per (peer, edge) (the ledger's).
+        self._inflight = self._ledger.inflight
+        self._events: deque[dict] = deque()                     # from the master session
+        self._poller = Poller()
+        self._closed_sel = False
+        self._poller.register(self._waker.fileno(), IN, None)
+        for ls in listeners:
+            ls.setblocking(False)
+            self._poller.register(ls.fileno(), IN, ls)
+        for p in peers.values():
+            p.sock.setblocking(False)
+            self._poller.register(p.fd, IN, p)
+        # Idle large buffers kept for reuse are bounded by twice the memory limit (512 MiB by default).
+        self._recv_buffers = RecvBuffers(max(4 * self.credit, 2 * config.memory_limit))
+        # Late connections (after the mesh): bounded handshakes, accept backoff, rate-limited logs.
+        self._late = LateConnections(rank, token, config, self._poller)
+        self._liveness = Liveness(config.heartbeat_interval, config.peer_timeout)
+        #: Per rank: "rank R on HOST (ADDRESS; ranks on that host: ...)", for loss reports.
+        self._places = rank_places(world, getattr(session, "table", None))
+        #: Handlers for service replies from the master (barrier manager, coflow coordinator), by name.
+        self.service_handlers: dict[str, Callable[[dict], None]] = {}
+        if session is not None:
+            session.on_event(self._on_session_event)
+
+    @property
+    def dropped_connections(self) -> int:
+        """Late connections closed unread because MAX_PENDING_HANDSHAKES were already running."""
+        return self._late.dropped
+
+    # ------------------------------------------------------------------------------ interface
+    def start(self, handler: ChannelHandler) -> None:
+        self._handler = handler
+
+    def send(self, peer: int, edge: int, parts: Sequence[Buffer], token: object = None) -> bool:
+        p = self._peers.get(peer)
+        if p is None:
+            raise ValueError(f"rank {self.rank}: no peer {peer} (world {self.world})")
+        views = []
+        n = 0
+        for part in parts:
+            mv = memoryview(part)
+            if mv.format != "B" or mv.ndim != 1:
+                mv = mv.cast("B")
+            if mv.nbytes:
+                views.append(mv)
+                n += mv.nbytes
+        key = (peer, edge)
+        if not self._ledger.fits(key, n):
+            return False
+        if p.lost or p.left:
+            # Nothing can reach it any more; tell the core (once) instead of queueing forever.
+            if not p.lost:
+                p.lost = True
+                self._report_lost(p, "send to a rank that has left the job")
+            if token is not None and self._handler is not None:
+                self._handler.on_sent(token)
+            return True
+        self._ledger.charge(key, n)
+        self._enqueue(p, header(DATA, edge, n), views, token)
+        return True
+
+    def progress(self, timeout: float = 0.0) -> bool:
+        did = self._flush_writes()
+        did = self._send_credit_returns() or did
+        if did:
+            timeout = 0.0
+        if self._late.paused:
+            timeout = self._late.resume(timeout)
+        events = self._poller.poll(self._ledger.wait(timeout) if timeout > 0 else 0.0)
+        for obj, mask in events:
+            if obj is None:
+                self._waker.drain()
+                continue
+            if type(obj) is not Peer:
+                self._late.accept(obj)
+                continue
+            p: Peer = obj
+            if mask & READABLE and not p.lost:
+                did = self._read(p) or did
+            if mask & OUT and not p.lost:
+                did = self._write(p) or did
+        did = self._send_credit_returns() or did
+        did = self._flush_writes() or did
+        did = self._session_events() or did
+        self._heartbeats()
+        return did or bool(events)
+
+    can_wait_unlocked = True
+
+    def wait(self, timeout: float) -> None:
+        # epoll may be waited on by one thread while another registers, reads and writes: this only
+        # rings the bell (level-triggered), and progress() then finds out what happened.
+        if timeout > 0 and not self._closed_sel:
+            try:
+                self._poller.poll(self._ledger.wait(timeout))
+            except (OSError, ValueError):   # closed under us: the engine is stopping
+                pass
+
+    can_push = True
+
+    def push(self, peer: int) -> bool:
+        p = self._peers.get(peer)
+        if p is None or p.lost or p.closed:
+            return True
+        if not p.pushing:
+            # The pushing thread reads and writes this peer itself until it is done: the engine stops
+            # watching the socket (it still hears of a hang-up), or it would wake for every CREDIT
+            # frame the peer sends meanwhile and take the engine from the pusher between two messages.
+            p.pushing = True
+            self._poller.modify(p.fd, 0)
+        if p.wq:
+            self._write(p)
+        if not p.lost and not p.closed and p.poll_socket(IN, 0.0):
+            self._read(p, wait=False)
+        if not p.wq or p.lost or p.closed:
+            self._end_push(p)
+            return True
+        return False
+
+    def end_push(self, peer: int) -> None:
+        p = self._peers.get(peer)
+        if p is not None and p.pushing:
+            self._end_push(p)
+
+    def _end_push(self, p: Peer) -> None:
+        p.pushing = False
+        if p.lost or p.closed:
+            return
+        p.want_write = bool(p.wq)     # the engine writes what is left and reads what comes
+        self._poller.modify(p.fd, IN | (OUT if p.want_write else 0))
+
+    def wait_writable(self, peer: int, timeout: float) -> None:
+        p = self._peers.get(peer)
+        if p is None or p.lost or p.closed or timeout <= 0:
+            return
+        # what the peer sends is the pusher's to read too; closed under us: found out on the next push
+        p.poll_socket(OUT | IN, timeout)
+
+    def _bulk_wait(self, p: Peer, events: int, until: float) -> float:
+        """Wait on ``p``'s socket alone for ``events`` (more of a large payload, or room for one) until
+        ``until`` (0: ``BULK_WAIT`` from now). The deadline to keep, or 0.0 once nothing came in time."""
+        now = time.monotonic()
+        until = until or now + BULK_WAIT
+        return until if now < until and p.poll_socket(events, until - now) else 0.0
+
+    def wakeup(self) -> None:
+        self._waker.wake()
+
+    def has_pending(self, peer: int | None = None) -> bool:
+        if peer is not None:
+            p = self._peers.get(peer)
+            return bool(p and p.wq and not p.lost)
+        return any(p.wq and not p.lost for p in self._peers.values())
+
+    def pending_bytes(self, peer: int) -> int:
+        """Bytes queued for ``peer`` and not yet written to its socket (the coflow scheduler keeps this
+        small so that its own priority-ordered queues hold the backlog)."""
+        p = self._peers.get(peer)
+        return p.wq_bytes if p is not None and not p.lost else 0
+
+    def close(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for p in self._peers.values():
+            if not p.lost and not p.closed:
+                self._enqueue(p, header(BYE), [], None)
+        # Flush everything (our BYE last), then wait for the peers' BYE (or their loss).
+        while time.monotonic() < deadline:
+            pending = any(p.wq for p in self._peers.values() if not p.lost)
+            waiting = any(not (p.left or p.lost) for p in self._peers.values())
+            if not pending and not waiting:
+                break
+            self.progress(0.05)
+        else:
+            late = [r for r, p in self._peers.items() if not (p.left or p.lost)]
+            if late:
+                log.warning("rank %d: closing without a goodbye from ranks %s", self.rank, late)
+        self._teardown()
+        if self.session is not None:
+            try:
+                self.session.close()
+            except Exception:  # noqa: BLE001
+                log.debug("rank %d: error closing the master session", self.rank, exc_info=True)
+
+    def abort(self, reason: str) -> None:
+        log.info("rank %d: aborting: %s", self.rank, reason)
+        try:
+            self._say_abort(reason)
+        except Exception:  # noqa: BLE001 - aborting must finish
+            log.debug("rank %d: could not tell the peers why it aborts", self.rank, exc_info=True)
+        self._teardown()
+        if self.session is not None:
+            try:
+                # Leaving the master link without "bye" makes the master report this rank lost; it
+                # tells the others why (the reason), as the ABORT frames did on the direct links.
+                self.session.abort(reason)
+            except Exception:  # noqa: BLE001
+                pass
+
+    def _say_abort(self, reason: str) -> None:
+        """Queue an ABORT frame with ``reason`` behind whatever each live peer still has queued, and
+        write it out for up to ABORT_FLUSH seconds (peers that went silent are not waited for)."""
+        payload = memoryview(reason.encode("utf-8", "replace")[:MAX_ABORT_REASON])
+        targets = [p for p in self._peers.values() if not (p.lost or p.left or p.closed or p.pushing)]
+        for p in targets:
+            self._enqueue(p, header(ABORT, 0, payload.nbytes), [payload], None)
+        now = time.monotonic()
+        deadline = now + min(ABORT_FLUSH, self.config.peer_timeout / 4)
+        silent = 2 * self.config.heartbeat_interval
+        with selectors.DefaultSelector() as sel:
+            while True:
+                pending = [p for p in targets if p.wq and not (p.lost or p.closed)]
+                for p in pending:
+                    self._write(p)
+                wait = [p for p in pending if p.wq and not (p.lost or p.closed)
+                        and now - p.last_recv <= silent]
+                now = time.monotonic()
+                if not wait or now >= deadline:
+                    return
+                for p in wait:
+                    sel.register(p.sock, selectors.EVENT_WRITE)
+                sel.select(min(0.05, deadline - now))
+                for p in wait:
+                    sel.unregister(p.sock)
+
+    # ------------------------------------------------------------------------------ writing
+    def _enqueue(self, p: Peer, head: bytes, views: list[memoryview], token: object) -> None:
+        """Queue one frame for ``p`` (every frame this channel sends goes through here)."""
+        p.enqueue(head, views, token)
+
+    def _flush_writes(self) -> bool:
+        did = False
+        for p in self._peers.values():
+            if p.wq and not p.lost and not p.want_write and not p.closed:
+                did = self._write(p) or did
+        return did
+
+    def _write(self, p: Peer) -> bool:
+        did = False
+        sent_total = 0
+        until = 0.0
+        while p.wq:
+            iov = list(p.wq)[:MAX_IOV] if len(p.wq) > MAX_IOV else list(p.wq)
+            try:
+                n = p.sock.sendmsg(iov)
+            except (BlockingIOError, InterruptedError):
+                n = 0
+            except OSError as e:
+                # A peer that said goodbye may hang up before reading what we still send (a credit
+                # return, a heartbeat): its BYE may be waiting unread, behind messages. Read them
+                # first (each call stops after a large payload: read until nothing more comes).
+                while not (p.left or p.lost or p.closed) and self._read(p, wait=False):
+                    pass
+                self._broken(p, f"send failed: {e}")
+                return True
+            if n == 0:
+                # The socket is full. A large payload: wait for room on this socket alone, briefly (a
+                # pushing thread waits for room itself, outside the engine).
+                if p.pushing or p.wq_bytes - sent_total < BULK_BYTES:
+                    break
+                until = self._bulk_wait(p, OUT, until)
+                if not until:
+                    break
+                continue
+            did = True
+            sent_total += n
+            p.consume(n)
+        if sent_total:
+            self._sent(p.written(sent_total))
+        want = bool(p.wq)
+        if want != p.want_write and not p.pushing and not p.closed:   # a pushing peer is muted
+            p.want_write = want
+            self._poller.modify(p.fd, IN | (OUT if want else 0))
+        return did
+
+    def _sent(self, tokens: list[object]) -> None:
+        """Tell the core these sends are written out (their memory may be reused)."""
+        h = self._handler
+        if h is not None:
+            for token in tokens:
+                h.on_sent(token)
+
+    # ------------------------------------------------------------------------------ reading
+    def _read(self, p: Peer, wait: bool = True) -> bool:
+        did = False
+        reads = 0
+        until = 0.0
+        # bounded, so one busy peer cannot starve the others: at most 64 reads, or one large payload
+        # (while it arrives, ``wait`` lets us wait up to BULK_WAIT for it on this socket alone)
+        while True:
+            # a large payload in progress is received straight into its own buffer, else into staging
+            if p.cur is not None:
+                target = p.cur[p.cur_pos:]
+            elif p.header_next and p.rlen < HEADER_SIZE:
+                target = memoryview(p.rbuf)[p.rlen:HEADER_SIZE]
+            else:
+                target = memoryview(p.rbuf)[p.rlen:]
+            try:
+                n = p.sock.recv_into(target)
+            except (BlockingIOError, InterruptedError):
+                n = -1
+            except OSError as e:
+                self._broken(p, f"receive failed: {e}")
+                return True
+            if n == 0:
+                self._eof(p)
+                return True
+            if n > 0:
+                did = True
+                p.last_recv = time.monotonic()
+                if p.cur is not None:
+                    p.cur_pos += n
+                    if p.cur_pos == len(p.cur):
+                        hdr = p.cur_hdr
+                        data, p.cur, p.cur_hdr = p.cur, None, None
+                        assert hdr is not None
+                        p.header_next = True
+                        self._frame(p, hdr[0], hdr[1], hdr[2], data)
+                        # Back to the engine with it: it is delivered (and its credit returned) now,
+                        # not after whatever else the sender keeps streaming in behind it.
+                        return True
+                else:
+                    p.rlen += n
+                    try:
+                        self._parse(p)
+                    except ProtocolError as e:
+                        self._broken(p, str(e))
+                        return True
+                if p.lost:
+                    return True
+                reads += 1
+                if n == len(target) and (reads < 64 or p.cur is not None):
+                    continue
+            # The socket had no more (or this peer had its share): the poller says when it has (saves a
+            # failing recv), unless the rest of a large payload is on its way: wait for it here, briefly.
+            if not wait or p.cur is None or p.lost or p.closed:
+                break
+            until = self._bulk_wait(p, IN, until)
+            if not until:
+                break
+        return did
+
+    def _parse(self, p: Peer) -> None:
+        buf = p.rbuf
+        pos = 0
+        end = p.rlen
+        mv = memoryview(buf)
+        while end - pos >= HEADER_SIZE:
+            kind, edge, length = HDR.unpack_from(buf, pos)
+            check_header(p.rank, kind, length)
+            if kind not in WITH_PAYLOAD:
+                pos += HEADER_SIZE
+                self._frame(p, kind, edge, length, mv[0:0])
+                continue
+            if end - pos - HEADER_SIZE >= length:
+                p.header_next = False      # small messages: back to reading as much as there is
+                start = pos + HEADER_SIZE
+                data = bytes(mv[start:start + length])
+                pos = start + length
+                self._frame(p, kind, edge, length, memoryview(data))
+                if p.lost:
+                    return
+                continue
+            # Payload not all here: receive the rest straight into its own buffer.
+            start = pos + HEADER_SIZE
+            have = end - start
+            if length > STAGING // 2 or have > 0:
+                cur = self._recv_buffers.get(length)
+                cur[:have] = mv[start:end]
+                p.cur, p.cur_pos, p.cur_hdr = cur, have, (kind, edge, length)
+                pos = end
+            break
+        if pos:
+            rest = end - pos
+            if rest:
+                buf[:rest] = mv[pos:end]
+            p.rlen = rest
+        del mv
+
+    def _frame(self, p: Peer, kind: int, edge: int, length: int, data: memoryview) -> None:
+        h = self._handler
+        if kind == DATA:
+            if h is not None:
+                h.on_message(p.rank, edge, data, self._ledger.releaser(p.rank, edge, length))
+        elif kind == CREDIT:
+            self._ledger.returned((p.rank, edge), length)
+            if h is not None:
+                h.on_credit(p.rank, edge)
+        elif kind == BYE:
+            p.left = True
+        elif kind == ABORT:
+            self._broken(p, f"it failed: {bytes(data).decode('utf-8', 'replace')}")
+        # HEARTBEAT: last_recv already updated
+
+    def _send_credit_returns(self) -> bool:
+        """Queue CREDIT frames for the released credit that is due (see CreditLedger.due)."""
+        sent = False
+        for peer, edge, n in self._ledger.due():
+            p = self._peers.get(peer)
+            if p is not None and not p.lost and not p.left:
+                self._enqueue(p, header(CREDIT, edge, n), [], None)
+                sent = True
+        return sent
+
+    # ------------------------------------------------------------------------------ liveness
+    def _heartbeats(self) -> None:
+        now = time.monotonic()
+        silent, idle = self._liveness.check(self._peers.values(), now)
+        for p, reason in silent:
+            self._broken(p, reason)
+        for p in idle:
+            self._enqueue(p, header(HEARTBEAT), [], None)
+            p.last_send = now
+            self._write(p)
+
+    def _eof(self, p: Peer) -> None:
+        if p.left:
+            # It said goodbye and hung up: nothing queued for it can be delivered any more (only
+            # credit returns can be, and they no longer matter); don't let them hold up close().
+            self._unregister(p)
+            self._drop_queue(p)
+            return
+        self._broken(p, "connection closed without goodbye (process died?)")
+
+    def _broken(self, p: Peer, reason: str, *, placed: bool = False) -> None:
+        """``p`` is lost: close its link and report it, the reason prefixed with where it ran (unless
+        ``placed``: the reason already says, as the master's reports do)."""
+        if p.lost:
+            return
+        if p.left:   # hung up after its goodbye: as in _eof
+            self._unregister(p)
+            self._drop_queue(p)
+            return
+        p.lost = True
+        self._unregister(p)
+        self._report_lost(p, reason if placed else f"{self._places[p.rank]}: {reason}")
+
+    def _report_lost(self, p: Peer, reason: str) -> None:
+        self._drop_queue(p)
+        if self._handler is not None:
+            self._handler.on_peer_lost(p.rank, reason)
+
+    def _drop_queue(self, p: Peer) -> None:
+        """Forget what is queued for ``p`` (it can no longer be sent), releasing its tokens."""
+        self._sent(p.drop_queue())
+
+    def _unregister(self, p: Peer) -> None:
+        if not p.closed:
+            self._poller.unregister(p.fd)
+        try:
+            p.sock.close()
+        except OSError:
+            pass
+
+    def _on_session_event(self, event: dict) -> None:
+        # master session thread: hand over to the progress thread
+        self._events.append(event)
+        self.wakeup()
+
+    def _session_events(self) -> bool:
+        did = False
+        while self._events:
+            ev = self._events.popleft()
+            did = True
+            kind = ev.get("type")
+            if kind == "peer_lost":
+                p = self._peers.get(int(ev.get("rank", -1)))
+                if p is not None and not p.left:
+                    place = ev.get("place") if isinstance(ev.get("place"), str) else self._places[p.rank]
+                    self._broken(p, f"bootstrap master reports {place}: {ev.get('reason', 'lost')}",
+                                 placed=True)
+            elif kind == "master_lost":
+                log.warning("rank %d: lost the bootstrap master; peer links continue", self.rank)
+            else:
+                svc = self.service_handlers.get(ev.get("service", ""))
+                if svc is not None:
+                    svc(ev)
+        return did
+
+    def _teardown(self) -> None:
+        for p in self._peers.values():
+            self._unregister(p)
+        for ls in self._listeners:
+            if ls.fileno() >= 0:
+                self._poller.unregister(ls.fileno())
+            ls.close()
+        self._late.close()
+        self._waker.close()
+        self._closed_sel = True
+        self._poller.close()
+
+

@@ -1,0 +1,88 @@
+"""Credit bookkeeping of the TCP channel: bytes in flight per (peer, edge), and released credit owed back.
+
+The sender may have ``credit`` bytes in flight per edge; the receiver returns them in CREDIT frames once
+the core releases the messages, batched (see :meth:`CreditLedger.due`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+
+from twisternet.channel import fits_credit
+
+#: Longest a released byte of credit waits to be returned with others (see CreditLedger.due).
+CREDIT_DELAY = 1e-3
+
+Key = tuple[int, int]   # (peer, edge)
+
+
+class CreditLedger:
+    """What this rank sent and may still send per (peer, edge), and what it owes its senders."""
+
+    def __init__(self, credit: int, wake: Callable[[], None]) -> None:
+        self.credit = credit
+        self._wake = wake
+        #: Bytes sent per (peer, edge) whose credit has not come back yet.
+        self.inflight: dict[Key, int] = {}
+        self._returns: deque[tuple[int, int, int]] = deque()   # (peer, edge, nbytes) from release()
+        self._owed: dict[Key, int] = {}                         # released bytes not yet returned
+        self._owed_since = float("inf")                         # when the oldest of them was released
+
+    # ---------------------------------------------------------------- sending side
+    def fits(self, key: Key, n: int) -> bool:
+        """Whether ``n`` more bytes on ``key`` fit the credit (nothing is counted)."""
+        return fits_credit(self.inflight.get(key, 0), n, self.credit)
+
+    def charge(self, key: Key, n: int) -> None:
+        """``n`` more bytes were sent on ``key``."""
+        self.inflight[key] = self.inflight.get(key, 0) + n
+
+    def returned(self, key: Key, n: int) -> None:
+        """A CREDIT frame gave ``n`` bytes of ``key`` back."""
+        self.inflight[key] = max(0, self.inflight.get(key, 0) - n)
+
+    # ---------------------------------------------------------------- receiving side
+    def releaser(self, peer: int, edge: int, n: int) -> Callable[[], None]:
+        """The release callback of a received message of ``n`` bytes: callable from any thread, once."""
+        returns = self._returns
+        wake = self._wake
+        used = [False]
+
+        def release() -> None:
+            if used[0]:
+                return
+            used[0] = True
+            returns.append((peer, edge, n))
+            wake()
+        return release
+
+    def due(self) -> list[tuple[int, int, int]]:
+        """``(peer, edge, nbytes)`` of credit to return now, in batches: a (peer, edge) gets its bytes
+        back once a quarter of its credit is owed, or once the oldest owed byte waited ``CREDIT_DELAY``.
+        A stream of large messages then costs the sender one CREDIT frame (and one wake-up of its
+        engine) per quarter of the credit instead of one per message. A sender can only be held up by
+        what is owed if its next message is larger than about three quarters of the credit, and then
+        for ``CREDIT_DELAY``."""
+        owed = self._owed
+        if self._returns:
+            if not owed:
+                self._owed_since = time.monotonic()
+            while self._returns:
+                peer, edge, n = self._returns.popleft()
+                owed[(peer, edge)] = owed.get((peer, edge), 0) + n
+        if not owed:
+            return []
+        due = time.monotonic() - self._owed_since >= CREDIT_DELAY
+        batch = self.credit // 4
+        out = [(k[0], k[1], owed.pop(k)) for k in [k for k, n in owed.items() if due or n >= batch]]
+        if not owed:
+            self._owed_since = float("inf")
+        return out
+
+    def wait(self, timeout: float) -> float:
+        """``timeout`` cut short so that owed credit is returned on time."""
+        if self._owed or self._returns:
+            return max(0.0, min(timeout, self._owed_since + CREDIT_DELAY - time.monotonic()))
+        return timeout
