@@ -11,9 +11,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .streams import _CAUSE_EDGE, _LEAVE_EDGE
+
+if TYPE_CHECKING:
+    from .api import Context
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +29,7 @@ class Lifecycle:
 
     State (made in ``Context.__init__``): ``_closed``, ``_left_peers``, ``_on_close``."""
 
-    def close(self, timeout: float | None = None) -> None:
+    def close(self: Context, timeout: float | None = None) -> None:
         """Flush pending sends, leave the job cleanly (waiting for the peers to leave too), stop."""
         with self._lock:
             if self._closed:
@@ -60,7 +63,7 @@ class Lifecycle:
             if self._on_close is not None:
                 self._on_close()
 
-    def _flush_notices(self, deadline: float) -> None:
+    def _flush_notices(self: Context, deadline: float) -> None:
         """Before a failing rank drops its connections: get its loss notices (and what is queued before
         them) out, for at most until ``deadline`` (engine stopped, channel lock held)."""
         def pending() -> bool:
@@ -76,7 +79,7 @@ class Lifecycle:
         except Exception:  # noqa: BLE001 - best effort on the way out
             log.debug("rank %d: flushing loss notices failed", self.rank, exc_info=True)
 
-    def _linger(self, deadline: float) -> None:
+    def _linger(self: Context, deadline: float) -> None:
         """Collective leave: tell every peer we are done, then keep the engine running (delivering,
         answering service requests as rank 0 may have to) until every live peer said the same."""
         for peer in range(self.world):
@@ -102,7 +105,7 @@ class Lifecycle:
             self._wait_change(gen, min(0.5, deadline - time.monotonic()))
         self._drain(deadline)
 
-    def _drain(self, deadline: float) -> None:
+    def _drain(self: Context, deadline: float) -> None:
         """Wait until every queued message has been handed to the channel and sent."""
         def drained() -> bool:
             with self._lock:
@@ -120,7 +123,7 @@ class Lifecycle:
             self.channel.wakeup()
             self._wait_change(gen, 0.05)
 
-    def _on_leave(self, src: int, obj: Any) -> bool:
+    def _on_leave(self: Context, src: int, obj: Any) -> bool:
         with self._lock:
             self._left_peers.add(src)
         return True

@@ -7,12 +7,16 @@ itself, so every rank names the first rank lost, not the ones that left in react
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import PeerLostError
 from .streams import _CAUSE_EDGE
 
+if TYPE_CHECKING:
+    from .api import Context
+
 log = logging.getLogger(__name__)
+
 
 class PeerLoss:
     """Context part: lost peers and failures (a mixin of :class:`~twisternet.context.api.Context`).
@@ -20,7 +24,7 @@ class PeerLoss:
     State (made in ``Context.__init__``): ``_lost`` (rank -> reason), ``_lost_after`` (rank -> the rank
     whose loss it reported), ``_told``, ``_failure``."""
 
-    def on_peer_lost(self, peer: int, reason: str) -> None:
+    def on_peer_lost(self: Context, peer: int, reason: str) -> None:
         with self._lock:
             if peer in self._lost:
                 return
@@ -37,7 +41,7 @@ class PeerLoss:
         log.error("rank %d: peer rank %d lost: %s", self.rank, peer, reason)
         self.notify()
 
-    def _tell_loss(self, peer: int, reason: str) -> None:
+    def _tell_loss(self: Context, peer: int, reason: str) -> None:
         """Tell every live peer that ``peer`` was lost, so that when this rank fails in reaction they
         name ``peer`` and not this rank."""
         with self._lock:
@@ -56,7 +60,7 @@ class PeerLoss:
                     self._emit_partial(self._out[(r, _CAUSE_EDGE)])
         self.channel.wakeup()
 
-    def _on_cause(self, src: int, obj: Any) -> None:
+    def _on_cause(self: Context, src: int, obj: Any) -> None:
         """Rank ``src`` lost rank ``obj[0]``: remember it (before ``src`` itself may go)."""
         try:
             lost, reason = int(obj[0]), str(obj[1])
@@ -79,7 +83,7 @@ class PeerLoss:
         log.error("rank %d: peer rank %d lost (reported by rank %d): %s", self.rank, lost, src, reason)
         self.notify()
 
-    def _raise_failures(self) -> None:
+    def _raise_failures(self: Context) -> None:
         with self._lock:
             failure = self._failure
             lost = next(iter(self._lost.items()), None)
@@ -89,7 +93,7 @@ class PeerLoss:
         if lost is not None:
             raise self._lost_error(lost[0])
 
-    def _lost_error(self, peer: int) -> PeerLostError:
+    def _lost_error(self: Context, peer: int) -> PeerLostError:
         """PeerLostError for the loss of ``peer``, naming the first rank lost: if ``peer`` (or the rank
         it left after) reported losing another rank before it went, that one; the others are "lost
         after" it."""
