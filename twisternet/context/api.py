@@ -18,14 +18,15 @@ from ..config import Config
 from ..errors import ClosedError, OperationTimeout, TwisternetError
 from ..framing import BufferPool
 from ..task_plan import TaskPlan
+from .coflow_pump import CoflowPump
 from .engine import ProgressEngine
 from .inbound import Inbound
 from .lifecycle import Lifecycle
 from .losses import PeerLoss
 from .outbound import Outbound
 from .push import OwnSend, SendHandle
-from .coflow_pump import CoflowPump
 from .streams import _LEAVE_EDGE, _MISMATCH_EDGE, _NO_TAG, Handler, _InStream, _OutStream
+
 
 class Context(Outbound, OwnSend, ProgressEngine, Inbound, PeerLoss, Lifecycle):
     """A process's handle on a job. Create it with :func:`twisternet.init`."""
@@ -47,34 +48,40 @@ class Context(Outbound, OwnSend, ProgressEngine, Inbound, PeerLoss, Lifecycle):
         self._zc = config.zero_copy_threshold
         self._on_close = on_close
 
+        # The state of every part is made here, in one place; each part's docstring names what it owns.
+        # Shared by all: the Context lock and condition (waiters wake on a change of _gen).
         self._lock = threading.RLock()
         self._cond = threading.Condition(self._lock)
         self._gen = 0
+        # engine (engine.py)
         self._chan_lock = threading.Lock()
         self._progress_thread_id: int | None = None
         self._in_progress = threading.local()
-
+        self._sleep_until = float("inf")   # when a sleeping engine will wake by itself
+        self._driven_at = 0.0              # when a caller last drove the engine itself (see _run)
+        self._seen = False                 # a send completed in this progress round (notify waiters)
+        self._stop = False
+        # outbound (outbound.py)
         self._out: dict[tuple[int, int], _OutStream] = {}
         self._out_ready: set[tuple[int, int]] = set()     # streams with queued messages
         self._out_partial: dict[tuple[int, int], float] = {}  # stream -> when to send its partial buffer
         self._flush_delay = config.flush_delay
-        self._sleep_until = float("inf")   # when a sleeping engine will wake by itself
-        self._driven_at = 0.0              # when a caller last drove the engine itself (see _run)
-        self._seen = False                 # a send completed in this progress round (notify waiters)
+        self._local_bytes: dict[int, int] = {}
+        # inbound (inbound.py)
         self._in: dict[tuple[int, int], _InStream] = {}
         self._in_dirty: set[tuple[int, int]] = set()      # streams with deliverable records
-        self._local_bytes: dict[int, int] = {}
         self._handlers: dict[int, tuple[Handler, str, tuple[int, str], Callable[[BaseException], None] | None]] = {}
         self._tags: dict[int, tuple[int, str]] = {}      # channel edge -> (epoch, fingerprint) of its user
         self._mismatched: set[tuple] = set()              # (stream, handler tag) already reported
         self._tag_errors: dict[int, Callable[[BaseException], None]] = {}   # see tag_edges
         self._refused: dict[tuple[int, int], float] = {}  # stream -> time of refusal
+        # losses (losses.py)
         self._lost: dict[int, str] = {}
         self._lost_after: dict[int, int] = {}   # peer -> the rank whose loss it reported (its cause)
         self._told: set[int] = set()            # lost ranks this rank told its peers about
         self._failure: BaseException | None = None
+        # lifecycle (lifecycle.py)
         self._closed = False
-        self._stop = False
 
         #: Coflow scheduler of this process (None unless ``coflow_policy`` is set; twisternet.coflow.live).
         self.coflows: Any = None
