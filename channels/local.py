@@ -44,6 +44,7 @@ class LocalChannel(Channel):
     """One rank's end of a :class:`LocalHub`."""
 
     name = "local"
+    spans_processes = False   # the ranks are threads of one process
 
     def __init__(self, hub: LocalHub, rank: int, config: Config) -> None:
         super().__init__(rank, hub.world, config)
@@ -140,6 +141,9 @@ class LocalChannel(Channel):
 
     def has_pending(self, peer: int | None = None) -> bool:
         return False  # sends are handed over at once
+
+    def pending_bytes(self, peer: int) -> int:
+        return 0  # send() hands each message to the peer's inbox at once: nothing is held here
 
     def close(self, timeout: float) -> None:
         import time

@@ -302,7 +302,7 @@ class RankAllReduce:
         if self.shm is not None:
             return True
         from .shm_allreduce import supported
-        return not self.shm_tried and self.op.ctx.channel.name != "local" and supported()
+        return not self.shm_tried and self.op.ctx.channel.spans_processes and supported()
 
     def _shm_path(self, call: int, t: float) -> Any:
         """The shared-memory state, setting it up (collectively, in this call) the first time."""

@@ -152,11 +152,9 @@ class Operation:
         # Coflow hook (twisternet.coflow.live): with coflow_policy set, this operation instance is a
         # coflow (or joins the one of an enclosing ``ctx.coflow(...)`` block) until _teardown.
         coflows = getattr(ctx, "coflows", None)
-        self._coflow_id: Any = None
         try:
             if coflows is not None:
-                self._coflow_id = coflows.attach(self.edge, self.operation, self.source_ranks,
-                                                 self.destination_ranks)
+                coflows.attach(self.edge, self.operation, self.source_ranks, self.destination_ranks)
             with self._lock:  # records buffered before registration may arrive at once: hold them off
                 self._register(ABORT, self._on_abort, activates=False)
                 self._setup()

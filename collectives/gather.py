@@ -242,8 +242,7 @@ class Gather(GatherTables, _TreeGatherBase):
     def _root_chunks(self, node: Node, chunks: list) -> None:
         if self.mode == "batch":
             if self._quorum is not None and node.complete:
-                self._late_records += sum(len(c) for _, c in chunks)   # from a source left out
-                return
+                return   # records from a source left out
             store: SpillStore = node.state
             for src, vals in chunks:
                 store.add_chunk(src, vals)
@@ -285,7 +284,6 @@ class Gather(GatherTables, _TreeGatherBase):
         if unknown:
             raise ConfigError("quorum", f"unknown rules {sorted(unknown)}; use timeout, percent, min_wait, knee")
         self._quorum_rules = rules
-        self._late_records = 0
         self._quorum_timer: Any = None
         return True   # the state machine is built in _setup, once the sources are known
 

@@ -85,9 +85,6 @@ class Partition(PartitionTables, Operation):
         return destination
 
     # ------------------------------------------------------------------ plumbing
-    def _payload(self, value: Any, src: int) -> Any:
-        return value
-
     def _route(self, task: int, dest: int, payload: Any, block: bool, timeout: float | None,
                copy: bool = True) -> bool:
         r = self.plan.rank_of(dest)

@@ -135,6 +135,19 @@ class Channel(ABC):
     def has_pending(self, peer: int | None = None) -> bool:
         """Whether messages for ``peer`` (or any peer) are queued but not yet fully sent."""
 
+    def pending_bytes(self, peer: int) -> int:
+        """Bytes handed to :meth:`send` for ``peer`` and not yet gone from this process (queued or being
+        written). The coflow scheduler keeps this under ``coflow_inflight`` so the backlog stays in its
+        own priority-ordered queues, where a more urgent coflow can overtake it. Every channel that
+        queues sends must override this; the default (0: nothing held) suits only a channel that hands
+        each message over inside ``send``, and with it the in-flight cap never holds a send back."""
+        return 0
+
+    #: Whether the ranks of a job are separate processes (False for the in-process local channel, whose
+    #: ranks are threads sharing one address space): e.g. shared-memory segments between ranks only pay
+    #: off, and only work as intended, when this is True.
+    spans_processes: bool = True
+
     @abstractmethod
     def close(self, timeout: float) -> None:
         """Flush queued messages (up to ``timeout`` seconds), tell peers this rank leaves cleanly,

@@ -217,8 +217,8 @@ class ServiceLink:
         else:
             if ctx.rank == 0:
                 self._host = _RankZeroHost(self._reply)
-                ctx._register_control(REQUEST_EDGE, self._on_request)
-            ctx._register_control(REPLY_EDGE, self._on_reply)
+                ctx.register_control_handler(REQUEST_EDGE, self._on_request)
+            ctx.register_control_handler(REPLY_EDGE, self._on_reply)
 
     @property
     def coordinator(self) -> str:

@@ -248,3 +248,102 @@ def test_different_operations_on_one_edge_fail_both_ranks():
     for msg in run_local(2, job):
         assert "rank 0 runs Gather" in msg or "rank 1 runs Reduce" in msg
         assert "different operations on one edge" in msg
+
+
+# ------------------------------------------------------------------ channel capabilities, control edges
+def test_every_channel_reports_pending_bytes_and_whether_it_spans_processes():
+    """Capabilities are part of the Channel interface (the core asked ``getattr(channel, "pending_bytes")``
+    and collectives compared ``channel.name`` with "local" before)."""
+    from channels.local import LocalChannel, LocalHub
+    from channels.tcp import TCPChannel
+    from twisternet.channel import Channel
+    from twisternet.config import load_config
+
+    assert Channel.spans_processes is True
+    assert TCPChannel.spans_processes is True
+    assert LocalChannel.spans_processes is False
+    assert TCPChannel.pending_bytes is not Channel.pending_bytes      # TCP queues sends: it counts them
+    hub = LocalHub(2)
+    a, _b = (LocalChannel(hub, r, load_config(env={}, channel="local")) for r in range(2))
+    assert a.pending_bytes(1) == 0      # hands every message over inside send()
+
+
+class _QueueingChannel:
+    """Stands in for a channel that queues sends: ``held[peer]`` bytes still wait inside it."""
+
+    def __init__(self) -> None:
+        self.held = {1: 0}
+        self.sent: list[int] = []
+
+    def pending_bytes(self, peer: int) -> int:
+        return self.held[peer]
+
+    def send(self, peer, edge, parts, token=None) -> bool:
+        self.sent.append(edge)
+        return True
+
+
+class _Coflows:
+    """A scheduler fake: every edge is scheduled (rank >= 0), no pacing."""
+
+    def refresh(self, force: bool = False) -> bool:
+        return False
+
+    def edge_rank(self, edge: int) -> int:
+        return 0
+
+    def pace(self, edge, peer, nbytes) -> float:
+        return 0.0
+
+    def report_sent(self, edge, peer, nbytes) -> None:
+        pass
+
+
+def test_the_coflow_pump_holds_sends_while_the_channel_holds_its_inflight_cap():
+    """The coflow in-flight cap asks the channel interface (``pending_bytes``) for what it holds, so it
+    applies on any channel that implements it (it silently did nothing where the probe found no such
+    attribute)."""
+    from twisternet.config import load_config
+    from twisternet.context.coflow_pump import CoflowPump
+    from twisternet.context.streams import _OutMsg, _OutStream
+    from twisternet.framing import BufferPool
+
+    cfg = load_config(env={}, channel="local", coflow_inflight=1000)
+    ch = _QueueingChannel()
+    s = _OutStream(1, 7, BufferPool(4096, 2))
+    for _ in range(2):
+        s.queue.append(_OutMsg([b"\x01", b"x" * 100], 101, None, None))
+        s.queued_bytes += 101
+    out, ready = {(1, 7): s}, {(1, 7)}
+    pump = CoflowPump(ch, _Coflows(), cfg, out, ready)
+    ch.held[1] = 1000                 # the channel holds the cap already: nothing more goes
+    assert not pump.pump()
+    assert ch.sent == [] and len(s.queue) == 2 and ready == {(1, 7)}
+    ch.held[1] = 999                  # below the cap: the backlog goes
+    assert pump.pump()
+    assert ch.sent == [7, 7] and not s.queue and s.queued_bytes == 0 and ready == set()
+
+
+def test_register_control_handler_takes_only_control_edges_and_gets_earlier_records():
+    from twisternet.channel import CONTROL_EDGE_BASE
+
+    edge = CONTROL_EDGE_BASE + 40     # a reserved edge no core service uses
+
+    def job(ctx):
+        got = []
+        with pytest.raises(TwisternetError):
+            ctx.register_control_handler(5, lambda src, obj: True)        # a user edge
+        with pytest.raises(TwisternetError):
+            ctx.register(edge, lambda src, obj: True)                      # and the other way round
+        go = threading.Event()
+        ctx.register(1, lambda src, obj: go.set() or True)
+        if ctx.rank == 1:
+            ctx.send(0, edge, "early")      # before rank 0 registers its control handler
+            ctx.send(0, 1, "go")
+            return None
+        ctx.wait_until(go.is_set, timeout=20)
+        ctx.register_control_handler(edge, lambda src, obj: got.append((src, obj)) or True)
+        ctx.wait_until(lambda: got, timeout=20)
+        return got
+
+    assert run_local(2, job)[0] == [(1, "early")]

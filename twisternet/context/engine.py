@@ -1,0 +1,193 @@
+"""The progress engine of a Context: who moves bytes and runs handlers, and how threads hand it over.
+
+The engine is ``_chan_lock``: whoever holds it may call the channel (``progress``, ``send``, ``push``).
+Normally the progress thread (``_run``) holds it; a thread blocked in a wait, or sending, takes it
+when it is free and moves the bytes itself (no thread hand-off in the path of a reply), and the
+progress thread keeps out of its way for ``_DRIVER_GRACE`` after (see ``_take_engine``). In manual
+mode the thread that calls ``Context.progress`` (or waits) runs it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .api import Context
+
+log = logging.getLogger(__name__)
+
+#: The progress thread leaves the engine to a caller that drove it within this many seconds.
+_DRIVER_GRACE = 0.001
+#: How long a thread sending a large (zero-copy) message waits for a busy engine before handing over.
+_SEND_LOCK_WAIT = 0.002
+
+
+class ProgressEngine:
+    """Context part: the progress thread, one progress round, and the engine hand-offs (a mixin of
+    :class:`~twisternet.context.api.Context`).
+
+    State (made in ``Context.__init__``): ``_chan_lock`` (the engine), ``_thread``,
+    ``_progress_thread_id``, ``_in_progress`` (per thread: inside a round, record views), ``_driven_at``,
+    ``_sleep_until``, ``_seen``, ``_stop``."""
+
+    def _on_engine_thread(self: Context) -> bool:
+        return threading.get_ident() == self._progress_thread_id or getattr(self._in_progress, "active", False)
+
+    def _kick(self: Context, wait: float = 0.0) -> None:
+        """Get queued messages moving: hand them to the channel in this thread if the engine is free
+        (no thread hand-off), else wake the engine. ``wait``: how long to wait for a busy engine (a
+        thread that must wait for its own large message to leave anyway had better write it itself
+        than hand it over and be woken again)."""
+        if (self._thread is not None and self.channel.can_wait_unlocked
+                and not getattr(self._in_progress, "active", False) and not self._stop
+                and self._chan_lock.acquire(timeout=wait if wait > 0 else -1, blocking=wait > 0)):
+            # Bytes only: handlers are not run here, because the sender may be inside an operation
+            # (holding its lock) and a handler run re-entrantly could overtake its record.
+            self._progress_once(0.0, lock_held=True, deliver=False)
+            with self._lock:
+                # what arrived is delivered by the engine; a partly filled buffer due later needs
+                # the engine awake in time
+                late = bool(self._in_dirty) or (
+                    bool(self._out_partial) and self._sleep_until > min(self._out_partial.values()))
+            if not late:
+                return
+        self.channel.wakeup()
+
+    def _run(self: Context) -> None:
+        self._progress_thread_id = threading.get_ident()
+        unlocked = self.channel.can_wait_unlocked
+        try:
+            while not self._stop:
+                if not unlocked:
+                    if time.monotonic() - self._driven_at < _DRIVER_GRACE:
+                        time.sleep(_DRIVER_GRACE)   # a sender polls its own large message (_drive_send)
+                        continue
+                    self._progress_once(0.05)
+                    continue
+                # Work under the engine lock without waiting, then wait *without* it, so a thread
+                # that sends or waits for an answer can move the bytes itself at once (no hand-off).
+                if time.monotonic() - self._driven_at < _DRIVER_GRACE:
+                    # A caller waiting for an answer drives the engine itself right now: keep out of
+                    # its way (it handles what arrives without a hand-off); take over if it stops.
+                    time.sleep(_DRIVER_GRACE)
+                    continue
+                # One round, then the unlocked wait even if the round did something: the wait returns at
+                # once if more is ready, where a second round would cost as much as the first (and keep
+                # the engine from a thread that wants to send) just to find that nothing is.
+                self._progress_once(0.0)
+                if self._stop:
+                    continue
+                with self._lock:
+                    if self._in_dirty:
+                        continue
+                    timeout = 0.05
+                    if self._out_partial:
+                        timeout = max(0.0, min(timeout, min(self._out_partial.values()) - time.monotonic()))
+                    if self._out_ready and self._coflow_pump is not None:
+                        # scheduled sends wait for pacing tokens or channel room: poll at least this often
+                        timeout = max(0.0, min(timeout, self._coflow_pump.pace_until - time.monotonic(), 0.01))
+                    self._sleep_until = time.monotonic() + timeout
+                try:
+                    self.channel.wait(timeout)
+                finally:
+                    self._sleep_until = float("inf")
+        except BaseException as e:  # noqa: BLE001 - the engine must report, not vanish
+            log.exception("rank %d: progress engine failed", self.rank)
+            with self._lock:
+                if self._failure is None:
+                    self._failure = e
+            self.notify()
+
+    def _progress_once(self: Context, timeout: float, *, lock_held: bool = False, deliver: bool = True) -> bool:
+        if not lock_held:
+            self._chan_lock.acquire()
+        try:
+            self._in_progress.active = True
+            try:
+                self._seen = False
+                did = self._pump()
+                seen = did
+                if self.coflows is not None:
+                    self.coflows.flush_outbox()   # coordinator reports, outside the Context lock
+                if did or self._in_dirty:
+                    timeout = 0.0
+                else:
+                    with self._lock:
+                        if self._out_partial:
+                            timeout = max(0.0, min(timeout, min(self._out_partial.values()) - time.monotonic()))
+                        if self._out_ready and self._coflow_pump is not None:
+                            # scheduled sends wait for pacing tokens or channel room: poll at least this often
+                            timeout = max(0.0, min(timeout, self._coflow_pump.pace_until - time.monotonic(), 0.01))
+                        self._sleep_until = time.monotonic() + timeout
+                did = self.channel.progress(timeout) or did
+                self._sleep_until = float("inf") if timeout > 0 else self._sleep_until
+                if self._pump():
+                    did = seen = True
+                if deliver and self._deliver():
+                    did = seen = True
+                    self.channel.flush_released()   # what the handlers released goes back now
+                seen = seen or self._seen
+            finally:
+                self._in_progress.active = False
+        finally:
+            self._chan_lock.release()
+        # Waiters hear of what they can see: records handled, messages handed to the channel (room in
+        # a stream's queue), sends completed. Not of the channel's own steps (a header read, a credit
+        # frame, one segment of several): over MPI a large message takes about seven such steps, and
+        # waking a waiter for each cost a GIL hand-off apiece.
+        if seen:
+            self.notify()
+        return did
+
+    def _spin_once(self: Context) -> bool:
+        """One non-blocking progress round by this waiting thread, if it may drive the engine now."""
+        if getattr(self._in_progress, "active", False) or not self._chan_lock.acquire(blocking=False):
+            return False
+        if self._stop:
+            self._chan_lock.release()
+            return False
+        self._progress_once(0.0, lock_held=True)
+        self._driven_at = time.monotonic()
+        return True
+
+    def _take_engine(self: Context) -> bool:
+        """Take the engine for this (waiting) thread if it is free. Over MPI the engine thread holds it
+        while it polls, so ask it to step aside (it keeps out while ``_driven_at`` is recent, see
+        ``_run``) and wait briefly: the thread that waits for a record (or for its own large send,
+        ``_drive_send``) then moves it itself, as a blocking ``MPI_Recv``/``MPI_Send`` does, instead
+        of being woken for every record the engine thread handles (a wake-up and a GIL hand-off per
+        message, in the path of the next one)."""
+        if self.channel.can_wait_unlocked:
+            return self._chan_lock.acquire(blocking=False)
+        self._driven_at = time.monotonic()   # the engine thread yields the channel (see _run)
+        if self._chan_lock.acquire(blocking=False):
+            return True
+        self.channel.wakeup()                # the engine stops its current wait early
+        return self._chan_lock.acquire(timeout=_SEND_LOCK_WAIT)
+
+    def _wait_change(self: Context, gen: int, timeout: float) -> None:
+        if timeout <= 0:
+            return
+        if self._thread is None:
+            # manual mode: this thread drives the engine
+            if not self._chan_lock.locked() or not getattr(self._in_progress, "active", False):
+                self._progress_once(min(timeout, 0.01))
+            return
+        # A blocked caller drives the engine itself when it is free, as MPI does: the reply it waits
+        # for is then received, handled and seen in this thread, with no hand-off between threads.
+        if not getattr(self._in_progress, "active", False) and self._take_engine():
+            with self._lock:
+                changed = self._gen != gen
+            if changed or self._stop:
+                self._chan_lock.release()
+                return
+            self._driven_at = time.monotonic() + min(timeout, 0.005)   # driving until then at most
+            self._progress_once(min(timeout, 0.005), lock_held=True)
+            self._driven_at = time.monotonic()
+            return
+        with self._cond:
+            if self._gen == gen:
+                self._cond.wait(timeout)
