@@ -802,11 +802,8 @@ class Master:
             self._start_job()
 
     def _start_job(self) -> None:
-        taken = {c.rank for c in self._joining if c.rank is not None}
-        free = iter(r for r in range(self.world) if r not in taken)
-        for conn in self._joining:
-            if conn.rank is None:
-                conn.rank = next(free)
+        from .topology import number_workers
+        number_workers(self._joining, self.world)   # host-contiguous, deterministic (twisternet.topology)
         ordered = sorted(self._joining, key=lambda c: c.rank)  # type: ignore[arg-type,return-value]
         table = []
         for conn in ordered:
