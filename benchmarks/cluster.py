@@ -205,9 +205,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--plot", metavar="DIR", help="write the charts as PNGs into DIR")
     ap.add_argument("--json")
+    ap.add_argument("--no-mpich", action="store_true", help="leave MPICH out")
+    ap.add_argument("--no-gloo", action="store_true", help="leave torch gloo out")
     a = ap.parse_args(argv)
-    extra = {k: v for k, v in (("hosts", a.hosts), ("ranks_per_host", a.ranks_per_host), ("rate", a.rate),
-                               ("sizes", a.sizes), ("vias", a.vias)) if v}
+    extra: dict[str, Any] = {k: v for k, v in (("hosts", a.hosts), ("ranks_per_host", a.ranks_per_host),
+                                               ("rate", a.rate), ("sizes", a.sizes), ("vias", a.vias)) if v}
+    if a.no_mpich:
+        extra["mpich"] = False
+    if a.no_gloo:
+        extra["gloo"] = False
     opts = SuiteOptions(quick=a.quick, repeat=a.repeat or 3, repeat_given=bool(a.repeat), extra=extra)
     result = report.run_standalone(NAME, run, opts, a.json)
     if a.plot:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from twisternet.errors import ProtocolError, TwisternetError
+from twisternet.errors import MismatchError, ProtocolError, TwisternetError
 from twisternet.topology import Topology, from_channel
 
 from ..edges import AR_DOWN, AR_UP
@@ -43,6 +43,9 @@ log = logging.getLogger(__name__)
 
 #: Record kinds of the hierarchical path (see the module docstring).
 HIER_KINDS = ("U", "W", "R", "D", "S")
+#: The host segment's slots are this many times ``shm_chunk_bytes`` (4 MB by default): every slot is a
+#: round with two waits for the host's other ranks, and on a busy machine each wait costs a time slice.
+HOST_SLOT_FACTOR = 4
 #: Steps of the doubling records that fold the extra leaders of a non-power-of-two H in and out.
 _FOLD_IN, _FOLD_OUT = -1, -2
 
@@ -108,7 +111,10 @@ class HierarchicalPath:
         if len(group) == 1:
             partial: np.ndarray | None = src
         elif local is not None:
-            partial = local.reduce_to_first(value, t)
+            try:
+                partial = local.reduce_to_first(value, t)
+            except MismatchError as e:     # the host's ranks saw it in the headers: tell the other hosts
+                raise self._failed(e, f"in allreduce() call {call}", call) from None
         else:
             partial = self._local_up(src, value, call, t, group)
         # 2. between the leaders
@@ -142,7 +148,8 @@ class HierarchicalPath:
             from .shm import ShmAllReduce, supported
             state: Any = False
             if supported():
-                state = ShmAllReduce.setup(self, call, self.op.shm_chunk_bytes, t, members=group, kind="S")
+                state = ShmAllReduce.setup(self, call, HOST_SLOT_FACTOR * self.op.shm_chunk_bytes, t,
+                                           members=group, kind="S")
                 if state is None:
                     log.info("%s: ranks %s share a host but not memory: local phases go over sockets",
                              self.op.describe(), group)
