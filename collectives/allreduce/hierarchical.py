@@ -107,6 +107,8 @@ class HierarchicalPath:
         how = leader_algorithm(src.nbytes, src.size, len(leaders), op.ring_threshold)
         self._start(call, f"hier/{how}", value)
         local = self._host_shm(call, t, group) if len(group) > 1 else None
+        if how == "ring" and self._multi_ring_ok(src, topo):
+            return self._multi_ring(value, src, call, t, out, topo, local)
         # 1. inside the host, to the leader
         if len(group) == 1:
             partial: np.ndarray | None = src
@@ -141,6 +143,105 @@ class HierarchicalPath:
                 flat_out[...] = res
             return out
         return res.reshape(value.shape)
+
+    # ------------------------------------------------------------------ one ring per local rank
+    def _slot_bytes(self) -> int:
+        return HOST_SLOT_FACTOR * self.op.shm_chunk_bytes
+
+    def _multi_ring_ok(self, src: np.ndarray, topo: Topology) -> bool:
+        """Every host has the same number k > 1 of ranks, and every one of the k rings gets at least one
+        element per host: then local rank j of every host runs ring j on its pieces."""
+        k = len(topo.groups[0])
+        if k < 2 or any(len(g) != k for g in topo.groups):
+            return False
+        from .shm import pieces
+        return all(sum(b - a for a, b in pieces(src.size, src.itemsize, self._slot_bytes(), k, j)) >= topo.nhosts
+                   for j in range(k))
+
+    def _multi_ring(self, value: np.ndarray, src: np.ndarray, call: int, t: float, out: np.ndarray | None,
+                    topo: Topology, local: "ShmAllReduce | None") -> np.ndarray:
+        """Reduce-scatter inside the host (rank j gets piece j of every slot-sized chunk), ring j between
+        the hosts' j-th ranks on those pieces, allgather inside the host: every host link carries
+        2 (H-1)/H of the array, split over k concurrent rings."""
+        me = self.op.rank
+        group = topo.group(me)
+        j = group.index(me)
+        ring = [g[j] for g in topo.groups]
+        if local is not None:
+            try:
+                part = local.reduce_scatter(value, t)
+            except MismatchError as e:
+                raise self._failed(e, f"in allreduce() call {call}", call) from None
+        else:
+            part = self._local_reduce_scatter(src, value, call, t, group)
+        part = self._ring(part, call, t, part, ranks=ring, kind="R")
+        result = np.empty_like(src) if out is None else out.reshape(-1)
+        if local is not None:
+            local.allgather(part, result, t)
+        else:
+            self._local_allgather(part, result, call, t, group)
+        return result.reshape(value.shape) if out is None else out
+
+    def _local_reduce_scatter(self, src: np.ndarray, value: np.ndarray, call: int, t: float,
+                              group: list[int]) -> np.ndarray:
+        """:meth:`ShmAllReduce.reduce_scatter` over local sockets (records ``U``, step 1)."""
+        from .shm import pieces
+        me = self.op.rank
+        k = len(group)
+        j = group.index(me)
+        share = [pieces(src.size, src.itemsize, self._slot_bytes(), k, x) for x in range(k)]
+        desc = describe_value(value)
+        for x, m in enumerate(group):
+            if m == me:
+                continue
+            for c, (a, b) in enumerate(share[x]):
+                rec = ("U", call, 1, c, src[a:b])
+                if c == 0:
+                    rec += ({desc: [me]},)
+                self.send_record(m, AR_UP, rec, t)
+        part = np.concatenate([src[a:b] for a, b in share[j]]) if share[j] else src[:0].copy()
+        groups: dict[str, list[int]] = {desc: [me]}
+        pos = 0
+        for c, (a, b) in enumerate(share[j]):
+            for m in group:
+                if m == me:
+                    continue
+                got = self.take_record(("U", call, 1, c, m), t)
+                if c == 0:
+                    self._check_child(call, groups, "U", m)
+                if not isinstance(got, np.ndarray) or got.size != b - a:
+                    raise self._failed(ProtocolError(f"allreduce() call {call}: rank {m} sent a piece of "
+                                                     f"{getattr(got, 'size', '?')} elements, expected {b - a}"),
+                                       f"in allreduce() call {call}", call)
+                self._combine_into(part, pos, pos + b - a, got.reshape(-1), call)
+            pos += b - a
+        return part
+
+    def _local_allgather(self, part: np.ndarray, result: np.ndarray, call: int, t: float,
+                         group: list[int]) -> None:
+        """:meth:`ShmAllReduce.allgather` over local sockets (records ``W``, step 1)."""
+        from .shm import pieces
+        me = self.op.rank
+        k = len(group)
+        share = [pieces(result.size, result.itemsize, self._slot_bytes(), k, x) for x in range(k)]
+        j = group.index(me)
+        pos = 0
+        for c, (a, b) in enumerate(share[j]):
+            result[a:b] = part[pos:pos + b - a]
+            for m in group:
+                if m != me:
+                    self.send_record(m, AR_DOWN, ("W", call, 1, c, part[pos:pos + b - a]), t)
+            pos += b - a
+        for x, m in enumerate(group):
+            if m == me:
+                continue
+            for c, (a, b) in enumerate(share[x]):
+                got = self.take_record(("W", call, 1, c, m), t)
+                if not isinstance(got, np.ndarray) or got.size != b - a:
+                    raise self._failed(ProtocolError(f"allreduce() call {call}: rank {m} sent a piece of "
+                                                     f"{getattr(got, 'size', '?')} elements, expected {b - a}"),
+                                       f"in allreduce() call {call}", call)
+                result[a:b] = got.reshape(-1)
 
     def _host_shm(self, call: int, t: float, group: list[int]) -> "ShmAllReduce | None":
         """This host's shared-memory segment for the hierarchical path (set up in the first such call)."""

@@ -248,6 +248,78 @@ class ShmAllReduce:
             raise
         return result
 
+    def reduce_scatter(self, value: np.ndarray, t: float) -> np.ndarray:
+        """Reduce ``value`` with every member's; this member gets its pieces of the result (see
+        :func:`pieces`) concatenated. One wait per slot: each member reduces its piece of every chunk
+        from all input slots itself."""
+        self._usable()
+        src = np.ascontiguousarray(value).reshape(-1)
+        seq, stride, me, n = self.seq, self.stride, self.i, self.n
+        ins, _ = self._slot_views(src.dtype)
+        ufunc = self.op.reduction.ufunc
+        mine = pieces(src.size, src.itemsize, self.chunk, n, me)
+        part = np.empty(sum(b - a for a, b in mine), src.dtype)
+        deadline = time.monotonic() + t
+        step = max(1, self.chunk // src.itemsize)
+        try:
+            pos = 0
+            for c, a in enumerate(range(0, src.size, step)):
+                b = min(src.size, a + step)
+                k = self.round + 1
+                par = k & 1
+                ins[par][me][:b - a] = src[a:b]
+                if c == 0:
+                    base = me * stride + _DESC * par
+                    seq[base + _NBYTES] = src.nbytes
+                    seq[base + _DTYPE], seq[base + _SHAPE] = describe(src.dtype, value.shape)
+                seq[me * stride + _IN_SEQ] = k
+                self._await(_IN_SEQ, k, deadline, t, "chunk")
+                if c == 0:
+                    self._check_same(src, value.shape, par)
+                lo, hi = mine[c][0] - a, mine[c][1] - a
+                dst = part[pos:pos + hi - lo]
+                if n == 1:
+                    dst[...] = ins[par][0][lo:hi]
+                else:
+                    ufunc(ins[par][0][lo:hi], ins[par][1][lo:hi], out=dst)
+                    for j in range(2, n):
+                        ufunc(dst, ins[par][j][lo:hi], out=dst)
+                pos += hi - lo
+                self.round = k
+        except BaseException as e:
+            self.failed = e
+            raise
+        return part
+
+    def allgather(self, part: np.ndarray, result: np.ndarray, t: float) -> None:
+        """Every member's ``part`` (its pieces, as :meth:`reduce_scatter` returned them) into every
+        member's ``result`` (flat): per chunk, each writes its piece into the output slot, and once all
+        have, copies the whole chunk out (two waits per slot, like a reduce round)."""
+        self._usable()
+        seq, stride, me, n = self.seq, self.stride, self.i, self.n
+        _, outs = self._slot_views(result.dtype)
+        mine = pieces(result.size, result.itemsize, self.chunk, n, me)
+        deadline = time.monotonic() + t
+        step = max(1, self.chunk // result.itemsize)
+        try:
+            pos = 0
+            for c, a in enumerate(range(0, result.size, step)):
+                b = min(result.size, a + step)
+                k = self.round + 1
+                par = k & 1
+                seq[me * stride + _IN_SEQ] = k
+                self._await(_IN_SEQ, k, deadline, t, "start of a gather round")
+                lo, hi = mine[c][0] - a, mine[c][1] - a
+                outs[par][lo:hi] = part[pos:pos + hi - lo]
+                pos += hi - lo
+                seq[me * stride + _OUT_SEQ] = k
+                self._await(_OUT_SEQ, k, deadline, t, "gathered piece")
+                result[a:b] = outs[par][:b - a]
+                self.round = k
+        except BaseException as e:
+            self.failed = e
+            raise
+
     def broadcast(self, buf: np.ndarray, t: float) -> None:
         """The first member's ``buf`` (flat, C-contiguous) into every member's ``buf``, chunk by chunk
         through the output slots. Every member passes a buffer of the same size and dtype.
@@ -465,6 +537,17 @@ class ShmAllReduce:
         return got
 
 
+def pieces(total: int, itemsize: int, chunk_bytes: int, n: int, i: int) -> list[tuple[int, int]]:
+    """Member ``i`` of ``n``'s share of an array of ``total`` elements cut into ``chunk_bytes`` chunks:
+    per chunk ``[a, b)`` of ``m`` elements, elements ``a + m*i//n .. a + m*(i+1)//n``."""
+    step = max(1, chunk_bytes // itemsize)
+    out = []
+    for a in range(0, total, step):
+        m = min(total, a + step) - a
+        out.append((a + m * i // n, a + m * (i + 1) // n))
+    return out
+
+
 def _create(size: int, n: int) -> shm.Segment:
     """A new segment for ``n`` ranks (twisternet.shm, kind "ar"): its nonce sits after the headers."""
     return shm.create(KIND, size, nonce_at=n * _HDR, nonce_bytes=_NONCE)
@@ -477,4 +560,4 @@ def _attach(path: str, size: int, nonce: bytes, n: int) -> shm.Segment:
     return shm.attach(path, size, nonce, kind=KIND, nonce_at=n * _HDR)
 
 
-__all__ = ["ShmAllReduce", "supported", "DIRECT_BYTES"]
+__all__ = ["ShmAllReduce", "supported", "pieces", "DIRECT_BYTES"]

@@ -132,6 +132,7 @@ HOSTS = {
     4: {0: "a", 1: "a", 2: "b", 3: "b"},
     5: {0: "a", 1: "b", 2: "a", 3: "c", 4: "b"},      # interleaved, a host with one rank, H=3 (folding)
     6: {0: "a", 1: "b", 2: "c", 3: "d", 4: "e", 5: "e"},
+    7: {0: "a", 1: "b", 2: "c", 3: "a", 4: "b", 5: "c"},   # 3 hosts x 2, interleaved: one ring per local rank
 }
 SIZES = [1, 5, 1000, 70_000]
 
@@ -152,22 +153,33 @@ def _allreduce_all(ctx, via: str, reduce: str, dtype: str, sizes: list[int]) -> 
 
 
 def _plan(world: int) -> TaskPlan:
-    plan = TaskPlan(world)
-    plan.set_hosts(HOSTS[world])
+    hosts = HOSTS[world]
+    plan = TaskPlan(len(hosts))
+    plan.set_hosts(hosts)
     return plan
 
 
-@pytest.mark.parametrize("world,reduce,dtype,shm_ok", [
-    (4, "sum", "int64", True), (5, "sum", "int64", True), (6, "max", "float64", True),
-    (5, "sum", "float32", False), (4, "prod", "int64", False)])
-def test_hierarchical_equals_flat(monkeypatch: pytest.MonkeyPatch, world: int, reduce: str, dtype: str,
+@pytest.mark.parametrize("shape,reduce,dtype,shm_ok", [
+    (4, "sum", "int64", True), (5, "sum", "int64", True), (6, "max", "float64", True), (7, "sum", "int64", True),
+    (5, "sum", "float32", False), (7, "sum", "float64", False), (4, "prod", "int64", False)])
+def test_hierarchical_equals_flat(monkeypatch: pytest.MonkeyPatch, shape: int, reduce: str, dtype: str,
                                   shm_ok: bool) -> None:
+    """``shape`` names a host layout of HOSTS; 4 and 7 have equal hosts (one ring per local rank for the
+    large sizes), 5 and 6 do not (the leaders' ring); small sizes go by recursive doubling."""
+    world = len(HOSTS[shape])
     if not shm_ok:
         monkeypatch.setattr(shm_path, "supported", lambda: False)    # local phases over sockets
     elif not shm_path.supported():
         pytest.skip("needs /dev/shm on an x86-64 machine")
     sizes = SIZES if reduce != "prod" else [1, 5, 40]
-    hier = run_local(world, _allreduce_all, "hier", reduce, dtype, sizes, plan=_plan(world), timeout=120)
+    multi = []
+    orig = C.allreduce.RankAllReduce._multi_ring
+
+    def spy(self, *a, **k):
+        multi.append(self.op.rank)
+        return orig(self, *a, **k)
+    monkeypatch.setattr(C.allreduce.RankAllReduce, "_multi_ring", spy)
+    hier = run_local(world, _allreduce_all, "hier", reduce, dtype, sizes, plan=_plan(shape), timeout=120)
     # flat: "auto" without hosts in the plan (one host, the local channel: the ring or the tree by size)
     flat = run_local(world, _allreduce_all, "auto", reduce, dtype, sizes, timeout=120)
     for r in range(world):
@@ -177,6 +189,7 @@ def test_hierarchical_equals_flat(monkeypatch: pytest.MonkeyPatch, world: int, r
                 assert np.array_equal(h, f)
             else:
                 np.testing.assert_allclose(h, f, rtol=1e-5, atol=1e-5)
+    assert sorted(set(multi)) == (list(range(world)) if shape in (4, 7) and reduce != "prod" else [])
     for a, b in itertools.combinations(range(world), 2):      # bit-identical on every rank
         for x, y in zip(hier[a], hier[b]):
             assert np.array_equal(x, y)
