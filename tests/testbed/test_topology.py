@@ -217,3 +217,58 @@ def test_hierarchical_mismatch_raises_on_every_rank(odd_rank: int) -> None:
             op.allreduce(np.ones(n), timeout=30)
         return True
     assert run_local(4, body, plan=_plan(4), timeout=90) == [True] * 4
+
+
+# ---------------------------------------------------------------------- host-aware trees
+from collectives import routing  # noqa: E402
+from collectives.routing import HostTree, KaryTree, tree_for  # noqa: E402
+
+
+@pytest.mark.parametrize("root", [0, 3, 7])
+def test_host_tree_crosses_each_host_link_once(root: int) -> None:
+    topo = Topology({r: f"h{r % 4}" for r in range(12)})       # 4 hosts x 3, interleaved
+    t = HostTree(root, range(12), 2, topo)
+    assert sorted(t.order) == list(range(12)) and t.order[0] == root
+    cross = [(r, t.parent(r)) for r in range(12) if t.parent(r) is not None
+             and topo.host_of[r] != topo.host_of[t.parent(r)]]
+    assert len(cross) == 3                                     # one edge per other host, into the root
+    assert all(p == root for _, p in cross)
+    for r in range(12):                                        # a tree: every rank reaches the root
+        seen, x = set(), r
+        while x is not None:
+            assert x not in seen
+            seen.add(x)
+            x = t.parent(x)
+        assert r in t.subtree(root)
+        assert all(t.parent(c) == r for c in t.children(r))
+        assert t.level(r) == (0 if r == root else t.level(t.parent(r)) + 1)
+    flat = KaryTree(root, range(12), 2)
+    assert sum(topo.host_of[r] != topo.host_of[flat.parent(r)] for r in range(12) if r != root) > 3
+
+
+def test_tree_for_uses_the_plans_hosts_only_when_they_help(monkeypatch: pytest.MonkeyPatch) -> None:
+    ctx = SimpleNamespace(plan=TaskPlan(6), channel=None)
+    assert type(tree_for(ctx, 0, range(6))) is KaryTree              # hosts unknown
+    ctx.plan.set_hosts({r: f"h{r % 2}" for r in range(6)})
+    assert isinstance(tree_for(ctx, 0, range(6)), HostTree)
+    assert type(tree_for(ctx, 0, [0, 1])) is KaryTree                # one rank per host: nothing to gain
+    monkeypatch.setattr(routing, "HOST_TREES", False)
+    assert type(tree_for(ctx, 0, range(6))) is KaryTree
+
+
+@pytest.mark.parametrize("mode", ["batch", "streaming"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_every_operation_over_host_trees(mode: str, seed: int) -> None:
+    """The collectives matrix on the local channel with 3 hosts x 2 (interleaved) in the plan: every
+    reduce/gather/broadcast tree is a HostTree; results as the sequential reference says."""
+    from tests.collectives.reference import check, random_case
+    from tests.collectives.scenarios import OPS, run_op
+    world = 6
+    for op in OPS:
+        for kind in ("numpy", "strings"):
+            p = random_case(world, op, mode, kind, seed)
+            plan = TaskPlan(world, {int(t): r for t, r in p["plan"].items()})
+            plan.set_hosts({r: f"h{r % 3}" for r in range(world)})
+            res = run_local(world, run_op, p, plan=plan, timeout=120)
+            merged = {int(d): items for r in res for d, items in r.items()}
+            check(p, merged)
