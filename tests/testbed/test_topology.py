@@ -272,3 +272,17 @@ def test_every_operation_over_host_trees(mode: str, seed: int) -> None:
             res = run_local(world, run_op, p, plan=plan, timeout=120)
             merged = {int(d): items for r in res for d, items in r.items()}
             check(p, merged)
+
+
+def test_cluster_chart_writes_an_svg_and_a_table() -> None:
+    import xml.etree.ElementTree as ET
+
+    from benchmarks.cluster_chart import markdown, svg_chart
+    series = {"tn auto": [(1024, 40.0), (64 << 20, 900.0)], "MPICH": [(1024, 30.0), (64 << 20, 2000.0)],
+              "bound": [(1024, 0.012), (64 << 20, 805.0)]}
+    root = ET.fromstring(svg_chart("t", series, dashed=["bound"]))
+    lines = [e for e in root.iter() if e.tag.endswith("polyline")]
+    assert len(lines) == 3 and "stroke-dasharray" in lines[2].attrib
+    table = markdown(series).splitlines()
+    assert table[0] == "| size | tn auto | MPICH | bound |" and table[2].startswith("| 1 KB | 40 | 30 |")
+    assert table[3].startswith("| 64 MB | 900 | 2,000 | 805")
