@@ -266,9 +266,10 @@ class RankAllReduce(TreePath, RingPath, HierarchicalPath):
                       ring_threshold=op.ring_threshold, topology=topo,
                       shm_offered=op.via == "auto" and shm_ok and self._auto_shm())
         if algo == "hier":
-            if not shm_ok:
-                raise ConfigError("via", "via='hier' needs a non-empty numpy array of numbers and a named "
-                                         "reduction (sum, prod, max, min)")
+            if not shm_ok:   # told to every rank: the others would wait for this one's records
+                raise self._failed(ConfigError("via", "via='hier' needs a non-empty numpy array of numbers and "
+                                                      "a named reduction (sum, prod, max, min)"),
+                                   f"in allreduce() call {call}", call)
             assert topo is not None
             return self._hier(value, call, t, out, topo)
         if shm_ok and algo == "shm":

@@ -286,3 +286,17 @@ def test_cluster_chart_writes_an_svg_and_a_table() -> None:
     table = markdown(series).splitlines()
     assert table[0] == "| size | tn auto | MPICH | bound |" and table[2].startswith("| 1 KB | 40 | 30 |")
     assert table[3].startswith("| 64 MB | 900 | 2,000 | 805")
+
+
+def test_hier_refuses_a_value_it_cannot_take_on_every_rank() -> None:
+    from twisternet.errors import TwisternetError
+
+    def body(ctx):
+        op = C.AllReduce(ctx, edge=3, op="sum", via="hier")
+        value = [1, 2] if ctx.rank == 3 else np.ones(4)
+        with pytest.raises(TwisternetError) as got:
+            op.allreduce(value, timeout=30)
+        return type(got.value).__name__, str(got.value)
+    res = run_local(4, body, plan=_plan(4), timeout=90)
+    assert res[3][0] == "ConfigError"
+    assert all("via='hier' needs" in msg for _, msg in res), res
