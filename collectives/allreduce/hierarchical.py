@@ -34,6 +34,8 @@ from twisternet.topology import Topology, from_channel
 
 from ..edges import AR_DOWN, AR_UP
 from .mismatch import describe_value, merge_groups, mismatch_error
+from .plumbing import HIER_KINDS  # noqa: F401  (the kinds of the module docstring)
+from .ring import RingPath
 from .select import leader_algorithm
 
 if TYPE_CHECKING:
@@ -41,8 +43,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: Record kinds of the hierarchical path (see the module docstring).
-HIER_KINDS = ("U", "W", "R", "D", "S")
 #: The host segment's slots are this many times ``shm_chunk_bytes`` (4 MB by default): every slot is a
 #: round with two waits for the host's other ranks, and on a busy machine each wait costs a time slice.
 HOST_SLOT_FACTOR = 4
@@ -50,7 +50,7 @@ HOST_SLOT_FACTOR = 4
 _FOLD_IN, _FOLD_OUT = -1, -2
 
 
-class HierarchicalPath:
+class HierarchicalPath(RingPath):
     """Mixin of :class:`~collectives.allreduce.rank.RankAllReduce`: topology and the hierarchical path."""
 
     # ------------------------------------------------------------------ topology
@@ -195,7 +195,7 @@ class HierarchicalPath:
             if m == me:
                 continue
             for c, (a, b) in enumerate(share[x]):
-                rec = ("U", call, 1, c, src[a:b])
+                rec: tuple = ("U", call, 1, c, src[a:b])
                 if c == 0:
                     rec += ({desc: [me]},)
                 self.send_record(m, AR_UP, rec, t)
@@ -267,7 +267,7 @@ class HierarchicalPath:
         desc = describe_value(value)
         if me != leader:
             for c, (a, b) in enumerate(bounds):
-                rec = ("U", call, 0, c, src[a:b])
+                rec: tuple = ("U", call, 0, c, src[a:b])
                 if c == 0:
                     rec += ({desc: [me]},)
                 self.send_record(leader, AR_UP, rec, t)
@@ -343,6 +343,7 @@ class HierarchicalPath:
             if i % 2 == 0:              # folded in: hand the array to the odd neighbour, wait for the result
                 exchange(ranks[i + 1], _FOLD_IN, recv=False)
                 got = exchange(ranks[i + 1], _FOLD_OUT, send=False)
+                assert got is not None
                 acc[...] = got.reshape(-1)
                 return acc
             combine(exchange(ranks[i - 1], _FOLD_IN, send=False))

@@ -8,6 +8,7 @@ import numpy as np
 
 from twisternet.errors import MismatchError
 
+
 def describe_value(value: Any) -> str:
     """What every rank's value of one call must agree on: an array's dtype (with byte order) and shape."""
     if isinstance(value, np.ndarray):

@@ -11,13 +11,19 @@ from typing import Any, Sequence
 import numpy as np
 
 from twisternet.context import SendHandle
-from twisternet.errors import ClosedError, OperationTimeout, ProtocolError, TwisternetError
+from twisternet.errors import (
+    ClosedError,
+    OperationTimeout,
+    ProtocolError,
+    TwisternetError,
+)
 
 from ..edges import RING, channel_edge
 from .mismatch import describe_value, merge_groups, mismatch_error
+from .plumbing import RecordPlumbing
 
 
-class RingPath:
+class RingPath(RecordPlumbing):
     """Mixin of :class:`~collectives.allreduce.rank.RankAllReduce`: the ring algorithm."""
 
     def _ring(self, value: np.ndarray, call: int, t: float, out: np.ndarray | None = None,
@@ -55,7 +61,7 @@ class RingPath:
         ring_edge = channel_edge(op.edge, RING)
 
         def send(step: int, c: int, chunk: np.ndarray) -> None:
-            rec = (kind, call, step, c, chunk)
+            rec: tuple = (kind, call, step, c, chunk)
             if step == 0 and c == 0:
                 rec += ({rc.desc: [op.rank]},)    # the right neighbour compares it with its own
             handles.append(op.ctx.isend(right, ring_edge, rec, timeout=t))

@@ -46,12 +46,18 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from twisternet import shm
-from twisternet.errors import ClosedError, MismatchError, OperationTimeout, PeerLostError, ProtocolError
+from twisternet.errors import (
+    ClosedError,
+    MismatchError,
+    OperationTimeout,
+    PeerLostError,
+    ProtocolError,
+)
 
 from ..edges import AR_DOWN, AR_UP
 
 if TYPE_CHECKING:
-    from .rank import RankAllReduce
+    from .plumbing import RecordPlumbing as RankAllReduce
 
 log = logging.getLogger(__name__)
 
@@ -330,7 +336,7 @@ class ShmAllReduce:
         reading round ``k - 2`` from that slot) and publishes ``out_seq = k``; the others copy the chunk
         out and publish ``in_seq = k``."""
         self._usable()
-        seq, stride, me, n = self.seq, self.stride, self.i, self.n
+        seq, stride, me = self.seq, self.stride, self.i
         deadline = time.monotonic() + t
         try:
             k = self.round + 1

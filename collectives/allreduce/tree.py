@@ -10,9 +10,10 @@ import numpy as np
 from ..edges import AR_DOWN, AR_UP
 from ..reduction import snapshot
 from .mismatch import describe_value
+from .plumbing import RecordPlumbing
 
 
-class TreePath:
+class TreePath(RecordPlumbing):
     """Mixin of :class:`~collectives.allreduce.rank.RankAllReduce`: the tree algorithm."""
 
     def _tree(self, value: Any, call: int, t: float) -> Any:
@@ -28,11 +29,12 @@ class TreePath:
                 for ch in children:
                     got = self._take(("u", call, 0, c, ch), t)
                     if c == 0:
+                        assert groups is not None     # a named reduction: set above
                         self._check_child(call, groups, "u", ch)
                     self._combine_into(flat, a, b, got, call)
                 msg_kind, dsts = ("u", [parent]) if parent is not None else ("w", children)
                 for d in dsts:
-                    rec = (msg_kind, call, 0, c, flat[a:b])
+                    rec: tuple = (msg_kind, call, 0, c, flat[a:b])
                     if c == 0 and parent is not None:
                         rec += (groups,)
                     self._send(d, AR_UP if parent is not None else AR_DOWN, rec, t)
