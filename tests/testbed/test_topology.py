@@ -122,6 +122,8 @@ def test_forced_and_trivial_selection() -> None:
 
 def test_leader_algorithm_by_size() -> None:
     assert leader_algorithm(64 << 20, 16 << 20, 4, 1 << 20) == "ring"
+    assert leader_algorithm(2 << 20, 1 << 19, 4, 1 << 20) == "ring"
+    assert leader_algorithm(1 << 20, 1 << 18, 4, 1 << 20) == "doubling"   # measured: doubling wins at 1 MB
     assert leader_algorithm(1024, 256, 4, 1 << 20) == "doubling"
     assert leader_algorithm(64 << 20, 3, 4, 1 << 20) == "doubling"    # fewer elements than hosts
     assert leader_algorithm(64 << 20, 16 << 20, 1, 1 << 20) == "none"
