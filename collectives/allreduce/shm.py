@@ -522,12 +522,14 @@ class ShmAllReduce:
         late = [self.members[j] for j in (range(1) if only_first else range(self.n))
                 if self.seq[j * self.stride + field] < k]
         lost = op.ctx.lost_peers
-        if any(r in lost for r in late):
+        # a late member lost, or (hierarchical path: a rank on another host) any rank of the operation,
+        # whose loss this member would otherwise learn only when its own leader gives up
+        gone = [r for r in late if r in lost] or [r for r in self.rar.ranks if r in lost]
+        if gone:
             check = getattr(op.ctx, "check_lost", None)
             if check is not None:
                 check()          # names the first rank lost, not one that left in reaction
-            r = next(r for r in late if r in lost)
-            raise PeerLostError(r, lost[r])
+            raise PeerLostError(gone[0], lost[gone[0]])
         if now >= deadline:
             raise OperationTimeout(f"allreduce() through shared memory: no {what} from ranks {late} "
                                    f"(round {k})", edge=op.edge, operation=op.operation, timeout=t)

@@ -302,3 +302,33 @@ def test_hier_refuses_a_value_it_cannot_take_on_every_rank() -> None:
     res = run_local(4, body, plan=_plan(4), timeout=90)
     assert res[3][0] == "ConfigError"
     assert all("via='hier' needs" in msg for _, msg in res), res
+
+
+@pytest.mark.parametrize("dies", [1, 2, 3])   # a non-leader on the other host / a leader / its partner
+def test_a_rank_lost_on_another_host_ends_every_hierarchical_call(dies: int) -> None:
+    """Every surviving rank raises PeerLostError (none waits for its timeout), wherever it waits: in the
+    leaders' exchange, or in its host's shared-memory phase behind a leader that is still alive."""
+    from twisternet.errors import PeerLostError
+
+    import time
+    seen: dict[int, tuple[str, float]] = {}
+
+    def body(ctx):
+        op = C.AllReduce(ctx, edge=3, op="sum", via="hier")
+        if ctx.rank == dies:
+            op.allreduce(np.ones(10), timeout=60)        # set-up done, every path warm
+            raise RuntimeError("this rank dies")
+        t0 = time.monotonic()
+        try:     # the first call may already see the loss (the dying rank did its part of it)
+            op.allreduce(np.ones(10), timeout=60)
+            op.allreduce(np.ones(10), timeout=60)
+            seen[ctx.rank] = ("no error", 0.0)
+        except Exception as e:  # noqa: BLE001 - recorded for the assertion below
+            seen[ctx.rank] = (type(e).__name__, time.monotonic() - t0)
+        return True
+    plan = TaskPlan(4)
+    plan.set_hosts({0: "a", 1: "a", 2: "b", 3: "b"})
+    with pytest.raises(RuntimeError, match="this rank dies"):
+        run_local(4, body, plan=plan, timeout=90)
+    assert sorted(seen) == sorted({0, 1, 2, 3} - {dies})
+    assert all(name == PeerLostError.__name__ and took < 50 for name, took in seen.values()), seen
