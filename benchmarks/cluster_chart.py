@@ -111,14 +111,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("json")
     ap.add_argument("--k", type=int, default=2, help="ranks per host of the runs to draw")
-    ap.add_argument("--peers", help="comma-separated peer names (default: all in the file)")
+    ap.add_argument("--peers", help="peer names separated by ';' (or ',' if no ';'), default: all in the file")
     ap.add_argument("--svg", default="cluster-allreduce.svg")
     ap.add_argument("--md")
     a = ap.parse_args(argv)
     result = json.loads(Path(a.json).read_text())
     if isinstance(result, list):
         result = next(r for r in result if r.get("suite") == "cluster")
-    title, series = series_from(result, a.k, a.peers.split(",") if a.peers else None)
+    peers = a.peers.split(";" if ";" in (a.peers or "") else ",") if a.peers else None
+    title, series = series_from(result, a.k, [p.strip() for p in peers] if peers else None)
     Path(a.svg).parent.mkdir(parents=True, exist_ok=True)
     Path(a.svg).write_text(svg_chart(title, series, dashed=["bound"]))
     table = markdown(series)
