@@ -64,3 +64,15 @@ def test_hierarchical_equals_flat_over_tcp_with_host_contiguous_ranks(testbed: T
 def test_hierarchical_equals_flat_under_mpich(testbed: Testbed) -> None:
     got, why = _run(testbed, "mpi")
     _check(testbed, got, why)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("option,host_of", [({}, lambda r, h, k: r // k),
+                                             ({"interleaved_ranks": True}, lambda r, h, k: r % h)])
+def test_rank_numbering_by_the_master_and_interleaved(testbed: Testbed, option, host_of) -> None:
+    """Without --rank the master numbers host by host; interleaved_ranks reproduces the old alternation."""
+    res = testbed.twisternet_job(SCRIPT.with_name("whoami.py"), timeout=200, **option)
+    assert res.ok, res.describe()
+    got = {d["rank"]: d["host"] for d in json_objects(res.stdout, '{"rank": ')}
+    h, k = testbed.hosts, testbed.ranks_per_host
+    assert got == {r: testbed.hostnames[host_of(r, h, k)] for r in range(h * k)}, got
