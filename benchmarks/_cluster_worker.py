@@ -1,6 +1,7 @@
 """Worker of benchmarks/cluster.py: float32 allreduce timings on one rank of an emulated-cluster job.
 
-    _cluster_worker.py tn VIA SIZES REPS              (twisternet, under `twisternet worker`)
+    _cluster_worker.py tn VIA[@THRESHOLD] SIZES REPS  (twisternet, under `twisternet worker`; THRESHOLD:
+                                                      the operation's ring_threshold in bytes)
     _cluster_worker.py mpi4py SIZES REPS              (MPICH through mpi4py, under mpiexec)
     _cluster_worker.py gloo SIZES REPS RANK WORLD ADDR:PORT   (torch.distributed, gloo backend)
 
@@ -43,8 +44,10 @@ def main() -> None:
         import twisternet as tn
         from collectives import AllReduce
         via, sizes, reps = sys.argv[2], sys.argv[3], sys.argv[4]
+        via, _, threshold = via.partition("@")
+        extra = {"ring_threshold": int(threshold)} if threshold else {}
         with tn.init(timeout=900) as ctx:
-            ar = AllReduce(ctx, edge=1, op="sum", via=via)
+            ar = AllReduce(ctx, edge=1, op="sum", via=via, **extra)
             bar = AllReduce(ctx, edge=2, op="sum", via="tree")
             one = np.ones(1, np.int64)
             rank, world = ctx.rank, ctx.world

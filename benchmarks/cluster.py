@@ -1,6 +1,7 @@
 """float32 allreduce on an emulated cluster (twisternet.testbed): H hosts as network namespaces, every
 host's link shaped to a rate (1 Gbit/s by default), k ranks per host. twisternet over its master/worker
-TCP path with via auto / ring / tree (and the ring with host-contiguous ranks when k > 1) vs MPICH
+TCP path with via auto / ring / tree (ranks numbered host by host by the master; and the flat ring with
+ranks interleaving the hosts when k > 1, as connection order used to number them) vs MPICH
 (mpi4py Allreduce, ofi/tcp netmod over the links) vs torch.distributed gloo (when torch imports) vs
 the bandwidth bound 2(H-1)/H * S/B of an allreduce of S bytes over links of B bytes/s.
 
@@ -120,16 +121,16 @@ def run(opts: SuiteOptions) -> SuiteResult:
         world = hosts * k
         out: dict[str, Callable[[], dict[int, float]]] = {}
 
-        def tn(via: str, contiguous: bool) -> Callable[[], dict[int, float]]:
+        def tn(via: str, interleaved: bool) -> Callable[[], dict[int, float]]:
             def go() -> dict[int, float]:
                 r = tb.twisternet_job(WORKER, ["tn", via, *args], ranks_per_host=k, timeout=900,
-                                      contiguous_ranks=contiguous).check()
+                                      interleaved_ranks=interleaved).check()
                 return slowest(r.stdout, world)
             return go
         for via in vias:
             out[f"tn {via}"] = tn(via, False)
-        if k > 1 and "ring" in vias:
-            out["tn ring, host-contiguous ranks"] = tn("ring", True)
+        if k > 1 and "ring" in vias and opts.get("interleaved", True):
+            out["tn ring, interleaved ranks"] = tn("ring", True)   # what connection order used to give
         if have_mpi:
             out["MPICH"] = lambda: slowest(tb.mpich_job([py, str(WORKER), "mpi4py", *args], ranks_per_host=k,
                                                         netmod=netmod, timeout=900).check().stdout, world)
@@ -192,6 +193,46 @@ def run(opts: SuiteOptions) -> SuiteResult:
     return res
 
 
+WORDCOUNT_WORKER = ROOT / "benchmarks" / "_wordcount_worker.py"
+
+
+def pair_bytes(words: set[str]) -> int:
+    """Bytes of the distinct (word, count) pairs: each word's UTF-8 bytes and an 8-byte count."""
+    return sum(len(w.encode()) + 8 for w in words)
+
+
+def wordcount_links(hosts: int, k: int, rate: str, words: int, repeat: int = 1) -> Table:
+    """Word count of ``words`` Zipf words (KeyedReduce, batch) on ``hosts`` x ``k``: the bytes the hosts'
+    links sent during the reduce with flat trees vs host-aware trees, against the bytes of the distinct
+    (word, count) pairs of each host (what must cross at least once if every key went elsewhere)."""
+    from twisternet.testbed import Testbed
+    rows = []
+    with Testbed(hosts=hosts, ranks_per_host=k, rate=rate) as tb:
+        for rep in range(repeat):
+            for trees in ("flat", "host"):
+                r = tb.twisternet_job(WORDCOUNT_WORKER, [str(words), trees], ranks_per_host=k, timeout=1800).check()
+                dec = json.JSONDecoder()
+                found = [dec.raw_decode(line.split("WC ", 1)[1])[0] for line in r.stdout.splitlines() if "WC " in line]
+                if len(found) != hosts * k or sum(f["words"] for f in found) != words:
+                    raise RuntimeError(f"word count {trees}: wrong rows or total:\n{r.stdout[-2000:]}")
+                by_host: dict[str, list[dict]] = {}
+                for f in found:
+                    by_host.setdefault(f["host"], []).append(f)
+                sent = sum(min(fs, key=lambda f: f["rank"])["tx_bytes"] for fs in by_host.values())
+                distinct = sum(pair_bytes({w for f in fs for w in f["distinct"]}) for fs in by_host.values())
+                remote = distinct * (hosts - 1) / hosts
+                rows.append([trees, rep + 1, sent, distinct, ratio(sent, distinct), ratio(sent, remote),
+                             max(f["seconds"] for f in found)])
+    return Table(f"word count of {words:,} Zipf words on {hosts} hosts x {k}, links {rate}: bytes sent over the "
+                 "host links during the reduce",
+                 ["trees", "run", "bytes sent on links", "distinct pair bytes (sum over hosts)", "sent/distinct",
+                  "sent/(distinct x (H-1)/H)", "seconds (slowest rank)"], rows,
+                 note="bytes sent: sum over hosts of eth0 tx_bytes between two barriers around the reduce, as "
+                      "read inside each host's namespace (TCP/IP headers, acks and the barriers included); "
+                      "distinct pair bytes: per host, the UTF-8 bytes of each distinct word plus 8 for its count. "
+                      "flat: KaryTree per destination over the ranks; host: routing.HostTree")
+
+
 def main(argv: list[str] | None = None) -> int:
     """The standalone script: same as ``python -m benchmarks --suite cluster``, plus ``--plot DIR``."""
     from benchmarks import report
@@ -205,9 +246,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--plot", metavar="DIR", help="write the charts as PNGs into DIR")
     ap.add_argument("--json")
+    ap.add_argument("--no-mpich", action="store_true", help="leave MPICH out")
+    ap.add_argument("--no-gloo", action="store_true", help="leave torch gloo out")
+    ap.add_argument("--wordcount", type=int, metavar="WORDS",
+                    help="instead: word count of WORDS words, bytes on the links with flat vs host trees")
     a = ap.parse_args(argv)
-    extra = {k: v for k, v in (("hosts", a.hosts), ("ranks_per_host", a.ranks_per_host), ("rate", a.rate),
-                               ("sizes", a.sizes), ("vias", a.vias)) if v}
+    if a.wordcount:
+        ks = [int(x) for x in (a.ranks_per_host or "2").split(",")]
+        for k in ks:
+            print(report.render_table(wordcount_links(int(a.hosts or 4), k, a.rate or "1gbit", a.wordcount,
+                                                      a.repeat or 1)))
+        return 0
+    extra: dict[str, Any] = {k: v for k, v in (("hosts", a.hosts), ("ranks_per_host", a.ranks_per_host),
+                                               ("rate", a.rate), ("sizes", a.sizes), ("vias", a.vias)) if v}
+    if a.no_mpich:
+        extra["mpich"] = False
+    if a.no_gloo:
+        extra["gloo"] = False
     opts = SuiteOptions(quick=a.quick, repeat=a.repeat or 3, repeat_given=bool(a.repeat), extra=extra)
     result = report.run_standalone(NAME, run, opts, a.json)
     if a.plot:

@@ -62,8 +62,10 @@ destination and route each record by its key: the default selector is a stable h
 AllReduce/AllGather flow down a k-ary tree; Partition is direct. ``AllReduce.allreduce(array)`` is a
 rank-level one-shot allreduce, chunked and pipelined over the tree, or a reduce-scatter + allgather
 ring for large arrays, or, when all its ranks share a host, through a shared-memory segment
-(``collectives.shm_allreduce``; "auto" picks it for numpy arrays with a named reduction; ``via="auto" |
-"shm" | "tree" | "ring"``; every rank gets bit-identical results), or, with ``via="innet"``, float sums aggregated
+(``collectives.allreduce.shm``; "auto" picks it for numpy arrays with a named reduction; ``via="auto" |
+"shm" | "tree" | "ring" | "hier"``; every rank gets bit-identical results), or, when its ranks span
+several hosts, hierarchically: inside each host, then between one leader per host
+(``collectives.allreduce.hierarchical``, docs/topology.md), or, with ``via="innet"``, float sums aggregated
 in the network by an ATP software switch and parameter server that the operation starts for itself
 (``collectives.innet_allreduce``; exact within the quantization bound of ``innet.quantize``).
 
@@ -78,7 +80,7 @@ local destination has read its results, on ``close()``/``abort()`` (a ``with`` b
 error aborts), and at the latest when the operation is garbage collected.
 """
 
-from .allreduce_algorithms import VIAS
+from .allreduce import VIAS
 from .base import Callback, Mode, Operation
 from .broadcast import Broadcast
 from .edges import EDGE_SPAN, MAX_USER_EDGE, channel_edge

@@ -554,6 +554,34 @@ class Operation:
             return e
         return None
 
+    # ------------------------------------------------------------------ algorithm helpers' contract
+    # What an operation's algorithm helper (e.g. collectives.allreduce.RankAllReduce) may use, and all it
+    # may use, of the operation's state: its lock (the one record handlers run under), whether it is
+    # over, a handler on an edge offset, a failure spread to every rank, and a wake-up of waiters.
+
+    def _state_lock(self) -> "threading.RLock":
+        """The lock record handlers run under: hold it to touch state shared with a handler."""
+        return self._lock
+
+    def _over(self) -> bool:
+        """Failed or closed: a waiter must stop (then :meth:`_raise_if_failed` / ClosedError)."""
+        return self._error is not None or self._closed
+
+    def _add_handler(self, offset: int, fn: Callable[[int, Any], bool]) -> None:
+        """Records on ``offset`` go to ``fn(src, record)`` under the lock; they do not mark the operation
+        active (a rank-level collective's records, not a stream's)."""
+        self._register(offset, fn, activates=False)
+
+    def _fail_everywhere(self, e: BaseException, where: str) -> None:
+        """Fail the operation with ``e`` here and tell the other ranks (call outside the lock)."""
+        with self._lock:
+            self._fail(e, where)
+        self._after()
+
+    def _mark_changed(self) -> None:
+        """State a waiter may look at changed (under the lock): waiters wake after the handler."""
+        self._changed = True
+
     def _raise_if_failed(self) -> None:
         if self._error is not None:
             raise self._error

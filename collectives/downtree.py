@@ -14,7 +14,7 @@ from typing import Any, Iterator
 from .base import Operation
 from .columns import from_columns, to_columns
 from .edges import DOWN
-from .routing import KaryTree
+from .routing import tree_for
 from .spill import SpillStore
 
 
@@ -22,7 +22,7 @@ class DownTreeMixin(Operation):
     """Broadcast-tree plumbing shared by Broadcast, AllReduce and AllGather."""
 
     def _build_down(self, root: int) -> None:
-        tree = KaryTree(root, set(self.destination_ranks) | {root}, self.fanout)
+        tree = tree_for(self.ctx, root, set(self.destination_ranks) | {root}, self.fanout)   # host-aware
         self._down_root = root
         self._down_parent = tree.parent(self.rank) if self.rank in tree else None
         self._down_children = tree.children(self.rank) if self.rank in tree else []

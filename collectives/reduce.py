@@ -213,11 +213,12 @@ class AllReduce(DownTreeMixin, Reduce):
     (MPI style) with chunked/ring algorithms for large arrays: ``via`` picks the algorithm ("auto":
     shared memory for numpy arrays with a named reduction when every rank of the operation can map the
     first rank's segment, i.e. they share a host; otherwise the ring for arrays of at least
-    ``ring_threshold`` bytes with a named reduction, else the tree; "shm", "ring", "tree" and "innet"
-    force one), ``chunk_bytes`` the pipelining unit of ring and tree (4 MB by default: smaller chunks
-    overlap more but pay the per-message cost more often; measured on 2-4 local workers, 4 MB beat 1 MB
+    ``ring_threshold`` bytes with a named reduction, else the tree; when the ranks span several hosts,
+    "hier": inside each host, then between the host leaders, see docs/topology.md; "shm", "ring",
+    "tree", "hier" and "innet" force one), ``chunk_bytes`` the pipelining unit of ring and tree (4 MB
+    by default: smaller chunks overlap more but pay the per-message cost more often; measured on 2-4 local workers, 4 MB beat 1 MB
     by 10-45% at 16-64 MB), ``shm_chunk_bytes`` the size of a shared-memory slot (see
-    :mod:`collectives.shm_allreduce`).
+    :mod:`collectives.allreduce.shm`).
     """
 
     operation = "AllReduce"
@@ -229,7 +230,7 @@ class AllReduce(DownTreeMixin, Reduce):
                  timeout: float | None = None, fanout: int = 2, via: str = "auto",
                  chunk_bytes: int = 4 << 20, ring_threshold: int = 1 << 20,
                  shm_chunk_bytes: int = 1 << 20) -> None:
-        from .allreduce_algorithms import VIAS
+        from .allreduce import VIAS
         if via not in VIAS:
             raise ConfigError("via", f"must be one of {', '.join(VIAS)}, got {via!r}")
         if not isinstance(chunk_bytes, int) or chunk_bytes < 1024:
@@ -258,7 +259,7 @@ class AllReduce(DownTreeMixin, Reduce):
         super()._setup()
         root = self.plan.rank_of(self._root_task())
         self._build_down(root)
-        from .allreduce_algorithms import RankAllReduce
+        from .allreduce import RankAllReduce
         self._rank_allreduce = RankAllReduce(self)
 
     def _root_room(self, node: Node) -> bool:

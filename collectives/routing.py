@@ -3,6 +3,13 @@
 Trees use the heap layout: the root at index 0 and the others in ascending rank order, node ``i`` having
 children ``k*i+1 .. k*i+k``. Keyed operations build one tree per destination (rooted at its rank), so
 different destinations get differently shaped trees and the load spreads.
+
+When the ranks of a tree span several hosts and some host has more than one of them
+(:mod:`twisternet.topology`), :func:`tree_for` builds a :class:`HostTree` instead: the ranks of each
+host form a subtree of their own under one *entry* rank of that host, and only the entries' edges cross
+host links. Up a reduce/gather tree each host's records are then combined (keyed operations: one record
+per key per host) before they cross its link; down a broadcast tree each host's link carries the data
+once.
 """
 
 from __future__ import annotations
@@ -16,6 +23,11 @@ import numpy as np
 from twisternet.errors import ConfigError
 
 from .edges import MAX_LEVELS
+
+#: Whether :func:`tree_for` may build host-aware trees (a switch for benchmarks comparing the two).
+HOST_TREES = True
+#: Fan-out of the level between the hosts' entry ranks (a star up to this many hosts, a tree beyond).
+HOST_FANOUT = 16
 
 Selector = Callable[[Any, Sequence[int]], int]
 KEY_TYPES = ("int", "float", "str", "bytes", "object")
@@ -74,6 +86,89 @@ class KaryTree:
 
     def __repr__(self) -> str:
         return f"KaryTree(root={self.root}, fanout={self.fanout}, order={self.order})"
+
+
+class HostTree(KaryTree):
+    """A tree over ``members`` rooted at ``root`` that crosses each host link once per host.
+
+    The root's host: a fanout-``fanout`` KaryTree of its ranks under the root. Every other host: a
+    KaryTree of its ranks under its entry rank (``group[root % len(group)]``, so different roots use
+    different entries), and the entries hang under the root in a KaryTree of fanout
+    ``max(fanout, HOST_FANOUT)``. Same interface as KaryTree; every rank builds the same tree from the
+    same topology.
+    """
+
+    def __init__(self, root: int, members: Iterable[int], fanout: int, topology: Any) -> None:
+        if not isinstance(fanout, int) or fanout < 1:
+            raise ConfigError("fanout", f"must be an int >= 1, got {fanout!r}")
+        members = set(members) | {root}
+        groups = [[r for r in g if r in members] for g in topology.groups]
+        groups = [g for g in groups if g]
+        self.root, self.fanout = root, fanout
+        self._parent: dict[int, int | None] = {root: None}
+        self._children: dict[int, list[int]] = {r: [] for r in members}
+
+        def hang(top: int, group: list[int], k: int) -> None:
+            sub = KaryTree(top, group, k)
+            for r in sub.order[1:]:
+                p = sub.parent(r)
+                assert p is not None
+                self._parent[r] = p
+                self._children[p].append(r)
+        home = next(g for g in groups if root in g)
+        hang(root, home, fanout)
+        entries = []
+        for g in groups:
+            if g is home:
+                continue
+            e = g[root % len(g)]
+            entries.append(e)
+            hang(e, g, fanout)
+        hang(root, [root] + entries, max(fanout, HOST_FANOUT))
+        for r in self._children:
+            self._children[r].sort()
+        self.order: list[int] = [root]
+        self._depth = {root: 0}
+        for r in self.order:                      # breadth first
+            for c in self._children[r]:
+                self._depth[c] = self._depth[r] + 1
+                self.order.append(c)
+        self._index = {r: i for i, r in enumerate(self.order)}
+        self.depth = max(self._depth.values())
+        if self.depth > MAX_LEVELS:
+            raise ConfigError("fanout", f"a host tree over {len(self.order)} ranks is {self.depth} levels deep "
+                                        f"(max {MAX_LEVELS}); use a larger fanout")
+
+    def parent(self, rank: int) -> int | None:
+        return self._parent[rank]
+
+    def children(self, rank: int) -> list[int]:
+        return list(self._children[rank])
+
+    def __repr__(self) -> str:
+        return f"HostTree(root={self.root}, parent={self._parent})"
+
+
+def tree_for(ctx: Any, root: int, members: Iterable[int], fanout: int = 2) -> KaryTree:
+    """The tree an operation of ``ctx`` uses over ``members`` rooted at ``root``: a :class:`HostTree`
+    when the task plan knows every rank's host (from the TCP bootstrap table, or an earlier exchange)
+    and the members span several hosts with more than one member on some host; else a KaryTree."""
+    members = set(members) | {root}
+    plan = getattr(ctx, "plan", None)
+    topo = None
+    if HOST_TREES and plan is not None and len(members) > 2:
+        topo = plan.topology()
+        if topo is None:
+            from twisternet.topology import from_channel
+            hosts = from_channel(getattr(ctx, "channel", None))
+            if hosts is not None:
+                plan.set_hosts(hosts)
+                topo = plan.topology()
+    if topo is not None:
+        sub = topo.restrict(members)
+        if 1 < sub.nhosts < len(members):
+            return HostTree(root, members, fanout, sub)
+    return KaryTree(root, members, fanout)
 
 
 def check_key_type(key_type: object) -> str:

@@ -16,7 +16,7 @@ from typing import Any
 
 from .base import Operation
 from .edges import UP_BASE
-from .routing import KaryTree
+from .routing import KaryTree, tree_for
 
 
 class Node:
@@ -53,7 +53,7 @@ class UpTreeOperation(Operation):
         self._nodes = {}
         depth = 0
         for tid, root in roots.items():
-            tree = KaryTree(root, members | {root}, self.fanout)
+            tree = tree_for(self.ctx, root, members | {root}, self.fanout)   # host-aware when known
             depth = max(depth, tree.depth)
             if self.rank in tree:
                 node = Node(tid, tree, self.rank)

@@ -1,10 +1,13 @@
-"""Task plan: which worker process (rank) runs each logical task of a dataflow graph."""
+"""Task plan: which worker process (rank) runs each logical task of a dataflow graph, and which ranks
+share a host (:class:`twisternet.topology.Topology`, learnt from the bootstrap or by the first operation
+that needs it)."""
 
 from __future__ import annotations
 
 from typing import Iterable, Mapping
 
 from .errors import ConfigError
+from .topology import Topology
 
 
 class TaskPlan:
@@ -30,6 +33,31 @@ class TaskPlan:
         self._tasks_of: dict[int, list[int]] = {r: [] for r in range(world)}
         for task in sorted(self._rank_of):
             self._tasks_of[self._rank_of[task]].append(task)
+        self._hosts: dict[int, str] = {}
+
+    # ------------------------------------------------------------------ hosts
+    def set_hosts(self, hosts: Mapping[int, str]) -> None:
+        """Record the host id of ranks (``rank -> host id``, see :mod:`twisternet.topology`); a rank's
+        host never changes, so a second, different id for it is a ConfigError."""
+        for r, h in hosts.items():
+            if not isinstance(r, int) or not 0 <= r < self.world:
+                raise ConfigError("plan", f"host of rank {r!r}, outside [0, {self.world})")
+            old = self._hosts.get(r)
+            if old is not None and old != h:
+                raise ConfigError("plan", f"rank {r} was on host {old!r}, now said to be on {h!r}")
+            self._hosts[r] = str(h)
+
+    def topology(self, ranks: Iterable[int] | None = None) -> Topology | None:
+        """Which of ``ranks`` (default: all) share a host; None while some rank's host is unknown."""
+        want = range(self.world) if ranks is None else ranks
+        try:
+            return Topology({r: self._hosts[r] for r in want})
+        except KeyError:
+            return None
+
+    def host_of(self, rank: int) -> str | None:
+        """The host id of ``rank``, if known."""
+        return self._hosts.get(rank)
 
     @classmethod
     def round_robin(cls, world: int, ntasks: int) -> "TaskPlan":

@@ -141,7 +141,7 @@ def test_ranks_that_cannot_map_the_segment_fall_back(monkeypatch: pytest.MonkeyP
     assert run_local(3, explicit, timeout=60) == [True] * 3
 
     # "auto" (allowed here on the local channel for the test) falls back to the ring/tree and stays there
-    monkeypatch.setattr(C.allreduce_algorithms.RankAllReduce, "_auto_shm",
+    monkeypatch.setattr(C.allreduce.RankAllReduce, "_auto_shm",
                         lambda self: self.shm is not None or not self.shm_tried)
     params = {"calls": CALLS[:5], "reduce": "sum", "via": "auto"}
     res = run_local(3, run_shm_allreduce, params, timeout=100)

@@ -84,11 +84,8 @@ class Roster(Generic[C]):
 
     def assign(self) -> tuple[list[C], list[dict], list[str]]:
         """Give every joined worker a rank: ``(workers by rank, address table, place of each rank)``."""
-        taken = {c.rank for c in self.joining if c.rank is not None}
-        free = iter(r for r in range(self.world) if r not in taken)
-        for conn in self.joining:
-            if conn.rank is None:
-                conn.rank = next(free)
+        from ..topology import number_workers
+        number_workers(self.joining, self.world)   # host-contiguous, deterministic (twisternet.topology)
         ordered = sorted(self.joining, key=lambda c: c.rank)  # type: ignore[arg-type,return-value]
         table = []
         for conn in ordered:

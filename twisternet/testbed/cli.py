@@ -54,7 +54,10 @@ def _parser() -> argparse.ArgumentParser:
     job.add_argument("--mpi", action="store_true", help="launch with MPICH's mpiexec across the hosts")
     job.add_argument("--netmod", choices=["ofi", "ucx"], default="ofi", help="MPICH network module (default ofi)")
     job.add_argument("--contiguous-ranks", action="store_true",
-                     help="twisternet jobs: host h gets ranks h*k..h*k+k-1 (default: connection order)")
+                     help="twisternet jobs: the workers of host h request ranks h*k..h*k+k-1 (the master "
+                          "numbers them so anyway)")
+    job.add_argument("--interleaved-ranks", action="store_true",
+                     help="twisternet jobs: local worker j of host h requests rank j*H+h (ranks alternate hosts)")
     job.add_argument("--timeout", type=float, default=600.0, help="seconds before the job is killed (default 600)")
     job.add_argument("script")
     job.add_argument("args", nargs=argparse.REMAINDER)
@@ -88,7 +91,8 @@ def _job(ns: argparse.Namespace) -> int:
                                timeout=ns.timeout)
         else:
             res = tb.twisternet_job(ns.script, ns.args, ranks_per_host=k, timeout=ns.timeout,
-                                    contiguous_ranks=ns.contiguous_ranks)
+                                    contiguous_ranks=ns.contiguous_ranks,
+                                    interleaved_ranks=ns.interleaved_ranks)
         for p in res.procs:
             for stream, text in ((sys.stdout, p.stdout), (sys.stderr, p.stderr)):
                 for line in text.splitlines():

@@ -602,13 +602,17 @@ class Testbed:
     def start_twisternet_job(self, script: str | os.PathLike[str], args: Sequence[str] = (), *,
                              ranks_per_host: int | None = None, env: Mapping[str, str] | None = None,
                              master_host: int = 0, contiguous_ranks: bool = False,
+                             interleaved_ranks: bool = False,
                              token: str | None = None, worker_tokens: Mapping[int, str] | None = None,
                              master_address: str | None = None, python: str | None = None) -> Job:
         """``twisternet master`` on ``master_host`` and k ``twisternet worker`` processes per host.
 
-        Ranks go by connection order (what a user gets) unless ``contiguous_ranks`` (host h's workers
-        request ranks h*k..h*k+k-1). ``worker_tokens`` ({worker index: token}) and ``master_address`` are
-        for tests of bad input (a wrong token, an unreachable master).
+        The master numbers the ranks (host-contiguous, see twisternet.topology: what a user gets), unless
+        ``contiguous_ranks`` (host h's workers request ranks h*k..h*k+k-1 themselves) or
+        ``interleaved_ranks`` (local worker j of host h requests rank j*H + h: consecutive ranks on
+        different hosts, the numbering by connection order the master used to give). ``worker_tokens``
+        ({worker index: token}) and ``master_address`` are for tests of bad input (a wrong token, an
+        unreachable master).
         """
         py = python or sys.executable
         k = ranks_per_host or self.ranks_per_host
@@ -636,6 +640,8 @@ class Testbed:
                         "--world", str(world)]
                 if contiguous_ranks:
                     argv += ["--rank", str(n)]
+                elif interleaved_ranks:
+                    argv += ["--rank", str((n % k) * self.hosts + n // k)]
                 workers.append(_Collector(self.popen(host, [*argv, str(script), *args], env=job_env, cwd=REPO),
                                           host, "worker", n % k))
         except BaseException:
