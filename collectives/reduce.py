@@ -9,7 +9,7 @@ import numpy as np
 
 from twisternet.errors import ConfigError
 
-from .base import Callback, Mode
+from .base import Callback, Mode, pick_alias
 from .downtree import DownTreeMixin
 from .reduction import ReduceFn, Reduction, own, snapshot
 from .uptree import Node, UpTreeOperation
@@ -55,7 +55,11 @@ class Reduce(UpTreeOperation):
                  destinations: int | Iterable[int] | None = None, edge: int | None = None, *,
                  op: str | ReduceFn | None = None, reduce: str | ReduceFn | None = None,
                  mode: Mode = "batch", callback: Callback | None = None, limit: int | None = None,
-                 timeout: float | None = None, fanout: int = 2) -> None:
+                 timeout: float | None = None, fanout: int = 2, destination: int | None = None,
+                 root: int | None = None, dst: int | None = None) -> None:
+        # destination=/root=/dst= name the one destination task (as MPI's root and torch's dst do)
+        destinations = pick_alias(type(self).__name__, "destinations", {
+            "destinations": destinations, "destination": destination, "root": root, "dst": dst})
         self.reduction = Reduction(_pick_op(op, reduce))
         if destinations is None and type(self) is Reduce:
             destinations = [ctx.plan.tasks[0]]
@@ -123,6 +127,10 @@ class Reduce(UpTreeOperation):
         return self._send(task, value, False, None)
 
     def _send(self, task: int, value: Any, block: bool, timeout: float | None) -> bool:
+        if self.reduction.average:
+            raise ConfigError("op", f"{self.operation}(op={self.reduction.name!r}): send() does not count the values "
+                                    "it combines, so it cannot average; use op='avg' with the rank-level "
+                                    "allreduce() or tn.all_reduce/tn.reduce, or send sums and divide")
         node = self._node()
         if self.mode == "batch":
             return self._input(task, lambda: True, lambda: self._acc(node.state, value, copy=snapshot),
@@ -265,4 +273,11 @@ class AllReduce(DownTreeMixin, Reduce):
         ``out`` (numpy arrays only): a C-contiguous array of the value's shape and dtype that receives the
         result and is returned; it may be ``value`` itself (in place, as torch.distributed does), which
         saves allocating (and faulting in) a fresh result array on every call."""
-        return self._rank_allreduce.run(value, timeout, out)
+        result = self._rank_allreduce.run(value, timeout, out)
+        n = len(self._rank_allreduce.ranks)
+        if self.reduction.average and n > 1:   # "avg": the sum of one value per rank, divided once
+            result = self.reduction.finalize(result, n)
+            if out is not None and result is not out:
+                out[...] = result
+                return out
+        return result
