@@ -149,6 +149,22 @@ def _out_view(out: Any, shape: tuple, dtype: Any, what: str) -> np.ndarray:
     return arr
 
 
+def _bad(what: str, e: BaseException) -> BaseException:
+    """``e`` (an invalid input) with the call named in its message, same type when it can be rebuilt."""
+    try:
+        err = type(e)(f"{what}: {e}")
+    except Exception:  # noqa: BLE001 - an exception type with another signature: keep it as it is
+        return e
+    err.__cause__ = e
+    return err
+
+
+def _same_memory(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two arrays are views of exactly the same memory (same start, shape, strides, dtype)."""
+    return (a.__array_interface__["data"][0] == b.__array_interface__["data"][0] and a.shape == b.shape
+            and a.strides == b.strides and a.dtype == b.dtype)
+
+
 def _fail_everywhere(op: Any, err: BaseException, where: str) -> None:
     """Fail ``op`` with this rank's ``err``: the other ranks of the operation raise too (RemoteError)."""
     with op._lock:
@@ -192,8 +208,10 @@ def all_reduce(x: Any, op: str = "sum", *, out: Any = None, async_op: bool = Fal
             if not isinstance(value, np.ndarray):
                 raise TypeError(f"{what}: out= needs an array value, got {type(x).__qualname__}")
             target = _out_view(out, value.shape, value.dtype, what)
+            if target is not value and _same_memory(target, value):
+                value = target      # in place: out is (a view of) x itself, e.g. a tensor's
     except Exception as e:  # noqa: BLE001 - a bad input fails the call on every rank
-        bad = e
+        bad = _bad(what, e)
     from collectives.handles import engine
     eng = engine(ctx)
     n = len(st.ranks)
@@ -306,7 +324,7 @@ def broadcast(x: Any = None, src: int = 0, *, out: Any = None, async_op: bool = 
         try:
             value = _as_value(x)
         except Exception as e:  # noqa: BLE001
-            bad = e
+            bad = _bad(what, e)
 
     def result(op: Any) -> Any:
         vals = list(op.results())
@@ -346,7 +364,7 @@ def reduce(x: Any, dst: int = 0, op: str = "sum", *, out: Any = None, async_op: 
     try:
         value = _as_value(x)
     except Exception as e:  # noqa: BLE001
-        bad = e
+        bad = _bad(what, e)
 
     def result(rop: Any) -> Any:
         if ctx.rank != dst:
@@ -379,7 +397,7 @@ def all_gather(obj: Any, *, async_op: bool = False, timeout: float | None = None
     try:
         value = _as_value(obj)
     except Exception as e:  # noqa: BLE001
-        bad = e
+        bad = _bad(what, e)
     return _dataflow(ctx, st, what,
                      lambda e: AllGather(ctx, sources=st.tasks(), edge=e, timeout=timeout),
                      lambda op: (op.send(me, value), op.finish(me)),
@@ -400,7 +418,7 @@ def gather(obj: Any, dst: int = 0, *, async_op: bool = False, timeout: float | N
     try:
         value = _as_value(obj)
     except Exception as e:  # noqa: BLE001
-        bad = e
+        bad = _bad(what, e)
     return _dataflow(ctx, st, what,
                      lambda e: Gather(ctx, sources=st.tasks(), dst=root, edge=e, timeout=timeout),
                      lambda op: (op.send(me, value), op.finish(me)),
