@@ -40,8 +40,10 @@ from twisternet.errors import ConfigError, OperationTimeout, TwisternetError
 log = logging.getLogger(__name__)
 
 BACKEND_NAME = "twisternet"
-#: Environment variable choosing the allreduce algorithm of every group ("auto", "shm", "ring", "tree", "innet").
-VIA_ENV = "TWISTERNET_TORCH_VIA"
+#: Environment variable choosing the allreduce algorithm of every group ("auto", "shm", "ring", "tree",
+#: "innet"); not a TWISTERNET_ variable, which would be read as a configuration key.
+VIA_ENV = "TORCH_TWISTERNET_VIA"
+_default_via: str | None = None
 
 
 class TorchBackendError(TwisternetError, RuntimeError):
@@ -567,7 +569,7 @@ def _via(backend_options: Any) -> str:
         via = backend_options.get("via")
     elif backend_options is not None:
         via = getattr(backend_options, "via", None)
-    via = via or os.environ.get(VIA_ENV) or "auto"
+    via = via or _default_via or os.environ.get(VIA_ENV) or "auto"
     from collectives.allreduce_algorithms import VIAS
     if via not in VIAS:
         raise ConfigError("via", f"the twisternet backend's via must be one of {', '.join(VIAS)}, got {via!r}")
@@ -617,9 +619,9 @@ def init_process_group(backend: str = BACKEND_NAME, *, via: str | None = None, t
     with torch's env:// variables set) it is the plain call; under ``twisternet run`` or mpiexec the
     Context comes first and rank 0 hosts torch's TCPStore on a free port it tells the others. Returns
     the Context. ``via`` sets the allreduce algorithm of the twisternet backend."""
+    global _default_via
     if via is not None:
-        os.environ[VIA_ENV] = via
-        _via({"via": via})
+        _default_via = _via({"via": via})
     td = timedelta(seconds=timeout) if timeout is not None else None
     if td is not None:
         kwargs.setdefault("timeout", td)

@@ -11,21 +11,21 @@ Buckets are averaged in place ("avg": the sum over ranks divided by their number
 hook), non-blocking: the returned future completes on the Context's collective stream.
 """
 
-from __future__ import annotations
-
+# no ``from __future__ import annotations``: DDP checks the hook's annotations as objects
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from twisternet import functional as F
 
 
-def allreduce_hook(state: Any, bucket: Any) -> torch.futures.Future:
+def allreduce_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP ``register_comm_hook`` hook: average ``bucket.buffer()`` over the ranks, in place."""
     opts = state if isinstance(state, dict) else {}
     ctx = F.current_context(opts.get("ctx"))
     buf = bucket.buffer()
-    fut: torch.futures.Future = torch.futures.Future()
+    fut: "torch.futures.Future[torch.Tensor]" = torch.futures.Future()
     h = F.all_reduce(buf, "avg", out=buf, async_op=True, via=opts.get("via", "auto"), ctx=ctx)
 
     def done(f: Any) -> None:
