@@ -232,9 +232,12 @@ def all_reduce(x: Any, op: str = "sum", *, out: Any = None, async_op: bool = Fal
             if target is not None and res is not target:
                 target[...] = res
                 res = target
-        except BaseException:
-            if arop._error is not None:
-                _forget(st, arop)
+        except BaseException as e:
+            # the operation (or its shared-memory state) may be unusable now: every rank drops it, and
+            # the next call starts another on a fresh edge
+            if arop._error is None and isinstance(e, Exception):
+                _fail_everywhere(arop, e, f"in {what}")
+            _forget(st, arop)
             raise
         if out is not None:
             return out

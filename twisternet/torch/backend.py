@@ -188,8 +188,9 @@ def _op_name(op: Any, what: str) -> str:
     for name, ours in _REDUCE_OPS.items():
         if op == getattr(dist.ReduceOp, name):
             return ours
-    raise TorchBackendError(f"twisternet backend: {what} does not support {op!r}; use SUM, AVG, MIN, MAX "
-                            "or PRODUCT")
+    name = str(getattr(op, "op", op)).rsplit(".", 1)[-1]
+    raise TorchBackendError(f"twisternet backend: {what} does not support ReduceOp.{name}; use SUM, AVG, MIN, "
+                            "MAX or PRODUCT")
 
 
 def _check_tensor(t: Any, what: str) -> None:
