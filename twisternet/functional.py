@@ -151,6 +151,8 @@ def _out_view(out: Any, shape: tuple, dtype: Any, what: str) -> np.ndarray:
 
 def _bad(what: str, e: BaseException) -> BaseException:
     """``e`` (an invalid input) with the call named in its message, same type when it can be rebuilt."""
+    if str(e).startswith(what):
+        return e
     try:
         err = type(e)(f"{what}: {e}")
     except Exception:  # noqa: BLE001 - an exception type with another signature: keep it as it is
@@ -281,7 +283,13 @@ def _dataflow(ctx: Any, st: _State, what: str, make: Callable[[int], Any], contr
     the operation's completion path (see ``Operation.when_settled``), the operation closes after."""
     from collectives.handles import engine
     op = make(st.edge())
-    handle = _handle(ctx, what, timeout, cleanup=op.close)
+
+    def cleanup() -> None:     # a failed operation has nothing left to pass on: stop at once
+        if op._error is not None:
+            op.abort()
+        else:
+            op.close()
+    handle = _handle(ctx, what, timeout, cleanup=cleanup)
     if bad is not None:
         _fail_everywhere(op, bad, f"in {what}: invalid input")
         handle.fail(bad)
@@ -301,7 +309,8 @@ def _dataflow(ctx: Any, st: _State, what: str, make: Callable[[int], Any], contr
     try:
         contribute(op)
     except BaseException as e:
-        if op._error is None and not isinstance(e, TwisternetError):
+        if op._error is None and isinstance(e, Exception):   # e.g. a value the codec refuses
+            e = _bad(what, e)
             _fail_everywhere(op, e, f"in {what}")
         handle.fail(e)
         handle.release()
