@@ -11,6 +11,8 @@ import sys
 import numpy as np
 import pytest
 
+pytest.importorskip("torch", reason="torch is not installed (pip install 'twisternet[torch]')")
+
 from tests.jobs import ROOT, job_env, lines, run_mpi, run_tcp
 
 SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
