@@ -117,6 +117,7 @@ class AsyncEngine:
         self._pending: "weakref.WeakSet[Handle]" = weakref.WeakSet()
         self._cond = threading.Condition()
         self._stop = False
+        self._busy = False      # a call is running (on the stream thread, or inline on a caller's)
         self._thread = threading.Thread(target=self._loop, name=f"twisternet-stream-{ctx.rank}", daemon=True)
         self._thread.start()
 
@@ -129,6 +130,27 @@ class AsyncEngine:
             self._pending.add(handle)
             self._cond.notify_all()
         return handle
+
+    def run(self, handle: Handle, call: Callable[[], Any]) -> Any:
+        """A blocking call: on this thread when the stream is idle (no hand-over to the stream thread,
+        which costs a GIL switch), else queued behind the calls before it and waited for. Either way
+        it keeps its place in the order. Returns the result or raises the error."""
+        with self._cond:
+            inline = not self._queue and not self._busy and not self._stop
+            if inline:
+                self._busy = True
+        if not inline:
+            self.submit(handle, call)
+            return handle.wait()
+        try:
+            handle.complete(call())
+        except BaseException as e:  # noqa: BLE001 - raised below, as wait() would
+            handle.fail(e)
+        finally:
+            with self._cond:
+                self._busy = False
+                self._cond.notify_all()
+        return handle.wait()
 
     def watch(self, handle: Handle) -> Handle:
         """Fail ``handle`` if a peer is lost or its deadline passes before something completes it."""
@@ -145,23 +167,25 @@ class AsyncEngine:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._queue and not self._stop:
+                while (not self._queue or self._busy) and not self._stop:
                     self._cond.wait(0.2)
                     self._sweep()
-                if self._stop and not self._queue:
-                    queued: list[tuple[Handle, Callable[[], Any]]] = []
-                elif self._queue:
-                    queued = [self._queue.popleft()]
+                if self._queue and not self._busy:
+                    queued: list[tuple[Handle, Callable[[], Any]]] = [self._queue.popleft()]
+                    self._busy = True
                 else:
                     queued = []
                 stopping = self._stop
             for handle, call in queued:
-                if handle.is_completed():     # failed early (lost peer, deadline): do not start it
-                    continue
                 try:
-                    handle.complete(call())
+                    if not handle.is_completed():     # failed early (lost peer, deadline): do not start it
+                        handle.complete(call())
                 except BaseException as e:  # noqa: BLE001 - the error belongs to the caller of wait()
                     handle.fail(e)
+                finally:
+                    with self._cond:
+                        self._busy = False
+                        self._cond.notify_all()
             if stopping and not queued:
                 self._fail_all(TwisternetError("the Context was closed before the call completed"))
                 return

@@ -244,8 +244,9 @@ def all_reduce(x: Any, op: str = "sum", *, out: Any = None, async_op: bool = Fal
         if out is not None:
             return out
         return _wrap_like(x, res)
-    eng.submit(handle, call)
-    return _finish(handle, async_op)
+    if async_op:
+        return eng.submit(handle, call)
+    return eng.run(handle, call)
 
 
 def _allreduce_op(st: _State, op: Any, via: str, timeout: float | None) -> tuple[Any, bool]:
@@ -442,8 +443,19 @@ def barrier(*, async_op: bool = False, timeout: float | None = None, ctx: Any = 
     """Return once every rank called it (a handle that completes then, with ``async_op``)."""
     ctx = current_context(ctx)
     st = _state_of or _state(ctx)
-    from collectives import AllGather
-    me = st.task_of.get(ctx.rank)
-    return _dataflow(ctx, st, f"barrier() on rank {ctx.rank}",
-                     lambda e: AllGather(ctx, sources=st.tasks(), edge=e, timeout=timeout),
-                     lambda op: (op.send(me, None), op.finish(me)), lambda op: None, async_op, timeout)
+    # an allreduce of one small number on the cached operation: no operation to set up per call
+    if not async_op:
+        all_reduce(0, "max", via="tree", timeout=timeout, ctx=ctx, _state_of=st)
+        return None
+    h = all_reduce(0, "max", async_op=True, via="tree", timeout=timeout, ctx=ctx, _state_of=st)
+    from collectives.handles import Handle
+    done = Handle(ctx, f"barrier() on rank {ctx.rank}", timeout=timeout)
+
+    def settled(f: Any) -> None:
+        err = f.exception()
+        if err is not None:
+            done.fail(err)
+        else:
+            done.complete(None)
+    h.get_future().add_done_callback(settled)
+    return _finish(done, async_op)
