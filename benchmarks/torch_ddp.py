@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
                         repeat_given=True)
     from benchmarks import report
     r = report.run_standalone(NAME, run, opts, a.json)
-    return 0 if r.ok() else 1
+    return 0 if r.ok else 1
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ def _ops_ok(proc: subprocess.CompletedProcess, world: int) -> None:
     assert proc.returncode == 0, out[-4000:]
     assert not lines(proc, "BAD"), out[-4000:]
     oks = lines(proc, "OK")
-    assert len(oks) == 18 * world, out[-4000:]
+    assert len(oks) == 19 * world, out[-4000:]
     assert len(lines(proc, "DONE")) == world
     meta = lines(proc, "ERR meta")
     assert len(meta) == world, out[-4000:]

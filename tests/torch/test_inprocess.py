@@ -82,10 +82,10 @@ def test_one_process_group_and_ddp(monkeypatch) -> None:
     ctx = tn.init(channel="local")
     try:
         dist.init_process_group("twisternet", store=dist.HashStore(), rank=0, world_size=1,
-                                timeout=timedelta(seconds=60))
+                                timeout=timedelta(seconds=60), pg_options={"via": "tree"})
         try:
             pg = dist.distributed_c10d._get_default_group()
-            assert isinstance(pg, tt.ProcessGroupTwisternet) and pg.ctx is ctx
+            assert isinstance(pg, tt.ProcessGroupTwisternet) and pg.ctx is ctx and pg.via == "tree"
             t = torch.ones(5)
             dist.all_reduce(t, op=dist.ReduceOp.AVG)
             assert t.tolist() == [1.0] * 5

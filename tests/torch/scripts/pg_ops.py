@@ -58,6 +58,15 @@ if r == 0:
 elif r == 1:
     dist.recv(x, src=0)
 check("send_recv", r != 1 or x.tolist() == [0.0, 1.0, 2.0])
+sub = dist.new_group([0, n - 1])          # a subgroup: its own edge stream, group ranks mapped
+if r in (0, n - 1):
+    t = torch.full((2,), float(r + 1))
+    dist.all_reduce(t, group=sub)
+    b = torch.full((2,), float(r))
+    dist.broadcast(b, group_src=1, group=sub)
+    check("subgroup", t.tolist() == [float(n + 1)] * 2 and b.tolist() == [float(n - 1)] * 2)
+else:
+    check("subgroup", True)
 works = [dist.all_reduce(torch.full((10,), float(i)), async_op=True) for i in range(4)]
 for w in works:
     w.wait()
