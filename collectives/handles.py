@@ -114,7 +114,8 @@ class AsyncEngine:
     def __init__(self, ctx: Any) -> None:
         self._ctx_ref = weakref.ref(ctx)
         self._queue: deque[tuple[Handle, Callable[[], Any]]] = deque()
-        self._pending: "weakref.WeakSet[Handle]" = weakref.WeakSet()
+        # strong references: a handle nobody holds any more must still be failed or have its operation closed
+        self._pending: set[Handle] = set()
         self._cond = threading.Condition()
         self._stop = False
         self._busy = False      # a call is running (on the stream thread, or inline on a caller's)
@@ -169,7 +170,14 @@ class AsyncEngine:
             with self._cond:
                 while (not self._queue or self._busy) and not self._stop:
                     self._cond.wait(0.2)
-                    self._sweep()
+                    done = self._sweep()
+                    if done:
+                        self._cond.release()      # close their operations outside the lock
+                        try:
+                            for h in done:
+                                h.release()
+                        finally:
+                            self._cond.acquire()
                 if self._queue and not self._busy:
                     queued: list[tuple[Handle, Callable[[], Any]]] = [self._queue.popleft()]
                     self._busy = True
@@ -190,22 +198,27 @@ class AsyncEngine:
                 self._fail_all(TwisternetError("the Context was closed before the call completed"))
                 return
 
-    def _sweep(self) -> None:
-        """Fail pending handles that can no longer complete (called with the lock held)."""
+    def _sweep(self) -> list[Handle]:
+        """Fail pending handles that can no longer complete; return the completed ones, whose operations
+        the caller closes (nobody may ever call their ``wait()``: a torch Work waits on its future).
+        Called with the lock held."""
         ctx = self._ctx_ref()
         if ctx is None or getattr(ctx, "closed", False):
             self._stop = True
-            return
+            return []
         lost = dict(getattr(ctx, "lost_peers", {}) or {})
         now = time.monotonic()
+        done: list[Handle] = []
         for h in list(self._pending):
             if h.is_completed():
                 self._pending.discard(h)
+                done.append(h)
             elif lost:
                 rank, why = next(iter(lost.items()))
                 h.fail(PeerLostError(rank, why))
             elif now > h.deadline:
                 h.fail(OperationTimeout(f"{h.what}: not complete after {h.timeout:g}s", timeout=h.timeout))
+        return done
 
     def _fail_all(self, err: BaseException) -> None:
         with self._cond:

@@ -184,3 +184,21 @@ def test_importing_twisternet_does_not_import_torch() -> None:
     out = subprocess.run([sys.executable, "-c", code], env=job_env(), capture_output=True, text=True,
                          timeout=120, cwd=ROOT)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_operations_of_handles_nobody_waits_for_are_closed() -> None:
+    """A torch Work waits on the handle's future, never on wait(): the stream still closes the
+    operation and frees its automatic edge, so the counter can wrap around without a clash."""
+    import time
+
+    from collectives.edges import _claims
+
+    def body(ctx):
+        futs = [tn.broadcast(i, src=0, async_op=True, ctx=ctx).get_future() for i in range(20)]
+        assert [f.result(timeout=60) for f in futs] == list(range(20))
+        deadline = time.monotonic() + 60
+        while any(e >= AUTO_EDGE_BASE for e in _claims.get(ctx, {})):
+            assert time.monotonic() < deadline, sorted(_claims.get(ctx, {}))
+            time.sleep(0.05)
+        return True
+    assert run_local(2, body, timeout=120) == [True, True]
