@@ -264,6 +264,15 @@ class AllReduce(DownTreeMixin, Reduce):
     def _known_finished(self, task: int | None) -> set[int]:
         return super()._known_finished(self._root_task()) | self._down_finished
 
+    def allreduce_async(self, value: Any, *, out: "np.ndarray | None" = None, timeout: float | None = None) -> Any:
+        """Non-blocking :meth:`allreduce`: returns a :class:`collectives.handles.Handle` at once (``wait()``
+        gives what ``allreduce`` would; ``get_future()``, ``is_completed()``). The call is queued on the
+        Context's collective stream, which runs such calls in submission order; do not call the blocking
+        ``allreduce`` of the same operation while its handles are pending."""
+        from .handles import Handle, engine
+        h = Handle(self.ctx, f"{self.describe()}.allreduce() on edge {self.edge}", timeout=timeout)
+        return engine(self.ctx).submit(h, lambda: self.allreduce(value, out=out, timeout=timeout))
+
     def allreduce(self, value: Any, *, out: "np.ndarray | None" = None, timeout: float | None = None) -> Any:
         """Rank-level collective: every rank running a task of this operation calls it once with its value
         and gets the reduction of all of them. Numpy arrays with a named reduction go through shared

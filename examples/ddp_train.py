@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> dict:
         name = "hook" if args.hook else args.backend
         np.save(os.path.join(args.save, f"params-{name}-{rank}.npy"), flat)
     via = args.via if args.backend == "twisternet" or args.hook else "-"
-    print(f"DDP rank={rank} world={world} backend={args.backend} via={via} hook={args.hook} params={params} "
+    print(f"DDP rank={rank} world={world} backend={dist.get_backend()} via={via} hook={args.hook} params={params} "
           f"steps={args.steps} loss={loss.item():.6f} step_ms={1000 * took / timed:.2f} "
           f"checksum={float(np.float64(flat.astype(np.float64).sum())):.9e}", flush=True)
     dist.destroy_process_group()

@@ -202,3 +202,11 @@ def test_operations_of_handles_nobody_waits_for_are_closed() -> None:
             time.sleep(0.05)
         return True
     assert run_local(2, body, timeout=120) == [True, True]
+
+
+def test_allreduce_async_of_an_operation() -> None:
+    def body(ctx):
+        with AllReduce(ctx, edge=3) as op:
+            hs = [op.allreduce_async(np.full(4, float(i + ctx.rank))) for i in range(3)]
+            return [h.wait()[0] for h in hs]
+    assert run_local(2, body, timeout=60) == [[1.0, 3.0, 5.0]] * 2
