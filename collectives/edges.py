@@ -15,8 +15,8 @@ rejected with a clear error (close the first one, or pick another edge).
 
 Automatic edges: the functional layer (``tn.all_reduce`` ...) and the torch backend pick edges themselves
 from the reserved range ``[AUTO_EDGE_BASE, MAX_USER_EDGE)`` (the top ``AUTO_STREAMS * AUTO_STREAM_EDGES``
-user edges), like Twister2's ``nextEdge``: each *stream* (0: the functional layer of a Context; one per
-torch process group, numbered in creation order) owns ``AUTO_STREAM_EDGES`` consecutive edges and hands
+user edges), like Twister2's ``nextEdge``: each *stream* (0: the functional layer of a Context; 1: the
+torch world group; another torch group: one derived from its name, see ``twisternet.torch``) owns ``AUTO_STREAM_EDGES`` consecutive edges and hands
 them out with a per-Context counter (:func:`next_auto_edge`), wrapping around. Every rank makes the
 same calls in the same order, so every rank draws the same edge. An operation created by hand on an edge
 in that range is refused (ConfigError): it could collide with an automatic one.
@@ -54,7 +54,6 @@ AUTO_EDGE_BASE = MAX_USER_EDGE - AUTO_STREAMS * AUTO_STREAM_EDGES
 _lock = threading.Lock()
 _auto_next: "weakref.WeakKeyDictionary[Any, dict[int, int]]" = weakref.WeakKeyDictionary()
 _auto_granted: "weakref.WeakKeyDictionary[Any, set[int]]" = weakref.WeakKeyDictionary()
-_auto_streams: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
 _claims: "weakref.WeakKeyDictionary[Any, dict[int, str]]" = weakref.WeakKeyDictionary()
 _epochs: "weakref.WeakKeyDictionary[Any, dict[int, int]]" = weakref.WeakKeyDictionary()
 
@@ -78,17 +77,6 @@ def next_auto_edge(ctx: Any, stream: int = 0) -> int:
         edge = AUTO_EDGE_BASE + stream * AUTO_STREAM_EDGES + n % AUTO_STREAM_EDGES
         _auto_granted.setdefault(ctx, set()).add(edge)
         return edge
-
-
-def new_auto_stream(ctx: Any) -> int:
-    """A fresh automatic edge stream of ``ctx`` (1, 2, ...; 0 is the functional layer's). Every rank must
-    create its streams in the same order (torch creates process groups collectively)."""
-    with _lock:
-        n = _auto_streams.get(ctx, 0) + 1
-        if n >= AUTO_STREAMS:
-            raise ConfigError("stream", f"more than {AUTO_STREAMS - 1} automatic edge streams in one job")
-        _auto_streams[ctx] = n
-        return n
 
 
 def channel_edge(edge: int, offset: int) -> int:
