@@ -15,9 +15,9 @@ rejected with a clear error (close the first one, or pick another edge).
 
 Automatic edges: the functional layer (``tn.all_reduce`` ...) and the torch backend pick edges themselves
 from the reserved range ``[AUTO_EDGE_BASE, MAX_USER_EDGE)`` (the top ``AUTO_STREAMS * AUTO_STREAM_EDGES``
-user edges), like Twister2's ``nextEdge``: each *stream* (0: the functional layer of a Context; 1: the
-torch world group; another torch group: one derived from its name, see ``twisternet.torch``) owns ``AUTO_STREAM_EDGES`` consecutive edges and hands
-them out with a per-Context counter (:func:`next_auto_edge`), wrapping around. Every rank makes the
+user edges), like Twister2's ``nextEdge``: each *stream* (0: the functional layer of a Context;
+``1 + g``: the torch process group torch numbers ``g``, see ``twisternet.torch.backend``) owns
+``AUTO_STREAM_EDGES`` consecutive edges and hands them out with a per-Context counter (:func:`next_auto_edge`), wrapping around. Every rank makes the
 same calls in the same order, so every rank draws the same edge. An operation created by hand on an edge
 in that range is refused (ConfigError): it could collide with an automatic one.
 """

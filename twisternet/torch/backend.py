@@ -578,12 +578,17 @@ def _via(backend_options: Any) -> str:
 
 
 def _stream_of(global_ranks: list[int], world: int, group_id: str) -> int:
-    """The automatic edge stream of a group: 1 for the whole world, else one derived from its name
-    (torch names groups alike on every member rank)."""
+    """The automatic edge stream of a group, the same on every member rank: torch numbers its groups
+    "0" (the world), "1", "2", ... in creation order on every rank, and group ``g`` gets stream ``1 + g``
+    (no two groups share one); a group named otherwise (hashed names) gets one derived from its name and
+    ranks, in the upper half of the streams."""
     from collectives.edges import AUTO_STREAMS
-    if global_ranks == list(range(world)) and group_id in ("0", "default_pg", ""):
+    if group_id.isdigit() and 1 + int(group_id) < AUTO_STREAMS // 2:
+        return 1 + int(group_id)
+    if group_id in ("default_pg", "") and global_ranks == list(range(world)):
         return 1
-    return 2 + zlib.crc32(f"{group_id}|{global_ranks}".encode()) % (AUTO_STREAMS - 2)
+    half = AUTO_STREAMS // 2
+    return half + zlib.crc32(f"{group_id}|{global_ranks}".encode()) % half
 
 
 def _create(opts: Any, backend_options: Any) -> ProcessGroupTwisternet:
