@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 #: Every suite, in the order they run. Each is ``benchmarks.<name>`` exposing NAME, DESCRIPTION, run().
 SUITE_MODULES: list[str] = ["p2p", "allreduce", "records", "streaming", "wordcount", "sort", "stragglers",
-                            "innet", "coflow", "cluster", "groupby"]
+                            "innet", "coflow", "cluster", "groupby", "torch_ddp"]
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_JSON = ROOT / "benchmarks" / "out" / "results.json"

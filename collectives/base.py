@@ -84,6 +84,17 @@ def _task_list(plan: Any, tasks: int | Iterable[int] | None, what: str, default:
     return out
 
 
+def pick_alias(operation: str, canonical: str, given: dict[str, Any]) -> Any:
+    """The one value the keywords in ``given`` (a canonical name and its aliases, e.g. ``destinations``,
+    ``destination``, ``root``, ``dst``) name, or None if none is given; TypeError if two disagree."""
+    named = {k: v for k, v in given.items() if v is not None}
+    if len({repr(v) for v in named.values()}) > 1:
+        listing = ", ".join(f"{k}={v!r}" for k, v in named.items())
+        raise TypeError(f"{operation}: {listing} name different {canonical}; give one of "
+                        f"{', '.join(given)}")
+    return next(iter(named.values()), None)
+
+
 class Operation:
     """Base of all collectives: ``Op(ctx, sources, destinations, edge, ..., mode, callback)``.
 
@@ -139,6 +150,7 @@ class Operation:
         self._changed = False
         self._active = False        # send/finish called or records handled: close() waits for duties
         self._spread: list[BaseException] = []   # local failures still to tell the other ranks about
+        self._listeners: list[Callable[[BaseException | None], None]] = []   # when_settled callbacks
         #: Ranks that take part in this operation (sources' and destinations'): a failure reaches them all.
         self.member_ranks = sorted(set(self.source_ranks) | set(self.destination_ranks))
         # the Context's (live) table of lost peers: every blocking call looks at it first, cheaply
@@ -286,11 +298,39 @@ class Operation:
                 return
             self._closed = True
         self._teardown()
+        self._check_settled()
         self.ctx.notify()
 
     def _duties_done(self) -> bool:
         """Whether this process passed on everything it owes other ranks (inner tree nodes)."""
         return True
+
+    def when_settled(self, fn: Callable[[BaseException | None], None]) -> None:
+        """Batch mode: call ``fn(None)`` once this process's part is over (every local destination has its
+        result, every local source finished and nothing is owed to other ranks), or ``fn(error)`` once
+        the operation failed or was closed; from whichever thread got it there (often the progress
+        thread), outside the lock. What non-blocking calls (:mod:`collectives.handles`) complete on."""
+        with self._lock:
+            self._listeners.append(fn)
+        self._check_settled()
+
+    def _check_settled(self) -> None:
+        if not self._listeners:
+            return
+        with self._lock:
+            if self._error is not None:
+                err: BaseException | None = self._error
+            elif self._closed:
+                err = ClosedError(f"{self.describe()} on edge {self.edge} was closed")
+            elif (self.mode == "batch" and all(s.complete for s in self._sinks.values())
+                  and self._finished_local.issuperset(self.local_sources) and not self._backlog
+                  and self._duties_done()):
+                err = None
+            else:
+                return
+            fns, self._listeners = self._listeners, []
+        for fn in fns:
+            fn(err)
 
     def __enter__(self) -> "Operation":
         return self
@@ -713,6 +753,8 @@ class Operation:
         if self._changed:
             self._changed = False
             self.ctx.notify()
+        if self._listeners:
+            self._check_settled()
 
     def _run_callbacks(self) -> None:
         cb = self.callback

@@ -6,7 +6,7 @@ from typing import Any, Iterable
 
 from twisternet.errors import ConfigError
 
-from .base import Callback, Mode
+from .base import Callback, Mode, pick_alias
 from .columnar import BroadcastTables
 from .downtree import DownTreeMixin
 from .reduce import _need_edge
@@ -26,7 +26,11 @@ class Broadcast(BroadcastTables, DownTreeMixin):
     def __init__(self, ctx: Any, sources: int | Iterable[int] | None = None,
                  destinations: int | Iterable[int] | None = None, edge: int | None = None, *,
                  mode: Mode = "batch", callback: Callback | None = None, limit: int | None = None,
-                 timeout: float | None = None, fanout: int = 2) -> None:
+                 timeout: float | None = None, fanout: int = 2, source: int | None = None,
+                 root: int | None = None, src: int | None = None) -> None:
+        # source=/root=/src= name the one source task (as MPI's root and torch's src do)
+        sources = pick_alias("Broadcast", "sources", {"sources": sources, "source": source, "root": root,
+                                                      "src": src})
         if sources is None:
             sources = [ctx.plan.tasks[0]]
         super().__init__(ctx, sources, destinations, _need_edge(edge, type(self).__name__), mode=mode,

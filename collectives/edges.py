@@ -12,6 +12,14 @@ An operation created with ``edge=e`` owns the block of channel edges ``[e * EDGE
 
 So distinct user edges never overlap; two live operations on the same user edge in one process are
 rejected with a clear error (close the first one, or pick another edge).
+
+Automatic edges: the functional layer (``tn.all_reduce`` ...) and the torch backend pick edges themselves
+from the reserved range ``[AUTO_EDGE_BASE, MAX_USER_EDGE)`` (the top ``AUTO_STREAMS * AUTO_STREAM_EDGES``
+user edges), like Twister2's ``nextEdge``: each *stream* (0: the functional layer of a Context;
+``1 + g``: the torch process group torch numbers ``g``, see ``twisternet.torch.backend``) owns
+``AUTO_STREAM_EDGES`` consecutive edges and hands them out with a per-Context counter (:func:`next_auto_edge`), wrapping around. Every rank makes the
+same calls in the same order, so every rank draws the same edge. An operation created by hand on an edge
+in that range is refused (ConfigError): it could collide with an automatic one.
 """
 
 from __future__ import annotations
@@ -37,7 +45,15 @@ MAX_LEVELS = EDGE_SPAN - UP_BASE
 #: User edge ids must be below this.
 MAX_USER_EDGE = CONTROL_EDGE_BASE // EDGE_SPAN
 
+#: Edges of one automatic stream, and how many streams there are.
+AUTO_STREAM_EDGES = 4096
+AUTO_STREAMS = 256
+#: First user edge of the reserved automatic range (it runs up to MAX_USER_EDGE).
+AUTO_EDGE_BASE = MAX_USER_EDGE - AUTO_STREAMS * AUTO_STREAM_EDGES
+
 _lock = threading.Lock()
+_auto_next: "weakref.WeakKeyDictionary[Any, dict[int, int]]" = weakref.WeakKeyDictionary()
+_auto_granted: "weakref.WeakKeyDictionary[Any, set[int]]" = weakref.WeakKeyDictionary()
 _claims: "weakref.WeakKeyDictionary[Any, dict[int, str]]" = weakref.WeakKeyDictionary()
 _epochs: "weakref.WeakKeyDictionary[Any, dict[int, int]]" = weakref.WeakKeyDictionary()
 
@@ -47,6 +63,20 @@ def check_user_edge(edge: object) -> int:
     if not isinstance(edge, int) or isinstance(edge, bool) or not 0 <= edge < MAX_USER_EDGE:
         raise ConfigError("edge", f"must be an int in [0, {MAX_USER_EDGE}), got {edge!r}")
     return edge
+
+
+def next_auto_edge(ctx: Any, stream: int = 0) -> int:
+    """The next automatic edge of ``stream`` in ``ctx`` (the same on every rank that makes the same calls);
+    an operation may then be created on it once."""
+    if not 0 <= stream < AUTO_STREAMS:
+        raise ConfigError("stream", f"automatic edge streams are numbered 0..{AUTO_STREAMS - 1}, got {stream!r}")
+    with _lock:
+        counters = _auto_next.setdefault(ctx, {})
+        n = counters.get(stream, 0)
+        counters[stream] = n + 1
+        edge = AUTO_EDGE_BASE + stream * AUTO_STREAM_EDGES + n % AUTO_STREAM_EDGES
+        _auto_granted.setdefault(ctx, set()).add(edge)
+        return edge
 
 
 def channel_edge(edge: int, offset: int) -> int:
@@ -64,12 +94,20 @@ def claim_edge(ctx: Any, edge: int, owner: str) -> int:
     numbers agree across ranks and tell the records of consecutive operations apart (see
     ``twisternet.context``)."""
     with _lock:
+        if edge >= AUTO_EDGE_BASE:
+            granted = _auto_granted.get(ctx)
+            if granted is None or edge not in granted:
+                raise ConfigError("edge", f"edge {edge} is in the range [{AUTO_EDGE_BASE}, {MAX_USER_EDGE}) reserved "
+                                          "for the edges tn.all_reduce & co. and the torch backend pick themselves; "
+                                          f"give operations created by hand an edge below {AUTO_EDGE_BASE}")
         table = _claims.setdefault(ctx, {})
         if edge in table:
             raise ConfigError("edge", f"edge {edge} (channel edges {edge * EDGE_SPAN}..{(edge + 1) * EDGE_SPAN - 1}) "
                                       f"is already used by {table[edge]} in this process; give each concurrent "
                                       "operation its own edge or close the earlier one")
         table[edge] = owner
+        if edge >= AUTO_EDGE_BASE:
+            _auto_granted[ctx].discard(edge)
         counts = _epochs.setdefault(ctx, {})
         epoch = counts.get(edge, -1) + 1
         counts[edge] = epoch

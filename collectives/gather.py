@@ -16,7 +16,7 @@ from typing import Any, Iterable, Iterator, Mapping
 
 from twisternet.errors import ConfigError
 
-from .base import Callback, Mode
+from .base import Callback, Mode, pick_alias
 from .columnar import GatherTables, KeyedGatherTables
 from .columns import is_columns
 from .downtree import DownTreeMixin
@@ -121,7 +121,11 @@ class Gather(GatherTables, _TreeGatherBase):
     def __init__(self, ctx: Any, sources: int | Iterable[int] | None = None,
                  destinations: int | Iterable[int] | None = None, edge: int | None = None, *,
                  mode: Mode = "batch", callback: Callback | None = None, limit: int | None = None,
-                 timeout: float | None = None, fanout: int = 2, quorum: Any = None) -> None:
+                 timeout: float | None = None, fanout: int = 2, quorum: Any = None,
+                 destination: int | None = None, root: int | None = None, dst: int | None = None) -> None:
+        # destination=/root=/dst= name the one destination task (as MPI's root and torch's dst do)
+        destinations = pick_alias(type(self).__name__, "destinations", {
+            "destinations": destinations, "destination": destination, "root": root, "dst": dst})
         if destinations is None and type(self) is Gather:
             destinations = [ctx.plan.tasks[0]]
         self._quorum = self._quorum_barrier(quorum, mode, edge)

@@ -6,6 +6,8 @@ import zlib
 from operator import itemgetter
 from typing import Any, Iterable
 
+from twisternet.errors import ConfigError
+
 from .base import Callback, Mode, record_nbytes
 from .columnar import KeyedReduceTables
 from .columns import is_columns, to_columns
@@ -34,6 +36,9 @@ class KeyedReduce(KeyedReduceTables, UpTreeOperation):
                  callback: Callback | None = None, limit: int | None = None, timeout: float | None = None,
                  fanout: int = 2) -> None:
         self.reduction = Reduction(_pick_op(op, reduce))
+        if self.reduction.average:
+            raise ConfigError("op", f"KeyedReduce cannot average ({self.reduction.name!r}): it does not count the "
+                                    "values of a key; reduce ('sum', n) pairs and divide")
         self._route_cache: dict[str, int] = {}   # str key -> destination, for the default selector
         self.key_type = check_key_type(key_type)
         self.selector: Selector = selector or hash_selector

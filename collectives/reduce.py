@@ -9,7 +9,7 @@ import numpy as np
 
 from twisternet.errors import ConfigError
 
-from .base import Callback, Mode, record_nbytes
+from .base import Callback, Mode, pick_alias, record_nbytes
 from .downtree import DownTreeMixin
 from .reduction import ReduceFn, Reduction, own, snapshot
 from .uptree import Node, UpTreeOperation
@@ -73,7 +73,11 @@ class Reduce(UpTreeOperation):
                  destinations: int | Iterable[int] | None = None, edge: int | None = None, *,
                  op: str | ReduceFn | None = None, reduce: str | ReduceFn | None = None,
                  mode: Mode = "batch", callback: Callback | None = None, limit: int | None = None,
-                 timeout: float | None = None, fanout: int = 2) -> None:
+                 timeout: float | None = None, fanout: int = 2, destination: int | None = None,
+                 root: int | None = None, dst: int | None = None) -> None:
+        # destination=/root=/dst= name the one destination task (as MPI's root and torch's dst do)
+        destinations = pick_alias(type(self).__name__, "destinations", {
+            "destinations": destinations, "destination": destination, "root": root, "dst": dst})
         self.reduction = Reduction(_pick_op(op, reduce))
         if destinations is None and type(self) is Reduce:
             destinations = [ctx.plan.tasks[0]]
@@ -141,6 +145,10 @@ class Reduce(UpTreeOperation):
         return self._send(task, value, False, None)
 
     def _send(self, task: int, value: Any, block: bool, timeout: float | None) -> bool:
+        if self.reduction.average:
+            raise ConfigError("op", f"{self.operation}(op={self.reduction.name!r}): send() does not count the values "
+                                    "it combines, so it cannot average; use op='avg' with the rank-level "
+                                    "allreduce() or tn.all_reduce/tn.reduce, or send sums and divide")
         node = self._node()
         if self.mode == "batch":
             return self._input(task, lambda: True, lambda: self._acc(node.state, value, copy=snapshot),
@@ -279,6 +287,15 @@ class AllReduce(DownTreeMixin, Reduce):
     def _known_finished(self, task: int | None) -> set[int]:
         return super()._known_finished(self._root_task()) | self._down_finished
 
+    def allreduce_async(self, value: Any, *, out: "np.ndarray | None" = None, timeout: float | None = None) -> Any:
+        """Non-blocking :meth:`allreduce`: returns a :class:`collectives.handles.Handle` at once (``wait()``
+        gives what ``allreduce`` would; ``get_future()``, ``is_completed()``). The call is queued on the
+        Context's collective stream, which runs such calls in submission order; do not call the blocking
+        ``allreduce`` of the same operation while its handles are pending."""
+        from .handles import Handle, engine
+        h = Handle(self.ctx, f"{self.describe()}.allreduce() on edge {self.edge}", timeout=timeout)
+        return engine(self.ctx).submit(h, lambda: self.allreduce(value, out=out, timeout=timeout))
+
     def allreduce(self, value: Any, *, out: "np.ndarray | None" = None, timeout: float | None = None) -> Any:
         """Rank-level collective: every rank running a task of this operation calls it once with its value
         and gets the reduction of all of them. Numpy arrays with a named reduction go through shared
@@ -288,4 +305,11 @@ class AllReduce(DownTreeMixin, Reduce):
         ``out`` (numpy arrays only): a C-contiguous array of the value's shape and dtype that receives the
         result and is returned; it may be ``value`` itself (in place, as torch.distributed does), which
         saves allocating (and faulting in) a fresh result array on every call."""
-        return self._rank_allreduce.run(value, timeout, out)
+        result = self._rank_allreduce.run(value, timeout, out)
+        n = len(self._rank_allreduce.ranks)
+        if self.reduction.average and n > 1:   # "avg": the sum of one value per rank, divided once
+            result = self.reduction.finalize(result, n)
+            if out is not None and result is not out:
+                out[...] = result
+                return out
+        return result

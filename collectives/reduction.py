@@ -1,4 +1,10 @@
-"""Reduction functions: the named ones ("sum", "max", "min", "prod") with a numpy fast path, or any callable.
+"""Reduction functions: the named ones ("sum", "max", "min", "prod", and "avg"/"mean") with a numpy fast
+path, or any callable.
+
+"avg" (alias "mean") combines like "sum" and is divided by the number of contributions once, at the end
+(:meth:`Reduction.finalize`): the rank-level ``AllReduce.allreduce`` and the functional layer
+(``tn.all_reduce``, ``tn.reduce``) know that number; the streaming and batch dataflow forms do not, so
+they refuse it rather than deliver a sum under the name of an average.
 
 A callable is never sent over the network: every process builds the operation with its own copy of the
 function, so it must be the same function (same module-level name or an equal lambda) in every process.
@@ -16,6 +22,7 @@ import numpy as np
 
 from twisternet.errors import CodecError
 from twisternet.arrowcodec import is_arrow_data, own_arrow
+from twisternet.codec import _array_like
 
 ReduceFn = Callable[[Any, Any], Any]
 
@@ -24,7 +31,11 @@ _NAMED: dict[str, tuple[Any, Callable[[Any, Any], Any]]] = {
     "prod": (np.multiply, operator.mul),
     "max": (np.maximum, max),
     "min": (np.minimum, min),
+    "avg": (np.add, operator.add),     # a sum, divided by the count in Reduction.finalize
+    "mean": (np.add, operator.add),
 }
+#: Named reductions that are a sum divided by the number of values combined.
+AVERAGES = frozenset({"avg", "mean"})
 
 _IMMUTABLE = (type(None), bool, int, float, complex, str, bytes, np.generic)
 #: Exact types whose values never change (checked by ``type(v) in``, much cheaper than isinstance).
@@ -53,6 +64,10 @@ def snapshot(value: Any) -> Any:
             return [x.copy() for x in value]       # a table of flat records
     elif isinstance(value, np.ndarray):
         return value.copy()
+    else:
+        arr = _array_like(value)      # a torch tensor & co.: a numpy copy, as a receiver would get it
+        if arr is not None:
+            return arr.copy()
     try:
         return copy.deepcopy(value)
     except (TypeError, copy.Error) as e:     # what cannot be copied cannot be serialized either
@@ -112,12 +127,15 @@ class Reduction:
                 raise ValueError(f"unknown reduction {op!r}; use one of {', '.join(_NAMED)} or a callable")
             self.name = op
             self.ufunc, self._py = _NAMED[op]
+            #: "avg"/"mean": combined as a sum, divided by the count in :meth:`finalize`.
+            self.average = op in AVERAGES
             self._fn: ReduceFn | None = None
             #: The reduction of two plain scalars (``type(x) in _ATOMS``): what combine() calls for them.
             self.scalar: ReduceFn = self._py
         elif callable(op):
             self.name = getattr(op, "__name__", repr(op))
             self.ufunc = None
+            self.average = False
             self._fn = op
             self.scalar = op
         else:
@@ -141,6 +159,24 @@ class Reduction:
                 return acc
             return uf(acc, value)
         return self._py(acc, value)
+
+    def finalize(self, value: Any, count: int) -> Any:
+        """The final result of ``count`` values combined into ``value``: ``value / count`` for "avg"/"mean"
+        (floating arrays divided in place; integer arrays give a new float64 array, Python numbers a float),
+        ``value`` itself for every other reduction."""
+        if not self.average:
+            return value
+        if not isinstance(count, int) or count < 1:
+            raise ValueError(f"an average needs a count >= 1, got {count!r}")
+        if isinstance(value, np.ndarray):
+            if value.dtype.kind in "fc" and value.flags.writeable:
+                np.true_divide(value, count, out=value)
+                return value
+            return np.true_divide(value, count)
+        if isinstance(value, np.generic) or isinstance(value, (int, float, complex)):
+            return value / count
+        raise TypeError(f"cannot average a value of type {type(value).__qualname__}; "
+                        "use numbers or numpy arrays with op='avg'")
 
     def __repr__(self) -> str:
         return f"Reduction({self.name})"

@@ -19,6 +19,11 @@ arrays, travel out of band like a bare array's), but only when ``allow_pickle`` 
 on decode too, so a process that forbids pickle never unpickles peer bytes). A value that cannot be
 encoded raises :class:`~twisternet.errors.CodecError`.
 
+Tensors and other array-likes travel as numpy arrays, without a copy (:func:`as_array`): a CPU torch
+tensor, an object with ``__array_interface__`` or ``__dlpack__`` (on the CPU), or one that exports the
+buffer protocol is encoded as the numpy view of its memory (out of band when large) and arrives as a
+numpy array. Memory on another device (CUDA, meta) is refused with a CodecError naming the device.
+
 Keys of keyed operations use :class:`KeyCodec`: fixed-size keys (int, float) carry no length, variable
 keys (str, bytes, object) carry a u64 length.
 """
@@ -64,6 +69,72 @@ def _dtype_ok(dt: np.dtype) -> bool:
     return not dt.hasobject
 
 
+_KDLCPU = 1
+
+
+def _is_torch_tensor(obj: Any) -> bool:
+    """A torch.Tensor (or Parameter), recognised without importing torch."""
+    mod = type(obj).__module__
+    return (mod == "torch" or mod.startswith("torch.")) and hasattr(obj, "untyped_storage") and hasattr(obj, "device")
+
+
+def _torch_view(t: Any) -> np.ndarray:
+    device = t.device.type
+    if device != "cpu":
+        raise CodecError(f"a torch tensor on device {str(t.device)!r} ({t.dtype}, shape {list(t.shape)}): "
+                         "twisternet moves host memory only; pass tensor.cpu()")
+    if t.is_sparse or getattr(t, "is_quantized", False):
+        raise CodecError(f"a {'sparse' if t.is_sparse else 'quantized'} torch tensor cannot travel as an array; "
+                         "pass tensor.to_dense() / dequantize() first")
+    t = t.detach()
+    if t.is_conj():
+        t = t.resolve_conj()
+    if t.is_neg():
+        t = t.resolve_neg()
+    try:
+        return t.numpy()
+    except (TypeError, RuntimeError) as e:   # e.g. bfloat16, which numpy has no dtype for
+        raise CodecError(f"a torch tensor of dtype {t.dtype} has no numpy equivalent ({e}); convert it, e.g. "
+                         "tensor.float()") from None
+
+
+def as_array(obj: Any) -> np.ndarray | None:
+    """A numpy view of ``obj``'s memory without a copy, or None if ``obj`` is not array-like.
+
+    Array-like: a numpy array (returned as it is), a CPU torch tensor (detached; its grad is not
+    touched), an object with ``__array_interface__`` or a CPU ``__dlpack__``, or one exporting the
+    buffer protocol (bytes-like values excepted: the codec sends those as bytes). Writing into the view
+    writes into ``obj``. Memory on another device raises CodecError.
+    """
+    if isinstance(obj, np.ndarray):
+        return obj
+    t = type(obj)
+    if t in (bytes, bytearray, memoryview, str, int, float, bool, complex, type(None)) or isinstance(obj, np.generic):
+        return None
+    if _is_torch_tensor(obj):
+        return _torch_view(obj)
+    if hasattr(obj, "__array_interface__"):
+        return np.asarray(obj)
+    if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
+        dev = obj.__dlpack_device__()
+        if int(dev[0]) != _KDLCPU:
+            raise CodecError(f"a {t.__qualname__} on DLPack device {tuple(dev)!r}: twisternet moves host memory "
+                             "only; copy it to the CPU first")
+        return np.from_dlpack(obj)
+    try:
+        mv = memoryview(obj)
+    except TypeError:
+        return None
+    return np.asarray(mv)
+
+
+def _array_like(obj: Any) -> np.ndarray | None:
+    """:func:`as_array` for the encoder: None for numpy subclasses and arrow data (they keep their type)."""
+    if isinstance(obj, np.ndarray) or arrowcodec.is_arrow_data(obj):
+        return None
+    return as_array(obj)
+
+
 class _Encoder:
     __slots__ = ("allow_pickle", "threshold", "oob", "_packer", "busy")
 
@@ -105,6 +176,9 @@ class _Encoder:
             return msgpack.ExtType(_EXT_NPSCALAR, self._sub([obj.dtype.str, obj.tobytes()]))
         if arrowcodec.is_arrow_data(obj):
             return msgpack.ExtType(_EXT_ARROW, self._sub(arrowcodec.encode(obj, self._arrow_buffer)))
+        arr = _array_like(obj)
+        if arr is not None and type(arr) is np.ndarray and _dtype_ok(arr.dtype):
+            return self._default(arr)      # a tensor or other array-like: as the numpy view of its memory
         if not self.allow_pickle:
             raise CodecError(f"cannot encode a value of type {t.__module__}.{t.__qualname__} without "
                              "pickle (config allow_pickle is false)")
@@ -283,6 +357,10 @@ class Codec:
         """Buffers whose concatenation is the record for ``obj``; large arrays/bytes are not copied."""
         if type(obj) is np.ndarray:
             parts = self._large_array(obj)
+            if parts is not None:
+                return parts
+        elif _is_torch_tensor(obj):
+            parts = self._large_array(_torch_view(obj))
             if parts is not None:
                 return parts
         enc = getattr(self._local, "enc", None)

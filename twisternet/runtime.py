@@ -9,6 +9,7 @@ from .channel import channel_factory
 from .config import Config, load_config
 from .context import Context
 from .errors import LaunchEnvError
+from .functional import set_current
 from .launch_env import LaunchInfo, announced_world, detect
 from .rendezvous import prepare
 from .task_plan import TaskPlan
@@ -71,5 +72,6 @@ def init(config: Config | None = None, *, plan: TaskPlan | dict[int, int] | None
     if isinstance(plan, dict):
         plan = TaskPlan(channel.world, plan)
     ctx = Context(channel, cfg, plan, on_close=finish)
+    set_current(ctx)      # the Context tn.all_reduce & co. use by default
     log.debug("rank %d of %d on the %s channel", ctx.rank, ctx.world, name)
     return ctx

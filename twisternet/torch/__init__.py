@@ -1,0 +1,20 @@
+"""twisternet for PyTorch: the "twisternet" ``torch.distributed`` backend and a DDP comm hook.
+
+Importing this package registers the backend with ``torch.distributed.Backend.register_backend``, so::
+
+    import twisternet.torch
+    torch.distributed.init_process_group(backend="twisternet")     # under torchrun
+    twisternet.torch.init_process_group()                          # any launcher tn.init() knows
+
+``allreduce_hook`` is a ``DistributedDataParallel.register_comm_hook`` hook that averages gradient
+buckets through twisternet while the model's process group stays gloo. See docs/torch.md.
+"""
+
+from .backend import (BACKEND_NAME, VIA_ENV, ProcessGroupTwisternet, TorchBackendError, init_process_group,
+                      register)
+from .hook import allreduce_hook
+
+register()
+
+__all__ = ["BACKEND_NAME", "VIA_ENV", "ProcessGroupTwisternet", "TorchBackendError", "init_process_group",
+           "register", "allreduce_hook"]
