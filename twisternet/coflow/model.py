@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Hashable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Hashable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -54,7 +54,7 @@ class Coflow:
 
     __slots__ = ("id", "arrival", "deadline", "parents", "dag_node", "weight",
                  "src", "dst", "size", "remaining", "_gamma_isolated_cache", "version",
-                 "_derived")
+                 "_derived", "_live_cache")
 
     def __init__(self, id: Hashable, arrival: float, flows: Iterable[Flow | tuple] | None = None,
                  deadline: float | None = None, parents: Sequence[Hashable] = (),
@@ -105,9 +105,11 @@ class Coflow:
         #: Progress counter for caches. None (the default): nothing derived from ``remaining`` is
         #: cached. An int: whoever changes ``remaining`` must increment it (the simulator does, at
         #: every event that moves the coflow), and the rate-allocation helpers may reuse what they
-        #: derived from ``remaining`` (port loads, live flows) while it stays the same.
+        #: derived from ``remaining`` (port loads, live flows) while it stays the same. A versioned
+        #: coflow's flows never restart: a finished flow (remaining 0) stays finished.
         self.version: int | None = None
         self._derived: tuple[int, dict] | None = None
+        self._live_cache: tuple[int, Any] | None = None
 
     # ------------------------------------------------------------------ views
     @property

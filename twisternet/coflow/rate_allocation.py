@@ -511,6 +511,12 @@ def _live_shape(c: Coflow) -> "tuple[np.ndarray, np.ndarray] | bool | None":
         return dd["shape"]
     live = c.remaining > 0
     k = int(np.count_nonzero(live))
+    # Flows of a versioned coflow never restart, so the same number of live flows means the same
+    # live set: the shape survives progress that finishes no flow.
+    hit = c._live_cache
+    if hit is not None and hit[0] == k:
+        dd["shape"] = hit[1]
+        return hit[1]
     out: "tuple[np.ndarray, np.ndarray] | bool | None"
     if k == 0:
         out = False
@@ -532,6 +538,7 @@ def _live_shape(c: Coflow) -> "tuple[np.ndarray, np.ndarray] | bool | None":
             if int(np.count_nonzero(in_s[c.src] & in_d[c.dst])) == k:
                 out = (S, D)
     dd["shape"] = out
+    c._live_cache = (k, out)
     return out
 
 
