@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Hashable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Hashable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -53,7 +53,8 @@ class Coflow:
     """
 
     __slots__ = ("id", "arrival", "deadline", "parents", "dag_node", "weight",
-                 "src", "dst", "size", "remaining", "_gamma_isolated_cache")
+                 "src", "dst", "size", "remaining", "_gamma_isolated_cache", "version",
+                 "_derived", "_live_cache")
 
     def __init__(self, id: Hashable, arrival: float, flows: Iterable[Flow | tuple] | None = None,
                  deadline: float | None = None, parents: Sequence[Hashable] = (),
@@ -101,6 +102,14 @@ class Coflow:
         if (self.remaining < 0).any() or (self.remaining > self.size * (1 + 1e-12)).any():
             raise CoflowError(f"coflow {id!r}: remaining bytes must lie in [0, bytes]")
         self._gamma_isolated_cache: tuple | None = None
+        #: Progress counter for caches. None (the default): nothing derived from ``remaining`` is
+        #: cached. An int: whoever changes ``remaining`` must increment it (the simulator does, at
+        #: every event that moves the coflow), and the rate-allocation helpers may reuse what they
+        #: derived from ``remaining`` (port loads, live flows) while it stays the same. A versioned
+        #: coflow's flows never restart: a finished flow (remaining 0) stays finished.
+        self.version: int | None = None
+        self._derived: tuple[int, dict] | None = None
+        self._live_cache: tuple[int, Any] | None = None
 
     # ------------------------------------------------------------------ views
     @property

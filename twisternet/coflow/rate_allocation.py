@@ -78,6 +78,37 @@ def flat_ports(coflows: Sequence[Coflow]) -> tuple[np.ndarray, np.ndarray, np.nd
 
 
 
+def derived(c: Coflow) -> dict | None:
+    """Per-coflow cache of what is derived from ``c.remaining``, valid while ``c.version`` stays the
+    same (None when the coflow is not versioned: then nothing may be cached)."""
+    v = c.version
+    if v is None:
+        return None
+    d = c._derived
+    if d is None or d[0] != v:
+        d = c._derived = (v, {})
+    return d[1]
+
+
+def coflow_port_loads(c: Coflow, n_in: int, n_out: int) -> tuple[np.ndarray, np.ndarray,
+                                                                   np.ndarray, np.ndarray]:
+    """Ingress ports, their remaining bytes, egress ports and theirs, of coflow ``c`` (loads > 0
+    only, ports ascending); cached per ``version`` for versioned coflows."""
+    dd = derived(c)
+    if dd is not None:
+        hit = dd.get("loads")
+        if hit is not None and hit[0] == n_in and hit[1] == n_out:
+            return hit[2]
+    li = np.bincount(c.src, weights=c.remaining, minlength=n_in)
+    lo = np.bincount(c.dst, weights=c.remaining, minlength=n_out)
+    pi = np.flatnonzero(li > 0)
+    po = np.flatnonzero(lo > 0)
+    out = (pi, li[pi], po, lo[po])
+    if dd is not None:
+        dd["loads"] = (n_in, n_out, out)
+    return out
+
+
 class ResidualCapacity:
     """Mutable per-port capacity left over while a policy hands out rates."""
 
@@ -135,10 +166,34 @@ class CoflowLoads:
             self.load_in = np.zeros((0, n_in))
             self.load_out = np.zeros((0, n_out))
             return
+        if all(c.version is not None for c in coflows):
+            self._from_rows(coflows, n_in, n_out)
+            return
         key_in, key_out = self._keys(coflows, n_in, n_out)
         rem = np.concatenate([c.remaining for c in coflows])
         self.load_in = np.bincount(key_in, weights=rem, minlength=K * n_in).reshape(K, n_in)
         self.load_out = np.bincount(key_out, weights=rem, minlength=K * n_out).reshape(K, n_out)
+
+    def _from_rows(self, coflows: Sequence[Coflow], n_in: int, n_out: int) -> None:
+        """Incremental build for versioned coflows: every coflow's per-port loads come from its
+        cache (recomputed only for the coflows that progressed since), so the cost is one step per
+        coflow plus the ports they touch, not a pass over all their flows. The sums are the same
+        as the one-bincount build (same flows, same order)."""
+        K = len(coflows)
+        rows = [coflow_port_loads(c, n_in, n_out) for c in coflows]
+        ci = np.concatenate([r[0] for r in rows])
+        li = np.concatenate([r[1] for r in rows])
+        co = np.concatenate([r[2] for r in rows])
+        lo = np.concatenate([r[3] for r in rows])
+        bi = np.zeros(K + 1, dtype=np.int64)
+        bo = np.zeros(K + 1, dtype=np.int64)
+        np.cumsum([r[0].shape[0] for r in rows], out=bi[1:])
+        np.cumsum([r[2].shape[0] for r in rows], out=bo[1:])
+        self.load_in = np.zeros((K, n_in))
+        self.load_out = np.zeros((K, n_out))
+        self.load_in[np.repeat(np.arange(K), np.diff(bi)), ci] = li
+        self.load_out[np.repeat(np.arange(K), np.diff(bo)), co] = lo
+        self._touch = (ci, li, bi, co, lo, bo)
 
     @classmethod
     def _keys(cls, coflows: Sequence[Coflow], n_in: int, n_out: int) -> tuple[np.ndarray, np.ndarray]:
@@ -285,8 +340,29 @@ def _bipartite_fill(s: np.ndarray, d: np.ndarray, w: np.ndarray | None, res: Res
     cd = res.res_out[md]
     os_ = np.argsort(cs, kind="stable")
     od = np.argsort(cd, kind="stable")
-    cs_l = cs[os_].tolist()
-    cd_l = cd[od].tolist()
+    i, j, lev_s, lev_d = _merge_levels(cs[os_].tolist(), cd[od].tolist())
+    # Ports never saturated keep an infinite level (their flows froze at the other end).
+    Ls = np.full(n_in, np.inf)
+    Ld = np.full(n_out, np.inf)
+    Ls[ms[os_[:i]]] = lev_s[:i]
+    Ld[md[od[:j]]] = lev_d[:j]
+    rate = np.zeros(s.shape[0])
+    rate[use] = np.minimum(Ls[us_], Ld[ud_])
+    if take:
+        res.res_in -= np.bincount(us_, weights=rate[use], minlength=n_in)
+        res.res_out -= np.bincount(ud_, weights=rate[use], minlength=n_out)
+        res.res_in[ms[os_[:i]]] = 0.0
+        res.res_out[md[od[:j]]] = 0.0
+        np.maximum(res.res_in, 0.0, out=res.res_in)
+        np.maximum(res.res_out, 0.0, out=res.res_out)
+    return rate
+
+
+def _merge_levels(cs_l: list[float], cd_l: list[float]) -> tuple[int, int, list[float], list[float]]:
+    """The saturation merge of :func:`_bipartite_fill`: ingress capacities ``cs_l`` and egress
+    capacities ``cd_l`` ascending; returns how many ingress / egress ports saturate and their
+    freeze levels in that order."""
+    a, b = len(cs_l), len(cd_l)
     lev_s = [0.0] * a     # freeze level of the i-th smallest ingress port
     lev_d = [0.0] * b
     i = j = 0
@@ -306,21 +382,7 @@ def _bipartite_fill(s: np.ndarray, d: np.ndarray, w: np.ndarray | None, res: Res
             lev_d[j] = level
             froz_d += level
             j += 1
-    # Ports never saturated keep an infinite level (their flows froze at the other end).
-    Ls = np.full(n_in, np.inf)
-    Ld = np.full(n_out, np.inf)
-    Ls[ms[os_[:i]]] = lev_s[:i]
-    Ld[md[od[:j]]] = lev_d[:j]
-    rate = np.zeros(s.shape[0])
-    rate[use] = np.minimum(Ls[us_], Ld[ud_])
-    if take:
-        res.res_in -= np.bincount(us_, weights=rate[use], minlength=n_in)
-        res.res_out -= np.bincount(ud_, weights=rate[use], minlength=n_out)
-        res.res_in[ms[os_[:i]]] = 0.0
-        res.res_out[md[od[:j]]] = 0.0
-        np.maximum(res.res_in, 0.0, out=res.res_in)
-        np.maximum(res.res_out, 0.0, out=res.res_out)
-    return rate
+    return i, j, lev_s, lev_d
 
 
 def _water_fill(s: np.ndarray, d: np.ndarray, w: np.ndarray | None, res: ResidualCapacity,
@@ -421,6 +483,13 @@ def greedy_fill(coflows: Sequence[Coflow], order: Sequence[int], res: ResidualCa
         if loads is not None and not loads.may_use(i, res):
             continue
         c = coflows[i]
+        shape = _live_shape(c)
+        if shape is not None:
+            if shape is not False:
+                extra = _bipartite_ports_fill(c, shape[0], shape[1], res)
+                if extra is not None:
+                    rates[i] = rates[i] + extra
+                continue
         live = c.remaining > 0
         if not live.any():
             continue
@@ -429,3 +498,78 @@ def greedy_fill(coflows: Sequence[Coflow], order: Sequence[int], res: ResidualCa
             continue
         extra = max_min_fair(c.src, c.dst, res, mask=mask, take=True, aggregate=False)
         rates[i] = rates[i] + extra
+
+
+def _live_shape(c: Coflow) -> "tuple[np.ndarray, np.ndarray] | bool | None":
+    """For a versioned coflow: (ingress ports, egress ports) if its live flows are exactly every
+    pair of them, each once, and no finished flow joins two of them; False if it has no live flow;
+    None otherwise or for an unversioned coflow (then the general path runs). Cached per version."""
+    dd = derived(c)
+    if dd is None:
+        return None
+    if "shape" in dd:
+        return dd["shape"]
+    live = c.remaining > 0
+    k = int(np.count_nonzero(live))
+    # Flows of a versioned coflow never restart, so the same number of live flows means the same
+    # live set: the shape survives progress that finishes no flow.
+    hit = c._live_cache
+    if hit is not None and hit[0] == k:
+        dd["shape"] = hit[1]
+        return hit[1]
+    out: "tuple[np.ndarray, np.ndarray] | bool | None"
+    if k == 0:
+        out = False
+    else:
+        ls, ld = c.src[live], c.dst[live]
+        S = np.flatnonzero(np.bincount(ls))     # ascending, as np.unique, without a sort
+        D = np.flatnonzero(np.bincount(ld))
+        a, b = S.shape[0], D.shape[0]
+        out = None
+        if k == a * b:
+            n_in = int(c.src.max()) + 1
+            n_out = int(c.dst.max()) + 1
+            in_s = np.zeros(n_in, dtype=bool)
+            in_d = np.zeros(n_out, dtype=bool)
+            in_s[S] = True
+            in_d[D] = True
+            # All flows (live or not) joining S and D: exactly the a x b live ones means the live
+            # pairs are distinct (hence every pair) and no finished flow sits among them.
+            if int(np.count_nonzero(in_s[c.src] & in_d[c.dst])) == k:
+                out = (S, D)
+    dd["shape"] = out
+    c._live_cache = (k, out)
+    return out
+
+
+def _bipartite_ports_fill(c: Coflow, S: np.ndarray, D: np.ndarray,
+                          res: ResidualCapacity) -> np.ndarray | None:
+    """:func:`_bipartite_fill` (with ``take``) for a coflow whose live flows are exactly S x D: the
+    usable flows are (usable ports of S) x (usable ports of D), so the fill is found from the ports
+    alone; only the per-flow rates and the capacity they take are flow-sized passes. Gives the same
+    numbers as ``max_min_fair(..., mask=live & usable)``; None when no flow can send."""
+    ms = S[res.res_in[S] > res.tol_in[S]]
+    md = D[res.res_out[D] > res.tol_out[D]]
+    a, b = ms.shape[0], md.shape[0]
+    if a == 0 or b == 0:
+        return None
+    n_in, n_out = res.res_in.shape[0], res.res_out.shape[0]
+    cs = res.res_in[ms]
+    cd = res.res_out[md]
+    os_ = np.argsort(cs, kind="stable")
+    od = np.argsort(cd, kind="stable")
+    i, j, lev_s, lev_d = _merge_levels(cs[os_].tolist(), cd[od].tolist())
+    Ls = np.zeros(n_in)
+    Ld = np.zeros(n_out)
+    Ls[ms] = np.inf
+    Ld[md] = np.inf
+    Ls[ms[os_[:i]]] = lev_s[:i]
+    Ld[md[od[:j]]] = lev_d[:j]
+    rate = np.minimum(Ls[c.src], Ld[c.dst])
+    res.res_in -= np.bincount(c.src, weights=rate, minlength=n_in)
+    res.res_out -= np.bincount(c.dst, weights=rate, minlength=n_out)
+    res.res_in[ms[os_[:i]]] = 0.0
+    res.res_out[md[od[:j]]] = 0.0
+    np.maximum(res.res_in, 0.0, out=res.res_in)
+    np.maximum(res.res_out, 0.0, out=res.res_out)
+    return rate

@@ -25,6 +25,7 @@ import numpy as np
 
 from .errors import CoflowError, SimulationError
 from .model import Coflow, PortCapacities
+from .policies._common import is_shared_zeros
 from .rate_allocation import effective_bottleneck
 from .scheduler import Scheduler, get_policy
 
@@ -204,7 +205,9 @@ def simulate(coflows: Iterable[Coflow], policy: Scheduler | str, capacities: Por
             seq += 1
     heapq.heapify(ready)
     active: list[Coflow] = []
-    view = _ActiveFlows(offs, size_all)
+    for c in work:
+        c.version = 0   # lets the policies cache what they derive from ``remaining`` (model.py)
+    view = _MovingFlows(offs, size_all)
     t = 0.0
     events = 0
     started = time.perf_counter()
@@ -221,7 +224,6 @@ def simulate(coflows: Iterable[Coflow], policy: Scheduler | str, capacities: Por
     while True:
         # Release every coflow due by now (never before its time: a coflow may not send before it
         # exists, so no tolerance here; the loop below lands exactly on release times).
-        changed = False
         while ready and ready[0][0] <= t:
             _, _, k = heapq.heappop(ready)
             c = work[k]
@@ -229,12 +231,10 @@ def simulate(coflows: Iterable[Coflow], policy: Scheduler | str, capacities: Por
             res.release = t
             if sched.on_arrival(c, t, capacities):
                 active.append(c)
-                changed = True
             else:
                 res.admitted = False
                 if sched.serve_rejected:
                     active.append(c)
-                    changed = True
                 else:
                     finish_parent(c.id, t)
         if not active:
@@ -242,13 +242,14 @@ def simulate(coflows: Iterable[Coflow], policy: Scheduler | str, capacities: Por
                 break
             t = max(t, ready[0][0])
             continue
-        if changed:
-            view.rebuild([pos[c.id] for c in active])
         events += 1
         if max_events is not None and events > max_events:
             raise SimulationError(f"policy {name!r}: more than {max_events} events")
         alloc = sched.allocate(active, t, capacities)
-        rates = view.gather_rates(alloc, active, name)
+        # Only the coflows given some rate move; every other flow keeps its bytes and cannot finish
+        # (all flows are unfinished at release, and only moving flows finish), so the vector work
+        # below is over the moving coflows' flows alone.
+        moving, rates = view.gather_rates(alloc, active, name, pos)
         rem = rem_all[view.idx]
         live = rem > 0
         m = live & (rates > 0)
@@ -256,8 +257,11 @@ def simulate(coflows: Iterable[Coflow], policy: Scheduler | str, capacities: Por
             ft = np.where(m, rem / np.where(m, rates, 1.0), math.inf)
         dt_flow = float(ft.min()) if ft.size else math.inf          # earliest completion of any flow
         # A coflow completes when its last live flow does; a live flow without rate never completes.
-        per_cf = np.maximum.reduceat(np.where(live, ft, 0.0), view.starts)
-        dt_coflow = float(per_cf.min()) if per_cf.size else math.inf  # earliest whole-coflow completion
+        if moving:
+            per_cf = np.maximum.reduceat(np.where(live, ft, 0.0), view.starts)
+            dt_coflow = float(per_cf.min())                          # earliest whole-coflow completion
+        else:
+            dt_coflow = math.inf
         t_next = t + min(dt_coflow, max(dt_flow, realloc_gap))
         if ready:
             t_next = min(t_next, ready[0][0])
@@ -269,24 +273,28 @@ def simulate(coflows: Iterable[Coflow], policy: Scheduler | str, capacities: Por
                                   f"at t={t:.6f}s and nothing else will happen")
         dt = max(0.0, t_next - t)
         t = t_next
+        if not moving:
+            continue
         if dt > 0:
             rem -= rates * dt
         done = (rem <= view.size * 1e-12) | (rem <= rates * _TIME_RES)
         rem[done] = 0.0
         rem_all[view.idx] = rem
+        for j in moving:
+            c = active[j]
+            c.version += 1  # type: ignore[operator]
         alive = np.logical_or.reduceat(rem > 0, view.starts)
         if not alive.all():
+            gone = {moving[q] for q in np.flatnonzero(~alive).tolist()}
             still: list[Coflow] = []
-            for c, a in zip(active, alive.tolist()):
-                if a:
+            for j, c in enumerate(active):
+                if j not in gone:
                     still.append(c)
                 else:
                     results[c.id].finish = t
                     sched.on_completion(c, t)
                     finish_parent(c.id, t)
             active = still
-            if active:
-                view.rebuild([pos[c.id] for c in active])
     out = SimulationResult(name, [results[c.id] for c in work], events,
                            time.perf_counter() - started)
     log.info("simulated %d coflows under %s: %d events in %.2fs", len(work), name, events,
@@ -294,11 +302,12 @@ def simulate(coflows: Iterable[Coflow], policy: Scheduler | str, capacities: Por
     return out
 
 
-class _ActiveFlows:
-    """Index of the active coflows' flows in the flat arrays: ``idx`` (flow positions, coflow after
-    coflow in active order), ``starts`` (each coflow's first position in ``idx``) and their sizes."""
+class _MovingFlows:
+    """Index of the moving coflows' flows (those the policy gave some rate) in the flat arrays:
+    ``idx`` (flow positions, coflow after coflow in active order), ``starts`` (each coflow's first
+    position in ``idx``) and the flows' sizes. Rebuilt at every event from the moving coflows alone."""
 
-    __slots__ = ("offs", "size_all", "idx", "starts", "size", "lens")
+    __slots__ = ("offs", "size_all", "idx", "starts", "size")
 
     def __init__(self, offs: np.ndarray, size_all: np.ndarray) -> None:
         self.offs = offs
@@ -306,37 +315,46 @@ class _ActiveFlows:
         self.idx = np.zeros(0, dtype=np.int64)
         self.starts = np.zeros(0, dtype=np.int64)
         self.size = np.zeros(0)
-        self.lens: list[int] = []
 
-    def rebuild(self, ks: Sequence[int]) -> None:
-        """Index the flows of coflows ``ks`` (positions into the flat arrays), in that order."""
-        lo = self.offs[ks]
-        n = self.offs[np.asarray(ks, dtype=np.int64) + 1] - lo
-        self.lens = n.tolist()
+    def gather_rates(self, alloc: Any, active: Sequence[Coflow], name: str,
+                     pos: dict[Hashable, int]) -> tuple[list[int], np.ndarray]:
+        """Positions in ``active`` of the coflows with some positive rate, and their rates as one
+        vector aligned with ``idx`` (which this rebuilds); missing coflows send nothing."""
+        got = alloc.rates
+        moving: list[int] = []
+        parts = []
+        ks = []
+        for j, c in enumerate(active):
+            r = got.get(c.id)
+            if r is None or is_shared_zeros(r):
+                continue
+            if getattr(r, "shape", None) != (len(c),):
+                raise SimulationError(f"policy {name!r} returned invalid rates for coflow {c.id!r}")
+            if not r.any():      # NaN and negative values count as "any": they are checked below
+                continue
+            moving.append(j)
+            parts.append(r)
+            ks.append(pos[c.id])
+        if not moving:
+            self.idx = np.zeros(0, dtype=np.int64)
+            self.starts = np.zeros(0, dtype=np.int64)
+            self.size = np.zeros(0)
+            return moving, np.zeros(0)
+        rates = np.concatenate(parts).astype(np.float64, copy=False)
+        kk = np.asarray(ks, dtype=np.int64)
+        lo = self.offs[kk]
+        n = self.offs[kk + 1] - lo
         self.starts = np.zeros(len(ks), dtype=np.int64)
         np.cumsum(n[:-1], out=self.starts[1:])
-        total = int(n.sum())
-        # idx = lo[k] + (0 .. n[k]-1) for every coflow k, without a Python loop over flows.
-        self.idx = np.arange(total, dtype=np.int64) + np.repeat(lo - self.starts, n)
+        # idx = lo[k] + (0 .. n[k]-1) for every moving coflow k, without a Python loop over flows.
+        self.idx = np.arange(rates.shape[0], dtype=np.int64) + np.repeat(lo - self.starts, n)
         self.size = self.size_all[self.idx]
-
-    def gather_rates(self, alloc: Any, active: Sequence[Coflow], name: str) -> np.ndarray:
-        """The allocation's rates as one vector aligned with ``idx`` (missing coflows send nothing)."""
-        got = alloc.rates
-        parts = []
-        for c, n in zip(active, self.lens):
-            r = got.get(c.id)
-            if r is None:
-                r = np.zeros(n)
-            elif getattr(r, "shape", None) != (n,):
-                raise SimulationError(f"policy {name!r} returned invalid rates for coflow {c.id!r}")
-            parts.append(r)
-        rates = np.concatenate(parts).astype(np.float64, copy=False)
         if not np.isfinite(rates).all() or (rates < 0).any():
             bad = np.flatnonzero(~np.isfinite(rates) | (rates < 0))[0]
             k = int(np.searchsorted(self.starts, bad, side="right")) - 1
-            raise SimulationError(f"policy {name!r} returned invalid rates for coflow {active[k].id!r}")
-        return rates
+            raise SimulationError(f"policy {name!r} returned invalid rates for coflow "
+                                  f"{active[moving[k]].id!r}")
+        return moving, rates
 
 
 def simulate_many(coflows: Sequence[Coflow], policies: Sequence[str], capacities: PortCapacities,

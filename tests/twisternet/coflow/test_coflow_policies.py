@@ -277,3 +277,34 @@ def test_register_custom_policy() -> None:
         get_policy("longest-first")
     with pytest.raises(CoflowError, match="bad options"):
         get_policy("sebf", no_such_option=1)
+
+
+def _coflowsim_fifo_example() -> list[Coflow]:
+    """Three coflows arriving together (in this order) on 2 ingress x 3 egress ports of 128 units/s
+    (128 MB/s, about 1 Gbit/s, in MB): A in0->out0 128; B in0->out1 128 and in1->out1 1280; C (small)
+    in0->out2 12.8 and in1->out2 12.8."""
+    return [Coflow("A", 0.0, [(0, 0, 128.0)]),
+            Coflow("B", 0.0, [(0, 1, 128.0), (1, 1, 1280.0)]),
+            Coflow("C", 0.0, [(0, 2, 12.8), (1, 2, 12.8)])]
+
+
+def test_fifo_skipped_coflows_queue_in_arrival_order() -> None:
+    # t=0: A's MADD fills in0 (Γ 1 s); B and C need in0, so MADD skips both. The refill in arrival
+    # order gives B's in1->out1 all of in1; C's in1->out2 gets nothing. t=1: A done; B has 128 + 1152
+    # left, Γ = 1280/128 = 10 s, MADD 12.8 on in0 and 115.2 on in1; C on the residual: in1 has 12.8
+    # left for 12.8 units, Γ' = 1 s. C done at 2, B at 11. Mean (1 + 11 + 2) / 3 = 4.667.
+    caps = PortCapacities(np.full(2, 128.0), np.full(3, 128.0))
+    res = simulate(_coflowsim_fifo_example(), "fifo", caps)
+    assert {r.id: r.cct for r in res.coflows} == pytest.approx({"A": 1.0, "B": 11.0, "C": 2.0})
+
+
+def test_fifo_share_skipped_pools_the_skipped_coflows() -> None:
+    # coflowsim's FIFO: the skipped B and C share in1 max-min: 64 each. t=0.2: C's in1->out2 done
+    # (12.8 at 64); B's in1->out1 then has in1 alone. t=1: A done; B sent 12.8 + 0.8 x 128 = 115.2 of
+    # 1280, so it has 128 + 1164.8 left at out1: Γ = 10.1 s, in0->out1 at 128/10.1. C's last flow
+    # (in0->out2, 12.8) gets MADD on in0's residual 128 - 128/10.1: done at 1 + 12.8 / that.
+    caps = PortCapacities(np.full(2, 128.0), np.full(3, 128.0))
+    res = simulate(_coflowsim_fifo_example(), "fifo", caps, share_skipped=True)
+    c_cct = 1.0 + 12.8 / (128.0 - 128.0 / 10.1)
+    assert {r.id: r.cct for r in res.coflows} == pytest.approx({"A": 1.0, "B": 11.1, "C": c_cct})
+    assert res.avg_cct < simulate(_coflowsim_fifo_example(), "fifo", caps).avg_cct

@@ -10,9 +10,29 @@ from ..model import Allocation, Coflow, PortCapacities
 from ..rate_allocation import CoflowLoads, ResidualCapacity
 
 
+_ZEROS: list[np.ndarray] = [np.zeros(0)]
+
+
+def shared_zeros(n: int) -> np.ndarray:
+    """A read-only zero vector of length ``n``, a view of one shared buffer (no allocation per call);
+    ``is_shared_zeros`` recognises it."""
+    z = _ZEROS[0]
+    if z.shape[0] < n:
+        z = np.zeros(max(n, 2 * z.shape[0]))
+        z.flags.writeable = False
+        _ZEROS[0] = z
+    return z[:n]
+
+
+def is_shared_zeros(r: np.ndarray) -> bool:
+    """True if ``r`` came from :func:`shared_zeros` (all zero, read-only)."""
+    return r.base is _ZEROS[0]
+
+
 def zero_rates(coflows: Sequence[Coflow]) -> list[np.ndarray]:
-    """One zero vector per coflow."""
-    return [np.zeros(len(c)) for c in coflows]
+    """One zero vector per coflow: for versioned coflows (the simulator's) read-only shared zeros
+    that the policies replace, never write; fresh arrays otherwise."""
+    return [np.zeros(len(c)) if c.version is None else shared_zeros(len(c)) for c in coflows]
 
 
 def build_allocation(coflows: Sequence[Coflow], order: Sequence[int],
@@ -20,7 +40,8 @@ def build_allocation(coflows: Sequence[Coflow], order: Sequence[int],
     """Package per-coflow rate vectors and a positional order; finished flows get rate 0."""
     out = {}
     for c, r in zip(coflows, rates):
-        r = np.where(c.remaining > 0, r, 0.0)
+        if not is_shared_zeros(r):
+            r = np.where(c.remaining > 0, r, 0.0)
         out[c.id] = r
     return Allocation(rates=out, order=[coflows[i].id for i in order])
 
