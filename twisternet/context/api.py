@@ -14,7 +14,7 @@ from typing import Any, Callable
 from .. import leftovers
 from ..channel import CONTROL_EDGE_BASE, MAX_EDGE, Channel
 from ..codec import Codec
-from ..config import Config
+from ..config import Config, busy_poll_seconds
 from ..errors import ClosedError, OperationTimeout, TwisternetError
 from ..framing import BufferPool
 from ..task_plan import TaskPlan
@@ -46,6 +46,8 @@ class Context(Outbound, OwnSend, ProgressEngine, Inbound, PeerLoss, Lifecycle):
         self.pool = BufferPool(config.buffer_size, config.pool_buffers)
         self._credit = config.buffer_size * config.buffer_count
         self._zc = config.zero_copy_threshold
+        #: Seconds a waiting thread busy-polls the channel before sleeping (config ``busy_poll_us``).
+        self._busy_poll = busy_poll_seconds(config, channel.world)
         self._on_close = on_close
 
         # The state of every part is made here, in one place; each part's docstring names what it owns.
@@ -264,7 +266,7 @@ class Context(Outbound, OwnSend, ProgressEngine, Inbound, PeerLoss, Lifecycle):
         limit = self.config.timeout if timeout is None else timeout
         start = time.monotonic()
         deadline = start + limit
-        spin_until = start + self.config.spin_time
+        spin_until = start + self._busy_poll
         flushed = False
         while True:
             with self._lock:
