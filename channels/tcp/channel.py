@@ -269,6 +269,10 @@ class TCPChannel(Channel):
             return bool(p and p.wq and not p.lost)
         return any(p.wq and not p.lost for p in self._peers.values())
 
+    def idle(self, peer: int, edge: int) -> bool:
+        p = self._peers.get(peer)
+        return p is not None and not p.wq and not self._inflight.get((peer, edge))
+
     def pending_bytes(self, peer: int) -> int:
         """Bytes queued for ``peer`` and not yet written to its socket (the coflow scheduler keeps this
         small so that its own priority-ordered queues hold the backlog)."""

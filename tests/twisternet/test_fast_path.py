@@ -119,3 +119,65 @@ def test_busy_poll_rule() -> None:
     assert busy_poll_seconds(Config(busy_poll_us=0), 1) == 0.0
     with pytest.raises(ConfigError):
         Config(busy_poll_us=-2)
+
+
+def test_small_record_to_an_idle_stream_goes_at_once_unbatched() -> None:
+    """Nagle's rule in the core: with nothing of the stream unacknowledged (Channel.idle) a small record
+    is its own message at once; old code packed it and held it for ``flush_delay`` (here 1 s). While it
+    is unacknowledged, the next record is batched as before."""
+    import threading
+
+    from channels.local import LocalChannel, LocalHub
+    from twisternet.config import load_config
+    from twisternet.context import Context
+    from twisternet.context.streams import _BATCH, _DIRECT
+
+    class Recording(LocalChannel):
+        idle_now = True
+
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            self.kinds: list[bytes] = []
+
+        def idle(self, peer, edge):
+            return self.idle_now
+
+        def send(self, peer, edge, parts, token=None):
+            if edge == 5:
+                self.kinds.append(bytes(memoryview(parts[0])[:1]))
+            return super().send(peer, edge, parts, token)
+
+    cfg = load_config(env={}, channel="local", flush_delay=1.0, timeout=30.0)
+    hub = LocalHub(2)
+    chans = [Recording(hub, r, cfg) for r in range(2)]
+    got: list[object] = []
+    arrived = threading.Event()
+    errors: list[BaseException] = []
+
+    def body(rank: int) -> None:
+        try:
+            with Context(chans[rank], cfg) as ctx:
+                if rank == 1:
+                    ctx.register(5, lambda src, obj: (got.append(obj), arrived.set()) and True)
+                    ctx.wait_until(lambda: len(got) == 3)
+                else:
+                    ctx.send(1, 5, b"first")
+                    deadline = 20.0
+                    assert arrived.wait(deadline) and chans[0].kinds == [_DIRECT]
+                    chans[0].idle_now = False
+                    ctx.send(1, 5, b"second")
+                    ctx.send(1, 5, b"third")
+                    ctx.flush()
+                    ctx.wait_until(lambda: len(chans[0].kinds) == 2)
+                    assert chans[0].kinds == [_DIRECT, _BATCH]
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+            hub.fail(rank, repr(e))
+
+    threads = [threading.Thread(target=body, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    assert got == [b"first", b"second", b"third"]

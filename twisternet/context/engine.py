@@ -149,9 +149,10 @@ class ProgressEngine:
                         self._sleep_until = time.monotonic() + timeout
                 did = self.channel.progress(timeout) or did
                 self._sleep_until = float("inf") if timeout > 0 else self._sleep_until
-                if self._pump():
+                # (unlocked peeks: whoever fills these after the peek wakes the channel, see _kick)
+                if (self._out_ready or self._out_partial or self._coflow_pump is not None) and self._pump():
                     did = seen = True
-                if deliver and self._deliver():
+                if deliver and (self._in_dirty or self._refused) and self._deliver():
                     did = seen = True
                     self.channel.flush_released()   # what the handlers released goes back now
                 seen = seen or self._seen
