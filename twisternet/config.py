@@ -81,9 +81,11 @@ class Config:
     spin_time: float = 0.0002
     #: Microseconds a thread waiting for a reply (``wait_until``, blocked sends) busy-polls the channel
     #: itself before it sleeps in the channel's poll. -1 (auto): ``spin_time`` when the job has no more
-    #: ranks than this process may use cores (then a poll finds the reply sooner than a sleeping
-    #: process is woken), 0 when the job is oversubscribed (a spinning rank would take the core
-    #: from the very rank whose reply it waits for).
+    #: ranks than this process may use cores and the machine is not already busy (1-minute load
+    #: average below the core count; then a poll finds the reply sooner than a sleeping process is
+    #: woken), else 0: on an oversubscribed job or machine a spinning rank takes the core from the
+    #: very rank whose reply it waits for (measured: 2 ranks on a 2-core machine at load 30 had twice
+    #: the latency with 200 us of polling than without).
     busy_poll_us: int = -1
     #: Seconds a partly filled buffer may wait for more records before it is sent (batching small
     #: records); ``flush()`` and any blocking wait send at once.
@@ -366,13 +368,19 @@ def to_env(config: Config) -> dict[str, str]:
     return out
 
 
-def busy_poll_seconds(config: Config, world: int) -> float:
+def busy_poll_seconds(config: Config, world: int, load: float | None = None) -> float:
     """How long a waiting thread busy-polls (see ``busy_poll_us``): the explicit value, or with -1 the
-    ``spin_time`` if ``world`` ranks fit the cores this process may run on, else 0."""
+    ``spin_time`` if ``world`` ranks fit the cores this process may run on and the load average is
+    below their count, else 0. ``load`` (the 1-minute load average) is read from the system if None."""
     if config.busy_poll_us >= 0:
         return config.busy_poll_us * 1e-6
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cores = os.cpu_count() or 1
-    return config.spin_time if world <= cores else 0.0
+    if load is None:
+        try:
+            load = os.getloadavg()[0]
+        except (AttributeError, OSError):
+            load = 0.0
+    return config.spin_time if world <= cores and load < cores else 0.0

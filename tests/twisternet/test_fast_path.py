@@ -113,8 +113,9 @@ def test_busy_poll_rule() -> None:
     import os
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     cfg = Config(spin_time=0.0003)
-    assert busy_poll_seconds(cfg, cores) == pytest.approx(0.0003)        # fits the cores: poll
-    assert busy_poll_seconds(cfg, cores + 1) == 0.0                       # oversubscribed: sleep
+    assert busy_poll_seconds(cfg, cores, load=0.0) == pytest.approx(0.0003)   # fits the cores: poll
+    assert busy_poll_seconds(cfg, cores + 1, load=0.0) == 0.0                  # oversubscribed: sleep
+    assert busy_poll_seconds(cfg, 1, load=cores + 5.0) == 0.0                  # busy machine: sleep
     assert busy_poll_seconds(Config(busy_poll_us=50), cores + 1) == pytest.approx(50e-6)
     assert busy_poll_seconds(Config(busy_poll_us=0), 1) == 0.0
     with pytest.raises(ConfigError):

@@ -21,6 +21,11 @@ log = logging.getLogger(__name__)
 
 #: The progress thread leaves the engine to a caller that drove it within this many seconds.
 _DRIVER_GRACE = 0.001
+#: How long the progress thread (socket channels) stays out of the way of a thread that drives the
+#: engine before it looks again. Every look takes the GIL from the driver, which on a busy machine can
+#: cost the driver a scheduler round (milliseconds) per message: few looks, at the price of records
+#: that arrive after the driver stopped waiting being handled up to this much later.
+_STEP_ASIDE = 0.005
 #: How long a thread sending a large (zero-copy) message waits for a busy engine before handing over.
 _SEND_LOCK_WAIT = 0.002
 
@@ -86,7 +91,7 @@ class ProgressEngine:
                 if time.monotonic() - self._driven_at < _DRIVER_GRACE:
                     # A caller waiting for an answer drives the engine itself right now: keep out of
                     # its way (it handles what arrives without a hand-off); take over if it stops.
-                    time.sleep(_DRIVER_GRACE)
+                    time.sleep(_STEP_ASIDE)
                     continue
                 # One round, then the unlocked wait even if the round did something: the wait returns at
                 # once if more is ready, where a second round would cost as much as the first (and keep
@@ -95,7 +100,7 @@ class ProgressEngine:
                 # round it would run after it, finding the driver's reply already taken or taking the
                 # next one from it, is a hand-off per message); keep out of its way instead.
                 if not self._chan_lock.acquire(blocking=False):
-                    time.sleep(_DRIVER_GRACE)
+                    time.sleep(_STEP_ASIDE)
                     continue
                 self._progress_once(0.0, lock_held=True)
                 if self._stop:
@@ -113,7 +118,7 @@ class ProgressEngine:
                 if self._chan_lock.locked():
                     # a thread drives the engine: it would wake with us for every message it waits for
                     self._sleep_until = float("inf")
-                    time.sleep(_DRIVER_GRACE)
+                    time.sleep(_STEP_ASIDE)
                     continue
                 try:
                     self.channel.wait(timeout)
