@@ -248,7 +248,9 @@ class Context(Outbound, OwnSend, ProgressEngine, Inbound, PeerLoss, Lifecycle):
         with self._lock:
             for key in list(self._out_partial):
                 self._emit_partial(self._out[key])
-        self._kick()
+            idle = not self._out_ready
+        if not idle:    # nothing queued: nothing to hand over (a round would find nothing to do)
+            self._kick()
 
     def progress(self, timeout: float = 0.0) -> bool:
         """Run the engine once (manual mode); in thread mode, wait up to ``timeout`` for activity."""
