@@ -1,6 +1,7 @@
 """Point-to-point bandwidth and latency: twisternet over UDS, TCP and MPI vs raw sockets and raw mpi4py.
 
     python -m benchmarks --suite p2p [--quick] [--repeat 3] [--set p2p.sizes=1K,1M] [--set p2p.budget=512M]
+        [--set p2p.lat_sizes=1K] [--set p2p.transports=uds,tcp]
     python benchmarks/p2p.py [--sizes 1K,...] [--repeat 3] [--quick] [--json OUT] [--plot OUT.png]
 
 One-way bandwidth sends ``budget`` bytes (at least 3 messages) of each size from rank 0 to rank 1;
@@ -58,10 +59,14 @@ def run(opts: SuiteOptions) -> SuiteResult:
     repeat = opts.repeats()
     res = SuiteResult(suite=NAME, description=DESCRIPTION)
     transports: dict[str, dict[str, str]] = {"uds": {}, "tcp": {"TWISTERNET_FORCE_TCP": "1"}}
-    if have_mpi():
+    only = opts.get("transports", ["uds", "tcp", "mpi"])     # --set p2p.transports=uds,tcp
+    if "mpi" not in only:
+        res.skipped.append("MPI: not in p2p.transports")
+    elif have_mpi():
         transports["mpi"] = {}
     else:
         res.skipped.append("twisternet MPI channel and raw mpi4py: mpi4py/mpiexec missing (pip install '.[mpi]')")
+    transports = {k: v for k, v in transports.items() if k in only}
     bar = opts.bar(NAME)
     bar.set_total(repeat * (2 * len(transports) + ("mpi" in transports)))
     worker_args = [",".join(map(str, sizes)), str(budget), ",".join(map(str, lat_sizes))]

@@ -143,6 +143,13 @@ class Channel(ABC):
         each message over inside ``send``, and with it the in-flight cap never holds a send back."""
         return 0
 
+    def idle(self, peer: int, edge: int) -> bool:
+        """Whether nothing sent to ``peer`` on ``edge`` is still queued here or unacknowledged (its credit
+        not back): then the core sends a small record at once as its own message instead of batching it
+        with later ones (as Nagle's rule does for TCP segments). Called without the engine, so it is a
+        hint. The default (False) always batches."""
+        return False
+
     #: Whether the ranks of a job are separate processes (False for the in-process local channel, whose
     #: ranks are threads sharing one address space): e.g. shared-memory segments between ranks only pay
     #: off, and only work as intended, when this is True.

@@ -54,6 +54,8 @@ MAX_IOV = 512
 BULK_WAIT = 1e-3
 #: A queue holding at least this many bytes counts as a large payload being written.
 BULK_BYTES = 1 << 20
+#: Seconds between two liveness checks (heartbeats due, silent peers) in ``progress``.
+LIVENESS_EVERY = 0.005
 
 
 class TCPChannel(Channel):
@@ -88,6 +90,7 @@ class TCPChannel(Channel):
         # Late connections (after the mesh): bounded handshakes, accept backoff, rate-limited logs.
         self._late = LateConnections(rank, token, config, self._poller)
         self._liveness = Liveness(config.heartbeat_interval, config.peer_timeout)
+        self._next_liveness = 0.0
         #: Per rank: "rank R on HOST (ADDRESS; ranks on that host: ...)", for loss reports.
         self._places = rank_places(world, getattr(session, "table", None))
         #: Handlers for service replies from the master (barrier manager, coflow coordinator), by name.
@@ -129,17 +132,43 @@ class TCPChannel(Channel):
                 self._handler.on_sent(token)
             return True
         self._ledger.charge(key, n)
+        idle = not p.wq and not p.want_write and not p.pushing
+        if self._ledger.owes:
+            # credit owed to this peer rides along in the same write (no frame, wake-up of its own)
+            for e, m in self._ledger.take_owed(peer):
+                self._enqueue(p, header(CREDIT, e, m), [], None)
         self._enqueue(p, header(DATA, edge, n), views, token)
+        if idle and n < BULK_BYTES:
+            # Small message on an idle link: write it now, from the thread that sends it, instead of
+            # at the next progress round (a system call saved and no wait for the engine). What the
+            # socket does not take, or an error, is left to the engine (_flush_writes / _write).
+            self._write_now(p)
         return True
+
+    def _write_now(self, p: Peer) -> None:
+        try:
+            n = p.sock.sendmsg(p.wq)
+        except OSError:
+            return
+        if n:
+            p.consume(n)
+            self._sent(p.written(n))
 
     def progress(self, timeout: float = 0.0) -> bool:
         did = self._flush_writes()
-        did = self._send_credit_returns() or did
+        if self._ledger.owes:
+            did = self._send_credit_returns() or did
         if did:
             timeout = 0.0
         if self._late.paused:
             timeout = self._late.resume(timeout)
-        events = self._poller.poll(self._ledger.wait(timeout) if timeout > 0 else 0.0)
+        if timeout > 0:
+            try:
+                events = self._poller.poll(self._ledger.sleeping(timeout))
+            finally:
+                self._ledger.awake()
+        else:
+            events = self._poller.poll(0.0)
         for obj, mask in events:
             if obj is None:
                 self._waker.drain()
@@ -152,11 +181,24 @@ class TCPChannel(Channel):
                 did = self._read(p) or did
             if mask & OUT and not p.lost:
                 did = self._write(p) or did
-        did = self._send_credit_returns() or did
-        did = self._flush_writes() or did
-        did = self._session_events() or did
-        self._heartbeats()
+        if self._ledger.owes:
+            did = self._send_credit_returns() or did
+        if did or events:
+            did = self._flush_writes() or did
+        if self._events:
+            did = self._session_events() or did
+        now = time.monotonic()
+        if now >= self._next_liveness:
+            # silence is measured in seconds: checking every few milliseconds is plenty
+            self._next_liveness = now + LIVENESS_EVERY
+            self._heartbeats()
         return did or bool(events)
+
+    def flush_released(self) -> None:
+        # credit the handlers released, if due, goes out now (releases by the thread in the engine
+        # wake nobody: see CreditLedger.sleepers)
+        if self._ledger.owes and self._send_credit_returns():
+            self._flush_writes()
 
     can_wait_unlocked = True
 
@@ -165,9 +207,11 @@ class TCPChannel(Channel):
         # rings the bell (level-triggered), and progress() then finds out what happened.
         if timeout > 0 and not self._closed_sel:
             try:
-                self._poller.poll(self._ledger.wait(timeout))
+                self._poller.poll(self._ledger.sleeping(timeout))
             except (OSError, ValueError):   # closed under us: the engine is stopping
                 pass
+            finally:
+                self._ledger.awake()
 
     can_push = True
 
@@ -224,6 +268,10 @@ class TCPChannel(Channel):
             p = self._peers.get(peer)
             return bool(p and p.wq and not p.lost)
         return any(p.wq and not p.lost for p in self._peers.values())
+
+    def idle(self, peer: int, edge: int) -> bool:
+        p = self._peers.get(peer)
+        return p is not None and not p.wq and not self._inflight.get((peer, edge))
 
     def pending_bytes(self, peer: int) -> int:
         """Bytes queued for ``peer`` and not yet written to its socket (the coflow scheduler keeps this

@@ -6,6 +6,7 @@ the core releases the messages, batched (see :meth:`CreditLedger.due`).
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -29,6 +30,10 @@ class CreditLedger:
         self._returns: deque[tuple[int, int, int]] = deque()   # (peer, edge, nbytes) from release()
         self._owed: dict[Key, int] = {}                         # released bytes not yet returned
         self._owed_since = float("inf")                         # when the oldest of them was released
+        #: Threads blocked in a poll of this channel (:meth:`sleeping`): only they need a wake-up when
+        #: credit is released; a release seen by a running round is returned by it.
+        self.sleepers = 0
+        self._sleep_lock = threading.Lock()
 
     # ---------------------------------------------------------------- sending side
     def fits(self, key: Key, n: int) -> bool:
@@ -55,8 +60,36 @@ class CreditLedger:
                 return
             used[0] = True
             returns.append((peer, edge, n))
-            wake()
+            if ledger.sleepers:
+                wake()
+        ledger = self
         return release
+
+    def sleeping(self, timeout: float) -> float:
+        """A thread is about to poll for up to ``timeout``: count it (``awake()`` after) and return the
+        timeout cut short so that owed credit is returned on time. Counting first means a release that
+        does not see the sleeper was appended before this check, which then shortens the wait."""
+        with self._sleep_lock:
+            self.sleepers += 1
+        return self.wait(timeout)
+
+    def awake(self) -> None:
+        with self._sleep_lock:
+            self.sleepers -= 1
+
+    @property
+    def owes(self) -> bool:
+        """Whether released credit waits to be returned (cheap: checked on every progress round)."""
+        return bool(self._returns or self._owed)
+
+    def take_owed(self, peer: int) -> list[tuple[int, int]]:
+        """``(edge, nbytes)`` of all credit owed to ``peer``, now (it rides with a message to it)."""
+        self._fold()
+        owed = self._owed
+        out = [(k[1], owed.pop(k)) for k in [k for k in owed if k[0] == peer]]
+        if not owed:
+            self._owed_since = float("inf")
+        return out
 
     def due(self) -> list[tuple[int, int, int]]:
         """``(peer, edge, nbytes)`` of credit to return now, in batches: a (peer, edge) gets its bytes
@@ -65,13 +98,8 @@ class CreditLedger:
         engine) per quarter of the credit instead of one per message. A sender can only be held up by
         what is owed if its next message is larger than about three quarters of the credit, and then
         for ``CREDIT_DELAY``."""
+        self._fold()
         owed = self._owed
-        if self._returns:
-            if not owed:
-                self._owed_since = time.monotonic()
-            while self._returns:
-                peer, edge, n = self._returns.popleft()
-                owed[(peer, edge)] = owed.get((peer, edge), 0) + n
         if not owed:
             return []
         due = time.monotonic() - self._owed_since >= CREDIT_DELAY
@@ -81,8 +109,20 @@ class CreditLedger:
             self._owed_since = float("inf")
         return out
 
+    def _fold(self) -> None:
+        """Move the releases reported (from any thread) into what is owed per (peer, edge)."""
+        if self._returns:
+            owed = self._owed
+            if not owed:
+                self._owed_since = time.monotonic()
+            while self._returns:
+                peer, edge, n = self._returns.popleft()
+                owed[(peer, edge)] = owed.get((peer, edge), 0) + n
+
     def wait(self, timeout: float) -> float:
         """``timeout`` cut short so that owed credit is returned on time."""
-        if self._owed or self._returns:
+        if self._returns:       # released, not yet counted (it is, by the next round): soon
+            return min(timeout, CREDIT_DELAY)
+        if self._owed:
             return max(0.0, min(timeout, self._owed_since + CREDIT_DELAY - time.monotonic()))
         return timeout

@@ -14,7 +14,7 @@ from typing import Any, Callable
 from .. import leftovers
 from ..channel import CONTROL_EDGE_BASE, MAX_EDGE, Channel
 from ..codec import Codec
-from ..config import Config
+from ..config import Config, busy_poll_seconds
 from ..errors import ClosedError, OperationTimeout, TwisternetError
 from ..framing import BufferPool
 from ..task_plan import TaskPlan
@@ -46,6 +46,8 @@ class Context(Outbound, OwnSend, ProgressEngine, Inbound, PeerLoss, Lifecycle):
         self.pool = BufferPool(config.buffer_size, config.pool_buffers)
         self._credit = config.buffer_size * config.buffer_count
         self._zc = config.zero_copy_threshold
+        #: Seconds a waiting thread busy-polls the channel before sleeping (config ``busy_poll_us``).
+        self._busy_poll = busy_poll_seconds(config, channel.world)
         self._on_close = on_close
 
         # The state of every part is made here, in one place; each part's docstring names what it owns.
@@ -246,7 +248,9 @@ class Context(Outbound, OwnSend, ProgressEngine, Inbound, PeerLoss, Lifecycle):
         with self._lock:
             for key in list(self._out_partial):
                 self._emit_partial(self._out[key])
-        self._kick()
+            idle = not self._out_ready
+        if not idle:    # nothing queued: nothing to hand over (a round would find nothing to do)
+            self._kick()
 
     def progress(self, timeout: float = 0.0) -> bool:
         """Run the engine once (manual mode); in thread mode, wait up to ``timeout`` for activity."""
@@ -264,7 +268,7 @@ class Context(Outbound, OwnSend, ProgressEngine, Inbound, PeerLoss, Lifecycle):
         limit = self.config.timeout if timeout is None else timeout
         start = time.monotonic()
         deadline = start + limit
-        spin_until = start + self.config.spin_time
+        spin_until = start + self._busy_poll
         flushed = False
         while True:
             with self._lock:

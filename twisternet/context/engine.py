@@ -21,6 +21,11 @@ log = logging.getLogger(__name__)
 
 #: The progress thread leaves the engine to a caller that drove it within this many seconds.
 _DRIVER_GRACE = 0.001
+#: How long the progress thread (socket channels) stays out of the way of a thread that drives the
+#: engine before it looks again. Every look takes the GIL from the driver, which on a busy machine can
+#: cost the driver a scheduler round (milliseconds) per message: few looks, at the price of records
+#: that arrive after the driver stopped waiting being handled up to this much later.
+_STEP_ASIDE = 0.005
 #: How long a thread sending a large (zero-copy) message waits for a busy engine before handing over.
 _SEND_LOCK_WAIT = 0.002
 
@@ -45,8 +50,22 @@ class ProgressEngine:
                 and not getattr(self._in_progress, "active", False) and not self._stop
                 and self._chan_lock.acquire(timeout=wait if wait > 0 else -1, blocking=wait > 0)):
             # Bytes only: handlers are not run here, because the sender may be inside an operation
-            # (holding its lock) and a handler run re-entrantly could overtake its record.
-            self._progress_once(0.0, lock_held=True, deliver=False)
+            # (holding its lock) and a handler run re-entrantly could overtake its record. The channel
+            # writes a small message to an idle link in send() itself, so a whole progress round (a
+            # poll, reads, credit) is only needed when something is left queued in the channel.
+            try:
+                self._in_progress.active = True
+                try:
+                    did = self._pump()
+                    if self.channel.has_pending():
+                        did = self.channel.progress(0.0) or did
+                        did = self._pump() or did
+                finally:
+                    self._in_progress.active = False
+            finally:
+                self._chan_lock.release()
+            if did:
+                self.notify()
             with self._lock:
                 # what arrived is delivered by the engine; a partly filled buffer due later needs
                 # the engine awake in time
@@ -72,12 +91,18 @@ class ProgressEngine:
                 if time.monotonic() - self._driven_at < _DRIVER_GRACE:
                     # A caller waiting for an answer drives the engine itself right now: keep out of
                     # its way (it handles what arrives without a hand-off); take over if it stops.
-                    time.sleep(_DRIVER_GRACE)
+                    time.sleep(_STEP_ASIDE)
                     continue
                 # One round, then the unlocked wait even if the round did something: the wait returns at
                 # once if more is ready, where a second round would cost as much as the first (and keep
                 # the engine from a thread that wants to send) just to find that nothing is.
-                self._progress_once(0.0)
+                # A busy engine is driven by a waiting or sending thread: never queue up behind it (the
+                # round it would run after it, finding the driver's reply already taken or taking the
+                # next one from it, is a hand-off per message); keep out of its way instead.
+                if not self._chan_lock.acquire(blocking=False):
+                    time.sleep(_STEP_ASIDE)
+                    continue
+                self._progress_once(0.0, lock_held=True)
                 if self._stop:
                     continue
                 with self._lock:
@@ -90,6 +115,11 @@ class ProgressEngine:
                         # scheduled sends wait for pacing tokens or channel room: poll at least this often
                         timeout = max(0.0, min(timeout, self._coflow_pump.pace_until - time.monotonic(), 0.01))
                     self._sleep_until = time.monotonic() + timeout
+                if self._chan_lock.locked():
+                    # a thread drives the engine: it would wake with us for every message it waits for
+                    self._sleep_until = float("inf")
+                    time.sleep(_STEP_ASIDE)
+                    continue
                 try:
                     self.channel.wait(timeout)
                 finally:
@@ -124,9 +154,10 @@ class ProgressEngine:
                         self._sleep_until = time.monotonic() + timeout
                 did = self.channel.progress(timeout) or did
                 self._sleep_until = float("inf") if timeout > 0 else self._sleep_until
-                if self._pump():
+                # (unlocked peeks: whoever fills these after the peek wakes the channel, see _kick)
+                if (self._out_ready or self._out_partial or self._coflow_pump is not None) and self._pump():
                     did = seen = True
-                if deliver and self._deliver():
+                if deliver and (self._in_dirty or self._refused) and self._deliver():
                     did = seen = True
                     self.channel.flush_released()   # what the handlers released goes back now
                 seen = seen or self._seen

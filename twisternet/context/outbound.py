@@ -69,7 +69,14 @@ class Outbound:
                     room = s.queued_bytes < self._credit and (need == 0 or self.pool.available >= need)
                 if room or forced:
                     wake = False
-                    if direct or not room:
+                    if (not direct and room and block and not s.queue and not s.packer.pending_bytes
+                            and self._coflow_pump is None and self.channel.idle(dst, edge)):
+                        # Nothing of this stream is on its way (Nagle's rule): send the record now as its
+                        # own message, with no batching delay and no packing; while it is unacknowledged,
+                        # later records batch behind it as usual.
+                        self._queue(s, _OutMsg([_DIRECT, b"".join(parts)], n + 1, None, None))
+                        wake = True
+                    elif direct or not room:
                         # own channel message; zero-copy unless we must not block for its completion
                         if s.packer.pending_bytes:
                             self._emit_partial(s)
