@@ -66,11 +66,12 @@ def process_batch(sw: "SoftwareSwitch", rows: np.ndarray, lengths: Sequence[int]
     V = sw.value_count
     rows = rows[:n]
     heads = np.ascontiguousarray(rows[:, :HEADER_SIZE]).view(HEADER_DTYPE).reshape(n)
+    js_arr = heads["job_seq"].astype(np.int64)
     B0 = heads["bitmap0"].tolist()
     B1 = heads["bitmap1"].tolist()
     FW = heads["flags"].tolist()
     AI = heads["agg_index"].tolist()
-    JS = heads["job_seq"].tolist()
+    JS = js_arr.tolist()
     LN = lengths.tolist() if isinstance(lengths, np.ndarray) else list(lengths)
     PORTS = in_ports.tolist() if isinstance(in_ports, np.ndarray) else list(in_ports)
     if queue_depths is None:
@@ -81,8 +82,6 @@ def process_batch(sw: "SoftwareSwitch", rows: np.ndarray, lengths: Sequence[int]
     with sw._lock:
         c = sw._counters
         extra = sw.extra
-        jobs = sw._jobs
-        members = sw._members
         groups = sw._groups
         ports = sw._ports
         ecn_threshold = sw._ecn_threshold
@@ -91,57 +90,58 @@ def process_batch(sw: "SoftwareSwitch", rows: np.ndarray, lengths: Sequence[int]
         js_reg, bm_reg, cnt_reg = sw._job_seq, sw._bitmap, sw._counter
         ecn_reg, ts_reg = sw._ecn, sw._timestamp
         mi_reg, mb1_reg, mf_reg = sw._meta_index, sw._meta_b1, sw._meta_fan
-
-        slots: dict[int, list] = {}
-        # epochs: [slot, base_from_register, rows...]; emissions: out entries referring to an epoch
-        epochs: list[list] = []
-        epoch_rows: list[list[int]] = []
-        out: list = []          # (port, payload) where payload is int row (forward), or tuple (emit)
+        # per job: (fan_in, ps_port, level, mcast_group, ports allowed to send gradients, ps_port mapped)
+        member_ports: dict[int, set[int]] = {}
+        for j, p in sw._members:
+            member_ports.setdefault(j, set()).add(p)
+        jinfo = {j: (e.fan_in, e.ps_port, e.level, e.mcast_group, member_ports.get(j, frozenset()),
+                     e.ps_port in ports) for j, e in sw._jobs.items()}
+        IDX = (heads["agg_index"].astype(np.int64) % nagg)
+        # the touched aggregators' registers, fetched at once: [job_seq, bitmap, counter, ecn,
+        # timestamp, epoch (-1: the register's own), meta index, meta bitmap1, meta fan word]
+        uniq = np.unique(IDX)
+        slots: dict[int, list] = {
+            k: [a, b, c_, d, e, -1, f, g, h] for k, a, b, c_, d, e, f, g, h in zip(
+                uniq.tolist(), js_reg[uniq].tolist(), bm_reg[uniq].tolist(), cnt_reg[uniq].tolist(),
+                ecn_reg[uniq].tolist(), ts_reg[uniq].tolist(), mi_reg[uniq].tolist(),
+                mb1_reg[uniq].tolist(), mf_reg[uniq].tolist())}
+        IDX = IDX.tolist()
+        epochs: list[list] = []            # [slot, continues the register's sum]
+        epoch_rows: list[list[int]] = []   # the rows aggregated into each epoch, in order
+        out: list = []          # (port, what): what is a row number (forward) or an emission tuple
         marks: dict[int, int] = {}       # row -> flag bits to OR into its forwarded copy
         n_dropped = n_agg = n_fwd = n_coll = n_res = n_acks = n_ecn = n_rej = 0
         n_emit = n_flush = n_reclaim = 0
 
-        def slot_state(idx: int) -> list:
-            st = slots.get(idx)
-            if st is None:
-                st = [int(js_reg[idx]), int(bm_reg[idx]), int(cnt_reg[idx]), bool(ecn_reg[idx]),
-                      float(ts_reg[idx]), -1, int(mi_reg[idx]), int(mb1_reg[idx]), int(mf_reg[idx])]
-                slots[idx] = st
-            return st
-
-        for i in range(n):
-            if LN[i] != size:
+        i = -1
+        for ln, job_seq, word, in_port, dep, idx in zip(LN, JS, FW, PORTS, DEP, IDX):
+            i += 1
+            if ln != size:
                 n_dropped += 1
                 continue
-            job_seq = JS[i]
             job_id = job_seq >> SEQ_BITS
-            if job_id == 0:
+            job = jinfo.get(job_id)
+            if job is None:                # job 0 (garbled) or not configured
                 n_dropped += 1
                 continue
-            job = jobs.get(job_id)
-            if job is None:
-                n_dropped += 1
-                continue
-            word = FW[i]
+            fan_in, ps_port, level, mcast, allowed, ps_ok = job
             flags = word & 0x3F
-            in_port = PORTS[i]
-            if (in_port != job.ps_port) if flags & FLAG_ACK else ((job_id, in_port) not in members):
+            if (in_port != ps_port) if flags & FLAG_ACK else (in_port not in allowed):
                 n_rej += 1
                 continue
-            if DEP[i] > ecn_threshold:
+            if dep > ecn_threshold:
                 n_ecn += 1
                 flags |= FLAG_ECN
                 marks[i] = FLAG_ECN
-            idx = AI[i] % nagg
+            st = slots[idx]
 
             if flags & FLAG_ACK:
                 n_acks += 1
-                st = slot_state(idx)
                 if st[_JS] == job_seq:
                     st[_JS] = st[_BM] = st[_CNT] = 0
                     st[_ECN] = False
                     st[_EPOCH] = -2
-                group = groups.get(job.mcast_group)
+                group = groups.get(mcast)
                 if group is None:
                     n_dropped += 1
                     continue
@@ -152,13 +152,11 @@ def process_batch(sw: "SoftwareSwitch", rows: np.ndarray, lengths: Sequence[int]
                         n_dropped += 1
                 continue
 
-            ps_port = job.ps_port
             if flags & FLAG_RESEND:
                 n_res += 1
-                st = slot_state(idx)
                 if st[_JS] == job_seq:
-                    if ps_port in ports:
-                        out.append((ps_port, _emission(st, True, job.level, sw._values, idx)))
+                    if ps_ok:
+                        out.append((ps_port, _emission(st, True, level, sw._values, idx)))
                     else:
                         n_dropped += 1
                     n_flush += 1
@@ -166,16 +164,15 @@ def process_batch(sw: "SoftwareSwitch", rows: np.ndarray, lengths: Sequence[int]
                     st[_ECN] = False
                     st[_EPOCH] = -2            # the next reservation starts a new epoch
                 n_fwd += 1
-                if ps_port in ports:
+                if ps_ok:
                     out.append((ps_port, i))
                 else:
                     n_dropped += 1
                 continue
 
-            if job.level == 0:
-                b0 = B0[i]
+            if level == 0:
                 eligible = not flags & _INELIGIBLE0
-                key = b0
+                key = B0[i]
             else:
                 b0 = B0[i]
                 eligible = (flags & FLAG_EDGE and not flags & _INELIGIBLE1 and b0 != 0
@@ -183,13 +180,12 @@ def process_batch(sw: "SoftwareSwitch", rows: np.ndarray, lengths: Sequence[int]
                 key = B1[i]
             if not eligible or key == 0:
                 n_fwd += 1
-                if ps_port in ports:
+                if ps_ok:
                     out.append((ps_port, i))
                 else:
                     n_dropped += 1
                 continue
 
-            st = slot_state(idx)
             held = st[_JS]
             if held and held != job_seq and now - st[_TS] > stale:
                 st[_JS] = st[_BM] = st[_CNT] = 0
@@ -208,7 +204,7 @@ def process_batch(sw: "SoftwareSwitch", rows: np.ndarray, lengths: Sequence[int]
             elif held != job_seq:
                 n_coll += 1
                 n_fwd += 1
-                if ps_port in ports:
+                if ps_ok:
                     marks[i] = marks.get(i, 0) | FLAG_COLLISION
                     out.append((ps_port, i))
                 else:
@@ -221,15 +217,14 @@ def process_batch(sw: "SoftwareSwitch", rows: np.ndarray, lengths: Sequence[int]
                     n_dropped += 1
                 else:
                     n_fwd += 1
-                    if ps_port in ports:
+                    if ps_ok:
                         out.append((ps_port, i))
                     else:
                         n_dropped += 1
                 continue
-            fan_in = job.fan_in
             if st[_CNT] >= fan_in:
                 n_fwd += 1
-                if ps_port in ports:
+                if ps_ok:
                     out.append((ps_port, i))
                 else:
                     n_dropped += 1
@@ -248,8 +243,8 @@ def process_batch(sw: "SoftwareSwitch", rows: np.ndarray, lengths: Sequence[int]
             n_agg += 1
             if st[_CNT] >= fan_in:
                 n_emit += 1
-                if ps_port in ports:
-                    out.append((ps_port, _emission(st, False, job.level, sw._values, idx)))
+                if ps_ok:
+                    out.append((ps_port, _emission(st, False, level, sw._values, idx)))
                 else:
                     n_dropped += 1
 
