@@ -56,6 +56,14 @@ log = logging.getLogger(__name__)
 __all__ = ["InnetAllReduce"]
 
 
+def _window_for(values: int) -> dict[str, int]:
+    """Worker window options for ``values``-wide packets: about 2 MB in flight per worker (the
+    bandwidth-delay product of a loopback or LAN path with a loaded Python switch's millisecond RTTs),
+    at least ATP's 128 fragments, at most 1024 (the switch's 4096 aggregators are shared by jobs)."""
+    frags = max(128, min(1024, (2 << 20) // (4 * values)))
+    return {"max_window": frags, "initial_window": min(frags, 32)}
+
+
 def _ip_to_int(host: str) -> int:
     return int.from_bytes(socket.inet_aton(socket.gethostbyname(host)), "big")
 
@@ -206,14 +214,18 @@ class InnetAllReduce:
         # one switch per operation: any id in 1..255 will do, so a random one (never derived from the
         # edge: a job's identity is its registered addresses, and its id should not be guessable either)
         # the switch and PS run on the first rank's host: everyone uses its address (not its own)
-        ports = np.zeros(4, np.int64)
+        # the packet width (innet_values) is the first rank's, so every worker and the switch agree
+        ports = np.zeros(5, np.int64)
         if first:
-            ports[:] = (free_udp_port(host), free_udp_port(host), secrets.randbelow(255) + 1, _ip_to_int(host))
+            ports[:] = (free_udp_port(host), free_udp_port(host), secrets.randbelow(255) + 1, _ip_to_int(host),
+                        config.innet_values)
         ports = self._exchange(ports, timeout)
         server_host = _int_to_ip(ports[3])
         sw_addr, ps_addr, job_id = (server_host, int(ports[0])), (server_host, int(ports[1])), int(ports[2])
+        values = int(ports[4])
 
-        self.job = InnetJob(job_id, me, world, sw_addr, ps_addr, bind=(host, 0))
+        self.job = InnetJob(job_id, me, world, sw_addr, ps_addr, bind=(host, 0), value_count=values,
+                            **_window_for(values))
         workers, directs = self._share_addresses(me, world, timeout)
         try:
             _check_reachable(op.describe(), ranks, server_host, workers, self._machines)
@@ -225,7 +237,8 @@ class InnetAllReduce:
         if first:
             try:
                 self.service = InnetService.launch(job_id, workers, switch_port=sw_addr[1],
-                                                   ps_port=ps_addr[1], host=host, direct_addrs=directs)
+                                                   ps_port=ps_addr[1], host=host, direct_addrs=directs,
+                                                   value_count=values)
                 ok[0] = 1
             except Exception:  # noqa: BLE001 - reported to every rank below, then raised here
                 log.exception("%s: could not start the in-network switch and PS", op.describe())
