@@ -56,12 +56,20 @@ log = logging.getLogger(__name__)
 __all__ = ["InnetAllReduce"]
 
 
+#: ECN threshold of a switch started for one operation: it serves no other job, so a queue behind a
+#: receive batch (up to 512 packets, mostly a scheduling delay of a loaded host) is no reason to halve
+#: the window; congestion still shows as loss.
+_EXCLUSIVE_ECN = 1 << 20
+
+
 def _window_for(values: int) -> dict[str, int]:
     """Worker window options for ``values``-wide packets: about 2 MB in flight per worker (the
     bandwidth-delay product of a loopback or LAN path with a loaded Python switch's millisecond RTTs),
     at least ATP's 128 fragments, at most 1024 (the switch's 4096 aggregators are shared by jobs)."""
     frags = max(128, min(1024, (2 << 20) // (4 * values)))
-    return {"max_window": frags, "initial_window": min(frags, 32)}
+    # rto_min 0.2 s: on a loaded host a process may not run for a hundred milliseconds, and a spurious
+    # timeout costs a resend (the switch flushes the partial aggregate to the PS) and half the window
+    return {"max_window": frags, "initial_window": min(frags, 32), "rto_min": 0.2, "rto_initial": 0.5}
 
 
 def _ip_to_int(host: str) -> int:
@@ -238,7 +246,7 @@ class InnetAllReduce:
             try:
                 self.service = InnetService.launch(job_id, workers, switch_port=sw_addr[1],
                                                    ps_port=ps_addr[1], host=host, direct_addrs=directs,
-                                                   value_count=values)
+                                                   value_count=values, ecn_threshold=_EXCLUSIVE_ECN)
                 ok[0] = 1
             except Exception:  # noqa: BLE001 - reported to every rank below, then raised here
                 log.exception("%s: could not start the in-network switch and PS", op.describe())
