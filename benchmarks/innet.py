@@ -236,8 +236,9 @@ def _rate_section(opts: SuiteOptions, res: SuiteResult, raw: dict[str, Any], bar
     frags = opts.get("rate_fragments", 5_000 if opts.quick else 50_000)
     ref_frags = max(1000, frags // 10)
     repeat = opts.repeats()
+    wide = int(opts.get("rate_wide_values", 2048))
     runs: dict[str, list[dict[str, Any]]] = {k: [] for k in ("bare", "batched", "per_packet", "dp_batched",
-                                                              "dp_per_packet")}
+                                                              "dp_per_packet", "batched_wide")}
     for rep in range(repeat):
         bar.step(f"switch packet rate, run {rep + 1}/{repeat}")
         runs["bare"].append(rate.bare_receive(3 * frags))
@@ -245,25 +246,31 @@ def _rate_section(opts: SuiteOptions, res: SuiteResult, raw: dict[str, Any], bar
         runs["per_packet"].append(rate.switch_rate(False, fragments=ref_frags))
         runs["dp_batched"].append(rate.dataplane_rate(True, fragments=frags))
         runs["dp_per_packet"].append(rate.dataplane_rate(False, fragments=ref_frags))
+        runs["batched_wide"].append(rate.switch_rate(True, fragments=max(500, frags // 16), V=wide, n_agg=1024))
     raw["rate"] = {"fragments": frags, "runs": runs}
 
     def med(k: str, key: str) -> float:
         return float(np.median([r[key] for r in runs[k]]))
     bare = med("bare", "cpu_pps")
-    rows = [["bare receive loop (recvfrom_into)", "-", round(bare), round(med("bare", "wall_pps")), 1.0]]
+    mb = 62 * 4 / 1e6
+    rows = [["bare receive loop (recvfrom_into)", "-", round(bare), round(med("bare", "wall_pps")), 1.0, "-"]]
     for k, label in (("batched", "switch server, batched dataplane"),
                      ("per_packet", "switch server, per-packet dataplane")):
         rows.append([label, round(med(k, "cpu_agg_pps")), round(med(k, "cpu_pps")), round(med(k, "wall_pps")),
-                     round(med(k, "cpu_pps") / bare, 3)])
+                     round(med(k, "cpu_pps") / bare, 3), round(med(k, "cpu_agg_pps") * mb, 1)])
     for k, label in (("dp_batched", "dataplane alone, batched"), ("dp_per_packet", "dataplane alone, per-packet")):
         rows.append([label, round(med(k, "cpu_agg_pps")), round(med(k, "cpu_pps")), "-",
-                     round(med(k, "cpu_pps") / bare, 3)])
+                     round(med(k, "cpu_pps") / bare, 3), round(med(k, "cpu_agg_pps") * mb, 1)])
+    rows.append([f"switch server, batched, {wide}-value packets", round(med("batched_wide", "cpu_agg_pps")),
+                 round(med("batched_wide", "cpu_pps")), round(med("batched_wide", "wall_pps")), "-",
+                 round(med("batched_wide", "cpu_agg_pps") * wide * 4 / 1e6, 1)])
     res.tables.append(Table(
         f"Switch packet rate on one core: 2 workers' 264-byte gradients + the PS's ACKs, {frags:,} fragments "
         f"prefilled in the switch's socket, median of {repeat}",
-        ["what", "aggregated pkts/s (CPU)", "all pkts/s (CPU)", "all pkts/s (wall)", "vs bare receive"], rows,
+        ["what", "aggregated pkts/s (CPU)", "all pkts/s (CPU)", "all pkts/s (wall)", "vs bare receive",
+         "aggregated MB/s (CPU)"], rows,
         note="CPU = packets per CPU second of the receiving thread (the one-core rate on a loaded host); "
-             "the per-packet rows ran on a tenth of the fragments"))
+             "the per-packet rows ran on a tenth of the fragments; the last row: wide packets (innet_values)"))
     agg = med("batched", "cpu_agg_pps")
     res.targets.append(Target("switch aggregation rate, batched dataplane, one core",
                               ">= 300,000 aggregated packets/s", f"{agg:,.0f}/s (ceiling: bare receive "

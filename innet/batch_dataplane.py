@@ -329,14 +329,21 @@ def _epoch_sums(sw: "SoftwareSwitch", rows: np.ndarray, epochs: list, epoch_rows
     counts = np.fromiter((len(r) for r in epoch_rows), np.int64, E)
     order = np.fromiter(chain.from_iterable(epoch_rows), np.int64, int(counts.sum()))
     pay = rows[:, HEADER_SIZE:HEADER_SIZE + 4 * V].view(">i4")
-    P = pay[order].astype(np.int64)
+    P32 = pay[order].astype(np.int32)
     base = np.zeros((E, V), np.int64)
     from_reg = [e for e, ep in enumerate(epochs) if ep[1]]
     if from_reg:
         base[from_reg] = sw._values[[epochs[e][0] for e in from_reg]]
-    C = np.cumsum(P, axis=0)
     ends = np.cumsum(counts)
     starts = ends - counts
+    # fast path: when no running sum can leave int32 (|row| x rows + |base| fits), one reduceat pass
+    if P32.size:
+        amax = max(int(P32.max()), -int(P32.min()))
+        bmax = int(np.abs(base).max()) if from_reg else 0
+        if amax * int(counts.max()) + bmax <= _I32_MAX:
+            return (np.add.reduceat(P32, starts, axis=0, dtype=np.int64) + base).astype(np.int32)
+    P = P32.astype(np.int64)
+    C = np.cumsum(P, axis=0)
     before = np.zeros((E, V), np.int64)
     nz = starts > 0
     before[nz] = C[starts[nz] - 1]
