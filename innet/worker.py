@@ -343,9 +343,9 @@ class AtpWorker:
             # the window bounds the fragments in flight (sent, unacknowledged); a fragment that waits
             # for recovery does not block the others, but no fragment may run max_window ahead of the
             # oldest unacknowledged one (its aggregator slot must have been released)
-            limit = min(nfrag, lowest + self.max_window)
+            send_limit = min(nfrag, lowest + self.max_window)
             inflight = (nxt - lowest) - int(np.count_nonzero(acked[lowest:nxt]))
-            while nxt < limit and inflight < int(cwnd):
+            while nxt < send_limit and inflight < int(cwnd):
                 indices[nxt] = self._index_for(base + nxt)
                 send(nxt, False)
                 nxt += 1

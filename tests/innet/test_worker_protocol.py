@@ -183,3 +183,22 @@ def test_worker_rejects_bad_configuration() -> None:
         AtpWorker(1, 0, 40, None, ("127.0.0.1", 9))
     with pytest.raises(ValueError, match="num_aggregators"):
         AtpWorker(1, 0, 2, None, ("127.0.0.1", 9), num_aggregators=0)
+
+
+def test_call_timeout_is_seconds_not_the_window_bound() -> None:
+    """A one-fragment call answered after 1.5 s succeeds within its 60 s timeout (the send loop's
+    window bound, a fragment count, once overwrote the call's time limit: 1 fragment = 1 second)."""
+    fake = FakeSwitch()
+    w = _worker(fake, timeout=60.0)
+    try:
+        t, box = _start(w, np.ones(V, np.float32))
+        fake.recv()
+        time.sleep(1.5)        # the delay under test: a slow PS / loaded host
+        fake.ack(0, np.full(V, 2.0))
+        t.join(30)
+        assert "err" not in box, box.get("err")
+        out, _ = box["out"]
+        assert np.array_equal(out, np.full(V, 2.0, np.float32))
+    finally:
+        w.close()
+        fake.close()
