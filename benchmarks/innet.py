@@ -179,7 +179,7 @@ def _ecn_section(opts: SuiteOptions, res: SuiteResult, raw: dict[str, Any], bar:
         note="goodput = gradient bytes of all workers / time until both jobs finished; results checked"))
     ratio = med("on", "goodput_mb_s") / med("off", "goodput_mb_s")
     res.targets.append(Target("ECN on vs off, goodput of two jobs on a rate-limited port",
-                              ">= 3x (ATP's figure)", f"{ratio:.2f}x", ratio >= 3.0))
+                              ">= 2x (issue 25; ATP reports 3x)", f"{ratio:.2f}x", ratio >= 2.0))
     drops_on, drops_off = med("on", "tail_drops"), med("off", "tail_drops")
     res.targets.append(Target("ECN on vs off, tail drops at the congested port",
                               "<= 10% of the drops without ECN", f"{drops_on:.0f} vs {drops_off:.0f}",
