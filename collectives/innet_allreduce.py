@@ -206,6 +206,7 @@ class InnetAllReduce:
     def _setup(self, timeout: float) -> None:
         from innet import InnetJob, InnetService
         from innet.service import free_udp_port
+        from innet.wire import DEFAULT_VALUE_COUNT
 
         rar = self.rar
         op = rar.op
@@ -216,6 +217,10 @@ class InnetAllReduce:
         config = op.ctx.config
         host = _innet_host(config)
         if config.innet_switch:
+            if config.innet_values != DEFAULT_VALUE_COUNT:
+                raise ConfigError("innet_values", f"{config.innet_values} applies to a switch the operation "
+                                  f"starts; the shared switch at {config.innet_switch} (innet_switch) carries "
+                                  f"{DEFAULT_VALUE_COUNT} values per packet")
             self._setup_shared(host, parse_address(config.innet_switch), parse_address(config.innet_p4runtime),
                                timeout)
             return

@@ -258,3 +258,20 @@ def test_innet_values_out_of_range_is_a_config_error() -> None:
     for bad in (0, 16001):
         with pytest.raises(ConfigError, match="innet_values"):
             load_config(env={}, innet_values=bad)
+
+
+@pytest.mark.timeout(120)
+def test_innet_values_with_a_shared_switch_is_a_config_error_on_every_rank() -> None:
+    """A shared switch carries its own width: a wider innet_values would be dropped there as the wrong
+    size (a hang until the timeout), so every rank refuses it at once."""
+    def body(ctx):
+        with C.AllReduce(ctx, edge=9, op="sum", via="innet") as op:
+            try:
+                op.allreduce(np.ones(10, np.float32))
+            except ConfigError as e:
+                return str(e)
+            return "no error"
+
+    res = run_local(2, body, timeout=60, innet_values=1000, innet_switch="127.0.0.1:9",
+                    innet_p4runtime="127.0.0.1:9")
+    assert all("innet_values" in r and "shared switch" in r for r in res), res
