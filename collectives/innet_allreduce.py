@@ -19,6 +19,11 @@ for the rest of the job, and ``last_stats.fallback`` says so, with a log warning
 float64 sum within ``innet.quantize.error_bound`` (values are scaled by ``2**20`` and rounded; float64
 values are quantized from float64; values that would overflow int32 go to the PS as raw float32).
 
+Packet width and window: ``innet_values`` (default ATP's 62) sets the values per packet of the switch,
+PS and workers the operation starts (the first rank's value; wider packets cut a software switch's
+per-packet work, docs/innet-performance.md); the worker window holds about 2 MB of fragments, and that
+switch, serving only this job, does not ECN-mark. With a shared switch ``innet_values`` must stay 62.
+
 Host: the workers bind the ``innet_host`` config key (default 127.0.0.1; in a TCP job left at that
 default: the address the host uses to reach the bootstrap master); the switch and PS run on the first
 rank's. Loopback on some ranks and not on others, or loopback on ranks of different hosts, is a
