@@ -298,6 +298,7 @@ class AtpWorker:
         next_timeout_pass = 0.0
         recover_point = 0      # loss-driven decreases: one per loss episode (until this fragment is acked)
         refused0 = self.transport.refused
+        drain = 4 * self.max_window + 256
 
         def send(i: int, resend: bool) -> None:
             gseq = base + i
@@ -362,9 +363,11 @@ class AtpWorker:
                 first = max(float(deadlines.min()), next_timeout_pass)
                 wait = max(0.0, min(0.05, first - time.monotonic()))
             select.select(socks, [], [], wait)
+            # drain everything queued (a window's worth of results can wait after a stall of this
+            # process): a result left unread would look like a loss to the timeout pass below
             batch = []
             for tr in (self.transport, self._direct):
-                batch.extend(tr.recv_batch(256))
+                batch.extend(tr.recv_batch(drain))
             now = time.monotonic()
             for data, src in batch:
                 if len(data) != self.packet_size or src not in self._sources:

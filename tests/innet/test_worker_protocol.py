@@ -202,3 +202,43 @@ def test_call_timeout_is_seconds_not_the_window_bound() -> None:
     finally:
         w.close()
         fake.close()
+
+
+def test_results_queued_during_a_stall_are_read_before_the_timeout_pass() -> None:
+    """The worker stalls (a loaded host) while the results of 600 fragments arrive; it reads them all
+    before looking for late fragments, so none is resent (it used to read 256 and resend the rest)."""
+    fake = FakeSwitch()
+    fake.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)    # the whole burst fits
+    w = _worker(fake, max_window=1024, initial_window=1024, rto_initial=0.5, rto_min=0.5,
+                reorder_threshold=0)
+    calls = []
+
+    def stall() -> None:
+        calls.append(1)
+        if len(calls) == 2:        # after the first window went out: longer than the RTO
+            time.sleep(3.0)
+
+    try:
+        box: dict = {}
+
+        def run() -> None:
+            try:
+                box["out"] = w.allreduce_sum(np.ones(600 * V, np.float32), abort=stall)
+            except BaseException as e:  # noqa: BLE001
+                box["err"] = e
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        seqs: set[int] = set()
+        while len(seqs) < 600:
+            seqs.add(fake.recv().seq)
+        for seq in sorted(seqs):
+            fake.ack(seq, np.full(V, 2.0))
+        t.join(30)
+        assert "err" not in box, box.get("err")
+        out, stats = box["out"]
+        assert np.array_equal(out, np.full(600 * V, 2.0, np.float32))
+        assert calls[1:2] == [1]            # the stall happened
+        assert stats.timeouts == 0 and stats.retransmits == 0
+    finally:
+        w.close()
+        fake.close()
