@@ -19,6 +19,11 @@ for the rest of the job, and ``last_stats.fallback`` says so, with a log warning
 float64 sum within ``innet.quantize.error_bound`` (values are scaled by ``2**20`` and rounded; float64
 values are quantized from float64; values that would overflow int32 go to the PS as raw float32).
 
+Packet width and window: ``innet_values`` (default ATP's 62) sets the values per packet of the switch,
+PS and workers the operation starts (the first rank's value; wider packets cut a software switch's
+per-packet work, docs/innet-performance.md); the worker window holds about 2 MB of fragments, and that
+switch, serving only this job, does not ECN-mark. With a shared switch ``innet_values`` must stay 62.
+
 Host: the workers bind the ``innet_host`` config key (default 127.0.0.1; in a TCP job left at that
 default: the address the host uses to reach the bootstrap master); the switch and PS run on the first
 rank's. Loopback on some ranks and not on others, or loopback on ranks of different hosts, is a
@@ -54,6 +59,22 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 __all__ = ["InnetAllReduce"]
+
+
+#: ECN threshold of a switch started for one operation: it serves no other job, so a queue behind a
+#: receive batch (up to 512 packets, mostly a scheduling delay of a loaded host) is no reason to halve
+#: the window; congestion still shows as loss.
+_EXCLUSIVE_ECN = 1 << 20
+
+
+def _window_for(values: int) -> dict[str, int]:
+    """Worker window options for ``values``-wide packets: about 2 MB in flight per worker (the
+    bandwidth-delay product of a loopback or LAN path with a loaded Python switch's millisecond RTTs),
+    at least ATP's 128 fragments, at most 1024 (the switch's 4096 aggregators are shared by jobs)."""
+    frags = max(128, min(1024, (2 << 20) // (4 * values)))
+    # rto_min 0.2 s: on a loaded host a process may not run for a hundred milliseconds, and a spurious
+    # timeout costs a resend (the switch flushes the partial aggregate to the PS) and half the window
+    return {"max_window": frags, "initial_window": min(frags, 32), "rto_min": 0.2, "rto_initial": 0.5}
 
 
 def _ip_to_int(host: str) -> int:
@@ -190,6 +211,7 @@ class InnetAllReduce:
     def _setup(self, timeout: float) -> None:
         from innet import InnetJob, InnetService
         from innet.service import free_udp_port
+        from innet.wire import DEFAULT_VALUE_COUNT
 
         rar = self.rar
         op = rar.op
@@ -200,20 +222,28 @@ class InnetAllReduce:
         config = op.ctx.config
         host = _innet_host(config)
         if config.innet_switch:
+            if config.innet_values != DEFAULT_VALUE_COUNT:
+                raise ConfigError("innet_values", f"{config.innet_values} applies to a switch the operation "
+                                  f"starts; the shared switch at {config.innet_switch} (innet_switch) carries "
+                                  f"{DEFAULT_VALUE_COUNT} values per packet")
             self._setup_shared(host, parse_address(config.innet_switch), parse_address(config.innet_p4runtime),
                                timeout)
             return
         # one switch per operation: any id in 1..255 will do, so a random one (never derived from the
         # edge: a job's identity is its registered addresses, and its id should not be guessable either)
         # the switch and PS run on the first rank's host: everyone uses its address (not its own)
-        ports = np.zeros(4, np.int64)
+        # the packet width (innet_values) is the first rank's, so every worker and the switch agree
+        ports = np.zeros(5, np.int64)
         if first:
-            ports[:] = (free_udp_port(host), free_udp_port(host), secrets.randbelow(255) + 1, _ip_to_int(host))
+            ports[:] = (free_udp_port(host), free_udp_port(host), secrets.randbelow(255) + 1, _ip_to_int(host),
+                        config.innet_values)
         ports = self._exchange(ports, timeout)
         server_host = _int_to_ip(ports[3])
         sw_addr, ps_addr, job_id = (server_host, int(ports[0])), (server_host, int(ports[1])), int(ports[2])
+        values = int(ports[4])
 
-        self.job = InnetJob(job_id, me, world, sw_addr, ps_addr, bind=(host, 0))
+        self.job = InnetJob(job_id, me, world, sw_addr, ps_addr, bind=(host, 0), value_count=values,
+                            **_window_for(values))
         workers, directs = self._share_addresses(me, world, timeout)
         try:
             _check_reachable(op.describe(), ranks, server_host, workers, self._machines)
@@ -225,7 +255,8 @@ class InnetAllReduce:
         if first:
             try:
                 self.service = InnetService.launch(job_id, workers, switch_port=sw_addr[1],
-                                                   ps_port=ps_addr[1], host=host, direct_addrs=directs)
+                                                   ps_port=ps_addr[1], host=host, direct_addrs=directs,
+                                                   value_count=values, ecn_threshold=_EXCLUSIVE_ECN)
                 ok[0] = 1
             except Exception:  # noqa: BLE001 - reported to every rank below, then raised here
                 log.exception("%s: could not start the in-network switch and PS", op.describe())

@@ -272,7 +272,8 @@ class InnetService:
                ps_port: int, host: str = "127.0.0.1", value_count: int = DEFAULT_VALUE_COUNT,
                num_aggregators: int = 4096, scale: float = DEFAULT_SCALE, keep: int = 4096,
                p4runtime_port: int | None = None, p4runtime_token: str | None = None,
-               direct_addrs: Sequence[tuple[str, int]] = ()) -> "InnetService":
+               direct_addrs: Sequence[tuple[str, int]] = (), ecn_threshold: int | None = None
+               ) -> "InnetService":
         """Start PS and switch subprocesses for one single-rack job on fixed ports (see ``free_udp_port``).
 
         ``worker_addrs`` are the ranks' switch-facing addresses (``InnetJob.address``), ``direct_addrs``
@@ -281,6 +282,7 @@ class InnetService:
                                     value_count=value_count, scale=scale, keep=keep, workers=direct_addrs)
         sw_args = ["--host", host, "--port", str(switch_port), "--aggregators", str(num_aggregators),
                    "--values", str(value_count),
+                   *(["--ecn-threshold", str(ecn_threshold)] if ecn_threshold is not None else []),
                    "--config", json.dumps(switch_config(job_id, worker_addrs, ps_addr))]
         if p4runtime_port is not None:
             sw_args += ["--p4runtime-port", str(p4runtime_port)]

@@ -330,6 +330,14 @@ class SoftwareSwitch(SwitchControl):
             self._counters["dropped"] += 1
             log.debug("no address for port %d; packet dropped", port)
 
+    def process_batch(self, rows: np.ndarray, lengths: Sequence[int], in_ports: Sequence[int], now: float,
+                      queue_depths: Sequence[int] | None = None) -> list[tuple[int, bytes]]:
+        """Run a batch of received packets (row ``i`` of ``rows``, ``lengths[i]`` bytes, entered on
+        ``in_ports[i]``); same outputs, counters and registers as ``process`` on each packet in turn,
+        computed batch-wise (see ``innet.batch_dataplane``)."""
+        from .batch_dataplane import process_batch
+        return process_batch(self, rows, lengths, in_ports, now, queue_depths)
+
     def process(self, packet: bytes, in_port: int, now: float, queue_depth: int = 0
                 ) -> list[tuple[int, bytes]]:
         """Run one packet through the dataplane; returns the (out_port, packet bytes) to emit.

@@ -24,6 +24,7 @@ ports its results go to are the ports its contributions may come from).
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
 import os
@@ -34,6 +35,8 @@ import threading
 import time
 from collections import deque
 from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
 
 from .lifeline import set_parent_death_signal, watch_parent, watch_stdin
 from .control import AlreadyExists, InvalidArgument, JobEntry, MulticastGroup, SwitchControl
@@ -105,8 +108,13 @@ class SwitchServer:
 
     def __init__(self, switch: SoftwareSwitch, bind: tuple[str, int] = ("127.0.0.1", 0), *,
                  loss: LossConfig | None = None, line_rate: float | None = None,
-                 queue_limit: int = 4096) -> None:
-        """``line_rate`` (packets/s, None = as fast as the loop runs) models the switch's port rate: the
+                 queue_limit: int = 4096, batched: bool = True, batch_size: int = 512) -> None:
+        """``batched`` (default) runs the batched dataplane (``SoftwareSwitch.process_batch``: up to
+        ``batch_size`` datagrams per wake-up received into preallocated memory); False runs the
+        per-packet reference ``process``. A ``line_rate`` always uses the per-packet loop (it models a
+        slow port, speed is not the point there).
+
+        ``line_rate`` (packets/s, None = as fast as the loop runs) models the switch's port rate: the
         switch forwards at most that many packets per second, its queue builds behind them, ECN marks
         when the queue exceeds the threshold, and arrivals beyond ``queue_limit`` packets are
         tail-dropped (``tail_drops``), as on a hardware switch whose egress link is the bottleneck."""
@@ -126,6 +134,10 @@ class SwitchServer:
         self.max_queue = int(queue_limit)
         self.line_rate = line_rate
         self.tail_drops = 0
+        self.batched = bool(batched) and line_rate is None
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size!r}")
+        self.batch_size = int(batch_size)
 
     @property
     def address(self) -> tuple[str, int]:
@@ -142,6 +154,77 @@ class SwitchServer:
 
     def run(self) -> None:
         """Receive, process and forward until stopped; then close the socket."""
+        if self.batched:
+            self._run_batched()
+        else:
+            self._run_per_packet()
+
+    def _run_batched(self) -> None:
+        """The fast loop: drain up to ``batch_size`` datagrams into a preallocated array, run them
+        through ``process_batch`` (queue depth = packets received behind each one), send the outputs."""
+        sw = self.switch
+        tr = self.transport
+        sock = tr.sock
+        width = sw.packet_size + 1              # one byte more: an oversize datagram shows as too long
+        rows = np.zeros((self.batch_size, width), np.uint8)
+        flat = memoryview(rows.reshape(-1))
+        views = [flat[i * width:(i + 1) * width] for i in range(self.batch_size)]
+        recv = sock.recvfrom_into
+        send = tr.send if tr.loss.active else None
+        sendto = sock.sendto
+        next_sweep = time.monotonic() + sw.stale_timeout / 2
+        try:
+            while not self._stop.is_set():
+                r, _, _ = select.select([sock], [], [], 0.05)
+                now = time.monotonic()
+                if now >= next_sweep:
+                    sw.reclaim_stale(now)
+                    next_sweep = now + sw.stale_timeout / 2
+                if not r:
+                    continue
+                self._refresh_ports()
+                a2p = self._addr_to_port
+                lengths: list[int] = []
+                in_ports: list[int] = []
+                for v in views:
+                    try:
+                        k, src = recv(v)
+                    except (BlockingIOError, InterruptedError):
+                        break
+                    except ConnectionRefusedError:
+                        tr.refused += 1
+                        continue
+                    lengths.append(k)
+                    in_ports.append(a2p.get(src, UNKNOWN_PORT))
+                n = len(lengths)
+                if not n:
+                    continue
+                self.packets_in += n
+                outs = sw.process_batch(rows, lengths, in_ports, time.monotonic(), range(n - 1, -1, -1))
+                ports = self._ports
+                for port, data in outs:
+                    addr = ports.get(port)
+                    if addr is None:
+                        continue
+                    if send is not None:
+                        send(data, addr)
+                        continue
+                    try:
+                        sendto(data, addr)
+                        tr.sent += 1
+                    except (BlockingIOError, ConnectionRefusedError):
+                        pass
+                    except OSError as e:
+                        if e.errno not in (errno.ENOBUFS, errno.EAGAIN, errno.EHOSTUNREACH, errno.ENETUNREACH):
+                            raise
+        except Exception:  # pragma: no cover - logged, then the switch is "dead"
+            log.exception("switch loop failed")
+            raise
+        finally:
+            tr.close()
+
+    def _run_per_packet(self) -> None:
+        """The reference loop (and the rate-limited port model): one ``process`` call per packet."""
         sw = self.switch
         tr = self.transport
         q = self._queue
@@ -206,12 +289,13 @@ class SwitchThread:
                  config: Mapping[str, Any] | None = None, bind: tuple[str, int] = ("127.0.0.1", 0),
                  loss: LossConfig | None = None, ecn_threshold: int = DEFAULT_ECN_THRESHOLD,
                  stale_timeout: float = DEFAULT_STALE_TIMEOUT, line_rate: float | None = None,
-                 queue_limit: int = 4096) -> None:
+                 queue_limit: int = 4096, batched: bool = True) -> None:
         self.switch = SoftwareSwitch(num_aggregators, value_count, ecn_threshold=ecn_threshold,
                                      stale_timeout=stale_timeout)
         if config:
             apply_config(self.switch, config)
-        self.server = SwitchServer(self.switch, bind, loss=loss, line_rate=line_rate, queue_limit=queue_limit)
+        self.server = SwitchServer(self.switch, bind, loss=loss, line_rate=line_rate, queue_limit=queue_limit,
+                                   batched=batched)
         self._thread = threading.Thread(target=self.server.run, name="atp-switch", daemon=True)
 
     @property
@@ -267,6 +351,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--line-rate", type=float, default=None,
                     help="packets/s the switch forwards at most (models a rate-limited port; default: no limit)")
     ap.add_argument("--queue-limit", type=int, default=4096, help="switch buffer in packets (default 4096)")
+    ap.add_argument("--per-packet", action="store_true",
+                    help="run the per-packet reference dataplane instead of the batched one")
     ap.add_argument("--p4runtime-token-file", default=None, metavar="PATH",
                     help="file whose first line is the P4Runtime token every call must carry "
                          "('-': the first line of stdin)")
@@ -303,7 +389,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error(str(e))
     try:
         server = SwitchServer(switch, (args.host, args.port), line_rate=args.line_rate,
-                              queue_limit=args.queue_limit)
+                              queue_limit=args.queue_limit, batched=not args.per_packet)
     except ValueError as e:
         ap.error(str(e))
     grpc_server = None

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import select
+import struct
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -45,12 +46,14 @@ from twisternet.errors import OperationTimeout
 from .quantize import Quantizer
 from .transport import ROLE_WORKER, LossConfig, UdpTransport
 from .wire import (DEFAULT_VALUE_COUNT, FLAG_ACK, FLAG_COLLISION, FLAG_ECN, FLAG_OVERFLOW, FLAG_RESEND,
-                   HEADER_SIZE, MAX_FAN_IN, MAX_JOB_ID, SEQ_MASK, WireError, decode_header, encode_header,
+                   HEADER_SIZE, MAX_FAN_IN, MAX_JOB_ID, SEQ_MASK, WireError, decode_header, encode_flags,
                    packet_size)
 
 __all__ = ["WorkerStats", "AtpWorker", "aggregator_index", "rehash_index"]
 
 log = logging.getLogger(__name__)
+
+_HEAD = struct.Struct("!IIHHI")     # innet.wire's header layout
 
 
 def _mix32(x: int) -> int:
@@ -270,7 +273,10 @@ class AtpWorker:
         base = self._next_seq
         self._next_seq += nfrag
         self.acked_fragments = 0
-        fan_word_args = (self.fan_in0, self.fan_in1)
+        # the header's constant part, packed once (fields were validated in __init__)
+        fan_word = encode_flags(self.fan_in0, self.fan_in1, 0)
+        pack_head = _HEAD.pack
+        b0, b1, job_bits = self.bitmap0, self.bitmap1, self.job_id << 24
         if self.switch_dead and self.switch_addr is not None and not self._switch_answered:
             self._drain_switch_socket()          # results of the last call that came late
         if self.switch_dead and self._switch_answered and self.switch_addr is not None:
@@ -292,13 +298,13 @@ class AtpWorker:
         next_timeout_pass = 0.0
         recover_point = 0      # loss-driven decreases: one per loss episode (until this fragment is acked)
         refused0 = self.transport.refused
+        drain = 4 * self.max_window + 256
 
         def send(i: int, resend: bool) -> None:
             gseq = base + i
             flags = (FLAG_OVERFLOW if ovf[i] else 0) | (FLAG_RESEND if resend else 0)
-            head = encode_header(self.bitmap0, self.bitmap1, *fan_word_args, flags, int(indices[i]),
-                                 (self.job_id << 24) | (gseq & SEQ_MASK))
-            data = head + qbytes[i].tobytes()
+            data = pack_head(b0, b1, fan_word | flags, int(indices[i]), job_bits | (gseq & SEQ_MASK)
+                             ) + qbytes[i].tobytes()
             if use_direct:
                 self._direct.send(data)
             else:
@@ -338,9 +344,9 @@ class AtpWorker:
             # the window bounds the fragments in flight (sent, unacknowledged); a fragment that waits
             # for recovery does not block the others, but no fragment may run max_window ahead of the
             # oldest unacknowledged one (its aggregator slot must have been released)
-            limit = min(nfrag, lowest + self.max_window)
+            send_limit = min(nfrag, lowest + self.max_window)
             inflight = (nxt - lowest) - int(np.count_nonzero(acked[lowest:nxt]))
-            while nxt < limit and inflight < int(cwnd):
+            while nxt < send_limit and inflight < int(cwnd):
                 indices[nxt] = self._index_for(base + nxt)
                 send(nxt, False)
                 nxt += 1
@@ -357,9 +363,11 @@ class AtpWorker:
                 first = max(float(deadlines.min()), next_timeout_pass)
                 wait = max(0.0, min(0.05, first - time.monotonic()))
             select.select(socks, [], [], wait)
+            # drain everything queued (a window's worth of results can wait after a stall of this
+            # process): a result left unread would look like a loss to the timeout pass below
             batch = []
             for tr in (self.transport, self._direct):
-                batch.extend(tr.recv_batch(256))
+                batch.extend(tr.recv_batch(drain))
             now = time.monotonic()
             for data, src in batch:
                 if len(data) != self.packet_size or src not in self._sources:

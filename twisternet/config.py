@@ -183,6 +183,9 @@ class Config:
     innet_switch: str = ""
     #: P4Runtime HOST:PORT of that switch: the operation places its job there as a controller would.
     innet_p4runtime: str = ""
+    #: Values per ATP packet (ATP: 62 int32 = 264-byte packets). A software switch this job starts can
+    #: take wider fragments (up to 16000 values), which cut the per-packet work (docs/innet-performance.md).
+    innet_values: int = 62
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -253,6 +256,8 @@ def _validate(c: Config) -> None:
                           "through its P4Runtime server)")
     if not c.innet_host:
         raise ConfigError("innet_host", "must not be empty")
+    if not 1 <= c.innet_values <= 16000:
+        raise ConfigError("innet_values", f"must be in 1..16000 values per packet, got {c.innet_values}")
     if c.token is not None:
         from .tokens import HOW_TO_MAKE_ONE, token_problem
         problem = token_problem(c.token)

@@ -231,3 +231,47 @@ def test_64mb_through_the_switch() -> None:
     p = run_tcp(2, S, str(16 << 20), timeout=850)      # 16 Mi float32 values = 64 MB
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert all("ok=True" in r for r in lines(p, "RESULT"))
+
+
+@pytest.mark.timeout(240)
+def test_wide_packets_from_the_first_ranks_innet_values() -> None:
+    """innet_values widens the packets of the switch, PS and workers the operation starts (ranks that
+    disagree follow the first rank, so nobody sends packets the switch would drop as the wrong size)."""
+    world, n = 3, 10_000
+    seen: list[int] = []
+
+    def body(ctx):
+        with C.AllReduce(ctx, edge=9, op="sum", via="innet") as op:
+            out = op.allreduce(_value(ctx.rank, n))
+            seen.append(op._rank_allreduce.innet.job.worker.value_count)
+            return out
+
+    res = run_local(world, body, timeout=200, innet_values=1000)
+    assert seen == [1000] * world
+    ref = sum(_value(r, n).astype(np.float64) for r in range(world))
+    for out in res:
+        assert (np.abs(out - ref) <= error_bound(ref, DEFAULT_SCALE, world)).all()
+
+
+def test_innet_values_out_of_range_is_a_config_error() -> None:
+    from twisternet.config import load_config
+    for bad in (0, 16001):
+        with pytest.raises(ConfigError, match="innet_values"):
+            load_config(env={}, innet_values=bad)
+
+
+@pytest.mark.timeout(120)
+def test_innet_values_with_a_shared_switch_is_a_config_error_on_every_rank() -> None:
+    """A shared switch carries its own width: a wider innet_values would be dropped there as the wrong
+    size (a hang until the timeout), so every rank refuses it at once."""
+    def body(ctx):
+        with C.AllReduce(ctx, edge=9, op="sum", via="innet") as op:
+            try:
+                op.allreduce(np.ones(10, np.float32))
+            except ConfigError as e:
+                return str(e)
+            return "no error"
+
+    res = run_local(2, body, timeout=60, innet_values=1000, innet_switch="127.0.0.1:9",
+                    innet_p4runtime="127.0.0.1:9")
+    assert all("innet_values" in r and "shared switch" in r for r in res), res

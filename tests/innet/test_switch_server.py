@@ -194,3 +194,23 @@ def test_rate_limit_arguments_are_checked() -> None:
         SwitchThread(8, V, line_rate=0)
     with pytest.raises(ValueError, match="queue_limit"):
         SwitchThread(8, V, queue_limit=0)
+
+
+@pytest.mark.parametrize("batched", [True, False])
+def test_both_server_loops_aggregate_and_drop_oversize_and_forged(batched: bool) -> None:
+    """The batched loop (recvfrom_into preallocated rows) and the per-packet loop: same service, and an
+    oversize datagram (longer than the row) and a forged gradient are dropped, not aggregated."""
+    workers, ps, stranger = [_udp(), _udp()], _udp(), _udp()
+    with SwitchThread(64, V, config=_config(workers, ps), batched=batched) as st:
+        assert st.server.batched is batched
+        good = encode(Packet(3, 11, np.ones(V, np.int32), bitmap0=1, bitmap1=1, fan_in0=2, agg_index=17))
+        workers[0].sendto(good + b"\0" * 8, st.address)      # oversize: dropped
+        stranger.sendto(good, st.address)                     # not a member: rejected
+        deadline = time.monotonic() + 30
+        while st.switch.counters()["rejected"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        _exchange(st.address, workers, ps)
+        c = st.switch.counters()
+        assert (c["dropped"], c["rejected"], c["aggregated"]) == (1, 1, 2)
+    for s in (*workers, ps, stranger):
+        s.close()

@@ -183,3 +183,62 @@ def test_worker_rejects_bad_configuration() -> None:
         AtpWorker(1, 0, 40, None, ("127.0.0.1", 9))
     with pytest.raises(ValueError, match="num_aggregators"):
         AtpWorker(1, 0, 2, None, ("127.0.0.1", 9), num_aggregators=0)
+
+
+def test_call_timeout_is_seconds_not_the_window_bound() -> None:
+    """A one-fragment call answered after 1.5 s succeeds within its 60 s timeout (the send loop's
+    window bound, a fragment count, once overwrote the call's time limit: 1 fragment = 1 second)."""
+    fake = FakeSwitch()
+    w = _worker(fake, timeout=60.0)
+    try:
+        t, box = _start(w, np.ones(V, np.float32))
+        fake.recv()
+        time.sleep(1.5)        # the delay under test: a slow PS / loaded host
+        fake.ack(0, np.full(V, 2.0))
+        t.join(30)
+        assert "err" not in box, box.get("err")
+        out, _ = box["out"]
+        assert np.array_equal(out, np.full(V, 2.0, np.float32))
+    finally:
+        w.close()
+        fake.close()
+
+
+def test_results_queued_during_a_stall_are_read_before_the_timeout_pass() -> None:
+    """The worker stalls (a loaded host) while the results of 600 fragments arrive; it reads them all
+    before looking for late fragments, so none is resent (it used to read 256 and resend the rest)."""
+    fake = FakeSwitch()
+    fake.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)    # the whole burst fits
+    w = _worker(fake, max_window=1024, initial_window=1024, rto_initial=0.5, rto_min=0.5,
+                reorder_threshold=0)
+    calls = []
+
+    def stall() -> None:
+        calls.append(1)
+        if len(calls) == 2:        # after the first window went out: longer than the RTO
+            time.sleep(3.0)
+
+    try:
+        box: dict = {}
+
+        def run() -> None:
+            try:
+                box["out"] = w.allreduce_sum(np.ones(600 * V, np.float32), abort=stall)
+            except BaseException as e:  # noqa: BLE001
+                box["err"] = e
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        seqs: set[int] = set()
+        while len(seqs) < 600:
+            seqs.add(fake.recv().seq)
+        for seq in sorted(seqs):
+            fake.ack(seq, np.full(V, 2.0))
+        t.join(30)
+        assert "err" not in box, box.get("err")
+        out, stats = box["out"]
+        assert np.array_equal(out, np.full(600 * V, 2.0, np.float32))
+        assert calls[1:2] == [1]            # the stall happened
+        assert stats.timeouts == 0 and stats.retransmits == 0
+    finally:
+        w.close()
+        fake.close()
