@@ -215,7 +215,7 @@ def test_cli_errors_and_delegates(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 
 def test_token_file_is_created_private_and_reused(tmp_path: Path) -> None:
     path = tmp_path / "sub" / "token"
-    with pytest.raises(Exception):
+    with pytest.raises(OSError):
         cli.read_or_create_token(path)  # missing directory: a clear error, not a crash
     path = tmp_path / "token"
     token, created = cli.read_or_create_token(path)
