@@ -23,7 +23,8 @@ import time
 import traceback
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 if __package__ in (None, ""):          # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -244,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         ap.error(f"--set names unknown suite(s): {', '.join(bad)}")
     command = "python -m benchmarks " + " ".join(shlex.quote(x) for x in argv)
-    started = _dt.datetime.now(_dt.timezone.utc)
+    started = _dt.datetime.now(_dt.UTC)
 
     if a.render:
         try:

@@ -15,7 +15,7 @@ import json
 import socket
 import sys
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

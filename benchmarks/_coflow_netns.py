@@ -61,7 +61,7 @@ class Testbed:
         self._made: list[str] = []
         self.tmp = Path(tempfile.mkdtemp(prefix="twn-coflow-"))
 
-    def __enter__(self) -> "Testbed":
+    def __enter__(self) -> Testbed:
         try:
             self.up()
         except BaseException:

@@ -16,7 +16,8 @@ like the bytes (latin-1 maps byte b to code point b) and give the same checksum 
 from __future__ import annotations
 
 import zlib
-from typing import Any, Iterable, Sequence
+from typing import Any
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 

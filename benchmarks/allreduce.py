@@ -25,7 +25,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -119,7 +120,7 @@ def _ray_reason(opts: SuiteOptions) -> str | None:
     return None
 
 
-def run(opts: SuiteOptions) -> SuiteResult:
+def run(opts: SuiteOptions) -> SuiteResult:  # noqa: C901 - one report step after another
     """Every peer at every worker count and size; tables, charts and the issue's 64 MB targets."""
     t0 = time.monotonic()
     sizes = sorted(opts.get("sizes", QUICK_SIZES if opts.quick else FULL_SIZES))
@@ -184,7 +185,7 @@ def run(opts: SuiteOptions) -> SuiteResult:
         m = med.get(n, {})
         rows: list[list[Any]] = []
         for s in sizes:
-            get = lambda k: m.get(k, {}).get(s)  # noqa: E731
+            get = lambda k, m=m, s=s: m.get(k, {}).get(s)  # noqa: E731
             rows.append([fmt_size(s), *(None if get(k) is None else get(k) * 1e3 for k, _ in present),
                          *(ratio(get(a), get(b)) for a, b, _ in TARGETS)])
         res.tables.append(Table(

@@ -8,7 +8,8 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 from benchmarks.harness import Target
 

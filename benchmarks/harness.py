@@ -14,7 +14,8 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, TextIO
+from typing import Any, TextIO
+from collections.abc import Callable
 
 
 @dataclass

@@ -125,7 +125,7 @@ def run(opts: SuiteOptions) -> SuiteResult:
             for name in active:
                 left_out = " (left out: it failed)" if name in failed else ""
                 bar.step(f"run {rep + 1}/{repeat}: {name} x{w}{left_out}")
-                r = try_peer(name, lambda: runners[name](w, total), failed, res.skipped,
+                r = try_peer(name, lambda name=name, w=w: runners[name](w, total), failed, res.skipped,
                              f"{w} workers on {total:,} records")
                 if r is None:
                     continue
@@ -146,7 +146,7 @@ def run(opts: SuiteOptions) -> SuiteResult:
                      f"{spilled:,.0f} MB in all (memory_limit {raw['memory_limit'][w] >> 20} MB/worker)",
                      *(f"{others[n] / t:.2f}" if n in others else "n/a" for n in ("PySpark", "Dask"))])
         for name, secs in others.items():
-            rows.append([f"{name} {'local[%d] sortByKey' % w if name == 'PySpark' else 'sort_values, %d workers' % w}",
+            rows.append([f"{name} {f'local[{w}] sortByKey' if name == 'PySpark' else f'sort_values, {w} workers'}",
                          f"{secs:.2f}", f"{total / secs:,.0f}", f"{mb / secs:.1f}", "",
                          *("1.00" if n == name else "" for n in ("PySpark", "Dask"))])
         target = versus_spark(f"sort, {w} workers", t, others.get("PySpark"), "PySpark" in failed)

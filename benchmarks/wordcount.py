@@ -149,8 +149,8 @@ def run(opts: SuiteOptions) -> SuiteResult:
             for name in active:
                 left_out = " (left out: it failed)" if name in failed else ""
                 bar.step(f"run {rep + 1}/{repeat}: {name} x{w}{left_out}")
-                got = try_peer(name, lambda: runners[name](w, words), failed, res.skipped, f"{w} workers",
-                               wrong=WrongAnswer)    # a wrong answer is an error, not a skipped peer
+                got = try_peer(name, lambda name=name, w=w: runners[name](w, words), failed, res.skipped,
+                               f"{w} workers", wrong=WrongAnswer)    # a wrong answer is an error, not a skipped peer
                 if got is None:
                     continue
                 t, _, d = got

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from twisternet.channel import Buffer, Channel, ChannelHandler, fits_credit
 from twisternet.config import Config
@@ -20,10 +20,10 @@ class LocalHub:
 
     def __init__(self, world: int) -> None:
         self.world = world
-        self.channels: list["LocalChannel | None"] = [None] * world
+        self.channels: list[LocalChannel | None] = [None] * world
         self.lock = threading.Lock()
 
-    def attach(self, ch: "LocalChannel") -> None:
+    def attach(self, ch: LocalChannel) -> None:
         with self.lock:
             if self.channels[ch.rank] is not None:
                 raise ValueError(f"rank {ch.rank} already attached to this hub")

@@ -10,21 +10,20 @@ Generic form::
     op.results(task)            # iterator over what local destination ``task`` receives
     op.close()                  # or use the operation as a context manager
 
-``sources``/``destinations`` are task ids of ``ctx.plan`` (default: every task; the single destination
-of Reduce and Gather and the single source of Broadcast default to the first task); they may be
-disjoint, and several tasks of one process share one operation object. With
-``callback(dest_task, item)`` the items go to the callback (on the progress thread, or on the thread
-whose call produced them; it must not block or call ``send``) instead of ``results()``. Each concurrent operation needs its own user
-``edge``; an operation on edge ``e`` uses channel edges ``[64 e, 64 e + 64)`` (see
-:mod:`collectives.edges`). Every blocking call takes ``timeout`` (default ``config.timeout``) and raises
-:class:`~twisternet.errors.BackPressureTimeout` (a send) or
-:class:`~twisternet.errors.OperationTimeout` naming the edge, the operation and the sources that never
-called ``finish``. ``limit`` (default ``config.receive_pending_limit``) caps the records an operation
-holds per queue in a process; past it the operation refuses input and back pressure reaches the senders.
-So in streaming mode a thread that is both a source and a destination must consume as it sends
-(``drain()``, a callback, or another thread): results nobody reads eventually stop the sources.
-``close()`` first waits until this process has passed on what other ranks depend on (it may be an inner
-tree node); ``abort()`` stops at once.
+``sources``/``destinations`` are task ids of ``ctx.plan`` (default: every task; the single destination of
+Reduce and Gather and the single source of Broadcast default to the first task); they may be disjoint, and
+several tasks of one process share one operation object. With ``callback(dest_task, item)`` the items go to
+the callback (on the progress thread, or on the thread whose call produced them; it must not block or call
+``send``) instead of ``results()``. Each concurrent operation needs its own user ``edge``; an operation on
+edge ``e`` uses channel edges ``[64 e, 64 e + 64)`` (see :mod:`collectives.edges`). Every blocking call takes
+``timeout`` (default ``config.timeout``) and raises :class:`~twisternet.errors.BackPressureTimeout` (a send)
+or :class:`~twisternet.errors.OperationTimeout` naming the edge, the operation and the sources that never
+called ``finish``. ``limit`` (default ``config.receive_pending_limit``) caps the records an operation holds
+per queue in a process; past it the operation refuses input and back pressure reaches the senders. So in
+streaming mode a thread that is both a source and a destination must consume as it sends (``drain()``, a
+callback, or another thread): results nobody reads eventually stop the sources. ``close()`` first waits until
+this process has passed on what other ranks depend on (it may be an inner tree node); ``abort()`` stops at
+once.
 
 What a destination receives (``item`` as yielded by ``results()`` / passed to the callback):
 

@@ -15,7 +15,8 @@ import threading
 from collections import deque
 
 import numpy as np
-from typing import Any, Callable, ClassVar, Iterable, Iterator, Literal, Sequence
+from typing import Any, ClassVar, Literal
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from twisternet.errors import (BackPressureTimeout, ClosedError, ConfigError, MismatchError, OperationTimeout,
                                PeerLostError, ProtocolError, RemoteError, TwisternetError)
@@ -332,7 +333,7 @@ class Operation:
         for fn in fns:
             fn(err)
 
-    def __enter__(self) -> "Operation":
+    def __enter__(self) -> Operation:
         return self
 
     def __exit__(self, exc_type: Any, *exc: Any) -> None:
@@ -599,7 +600,7 @@ class Operation:
     # may use, of the operation's state: its lock (the one record handlers run under), whether it is
     # over, a handler on an edge offset, a failure spread to every rank, and a wake-up of waiters.
 
-    def _state_lock(self) -> "threading.RLock":
+    def _state_lock(self) -> threading.RLock:
         """The lock record handlers run under: hold it to touch state shared with a handler."""
         return self._lock
 

@@ -9,7 +9,8 @@ so back pressure runs from the slowest destination up to the root.
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 from .base import Operation
 from .columns import from_columns, to_columns

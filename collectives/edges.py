@@ -13,13 +13,13 @@ An operation created with ``edge=e`` owns the block of channel edges ``[e * EDGE
 So distinct user edges never overlap; two live operations on the same user edge in one process are
 rejected with a clear error (close the first one, or pick another edge).
 
-Automatic edges: the functional layer (``tn.all_reduce`` ...) and the torch backend pick edges themselves
-from the reserved range ``[AUTO_EDGE_BASE, MAX_USER_EDGE)`` (the top ``AUTO_STREAMS * AUTO_STREAM_EDGES``
-user edges), like Twister2's ``nextEdge``: each *stream* (0: the functional layer of a Context;
-``1 + g``: the torch process group torch numbers ``g``, see ``twisternet.torch.backend``) owns
-``AUTO_STREAM_EDGES`` consecutive edges and hands them out with a per-Context counter (:func:`next_auto_edge`), wrapping around. Every rank makes the
-same calls in the same order, so every rank draws the same edge. An operation created by hand on an edge
-in that range is refused (ConfigError): it could collide with an automatic one.
+Automatic edges: the functional layer (``tn.all_reduce`` ...) and the torch backend pick edges themselves from
+the reserved range ``[AUTO_EDGE_BASE, MAX_USER_EDGE)`` (the top ``AUTO_STREAMS * AUTO_STREAM_EDGES`` user
+edges), like Twister2's ``nextEdge``: each *stream* (0: the functional layer of a Context; ``1 + g``: the
+torch process group torch numbers ``g``, see ``twisternet.torch.backend``) owns ``AUTO_STREAM_EDGES``
+consecutive edges and hands them out with a per-Context counter (:func:`next_auto_edge`), wrapping around.
+Every rank makes the same calls in the same order, so every rank draws the same edge. An operation created by
+hand on an edge in that range is refused (ConfigError): it could collide with an automatic one.
 """
 
 from __future__ import annotations
@@ -52,10 +52,10 @@ AUTO_STREAMS = 256
 AUTO_EDGE_BASE = MAX_USER_EDGE - AUTO_STREAMS * AUTO_STREAM_EDGES
 
 _lock = threading.Lock()
-_auto_next: "weakref.WeakKeyDictionary[Any, dict[int, int]]" = weakref.WeakKeyDictionary()
-_auto_granted: "weakref.WeakKeyDictionary[Any, set[int]]" = weakref.WeakKeyDictionary()
-_claims: "weakref.WeakKeyDictionary[Any, dict[int, str]]" = weakref.WeakKeyDictionary()
-_epochs: "weakref.WeakKeyDictionary[Any, dict[int, int]]" = weakref.WeakKeyDictionary()
+_auto_next: weakref.WeakKeyDictionary[Any, dict[int, int]] = weakref.WeakKeyDictionary()
+_auto_granted: weakref.WeakKeyDictionary[Any, set[int]] = weakref.WeakKeyDictionary()
+_claims: weakref.WeakKeyDictionary[Any, dict[int, str]] = weakref.WeakKeyDictionary()
+_epochs: weakref.WeakKeyDictionary[Any, dict[int, int]] = weakref.WeakKeyDictionary()
 
 
 def check_user_edge(edge: object) -> int:

@@ -24,7 +24,8 @@ import threading
 import time
 import weakref
 from collections import deque
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from twisternet.errors import OperationTimeout, PeerLostError, TwisternetError
 
@@ -229,7 +230,7 @@ class AsyncEngine:
             h.fail(err)
 
 
-_engines: "weakref.WeakKeyDictionary[Any, AsyncEngine]" = weakref.WeakKeyDictionary()
+_engines: weakref.WeakKeyDictionary[Any, AsyncEngine] = weakref.WeakKeyDictionary()
 _engines_lock = threading.Lock()
 
 

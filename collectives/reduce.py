@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Callable, Iterable
+from typing import Any
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
@@ -224,8 +225,8 @@ class AllReduce(DownTreeMixin, Reduce):
     ``ring_threshold`` bytes with a named reduction, else the tree; when the ranks span several hosts,
     "hier": inside each host, then between the host leaders, see docs/topology.md; "shm", "ring",
     "tree", "hier" and "innet" force one), ``chunk_bytes`` the pipelining unit of ring and tree (4 MB
-    by default: smaller chunks overlap more but pay the per-message cost more often; measured on 2-4 local workers, 4 MB beat 1 MB
-    by 10-45% at 16-64 MB), ``shm_chunk_bytes`` the size of a shared-memory slot (see
+    by default: smaller chunks overlap more but pay the per-message cost more often; measured on 2-4
+    local workers, 4 MB beat 1 MB by 10-45% at 16-64 MB), ``shm_chunk_bytes`` the size of a shared-memory slot (see
     :mod:`collectives.allreduce.shm`).
     """
 
@@ -244,7 +245,8 @@ class AllReduce(DownTreeMixin, Reduce):
         if not isinstance(chunk_bytes, int) or chunk_bytes < 1024:
             raise ConfigError("chunk_bytes", f"must be an int >= 1024, got {chunk_bytes!r}")
         if not isinstance(shm_chunk_bytes, int) or shm_chunk_bytes < 4096 or shm_chunk_bytes % 64:
-            raise ConfigError("shm_chunk_bytes", f"must be an int >= 4096 and a multiple of 64, got {shm_chunk_bytes!r}")
+            raise ConfigError("shm_chunk_bytes",
+                              f"must be an int >= 4096 and a multiple of 64, got {shm_chunk_bytes!r}")
         self.via = via
         self.chunk_bytes = chunk_bytes
         self.shm_chunk_bytes = shm_chunk_bytes
@@ -287,7 +289,7 @@ class AllReduce(DownTreeMixin, Reduce):
     def _known_finished(self, task: int | None) -> set[int]:
         return super()._known_finished(self._root_task()) | self._down_finished
 
-    def allreduce_async(self, value: Any, *, out: "np.ndarray | None" = None, timeout: float | None = None) -> Any:
+    def allreduce_async(self, value: Any, *, out: np.ndarray | None = None, timeout: float | None = None) -> Any:
         """Non-blocking :meth:`allreduce`: returns a :class:`collectives.handles.Handle` at once (``wait()``
         gives what ``allreduce`` would; ``get_future()``, ``is_completed()``). The call is queued on the
         Context's collective stream, which runs such calls in submission order; do not call the blocking
@@ -296,7 +298,7 @@ class AllReduce(DownTreeMixin, Reduce):
         h = Handle(self.ctx, f"{self.describe()}.allreduce() on edge {self.edge}", timeout=timeout)
         return engine(self.ctx).submit(h, lambda: self.allreduce(value, out=out, timeout=timeout))
 
-    def allreduce(self, value: Any, *, out: "np.ndarray | None" = None, timeout: float | None = None) -> Any:
+    def allreduce(self, value: Any, *, out: np.ndarray | None = None, timeout: float | None = None) -> Any:
         """Rank-level collective: every rank running a task of this operation calls it once with its value
         and gets the reduction of all of them. Numpy arrays with a named reduction go through shared
         memory when all the ranks share a host, else (large ones) over a ring (reduce-scatter +

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import copy
 import operator
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 
@@ -76,7 +77,7 @@ def snapshot(value: Any) -> Any:
 
 def _flat(items: Any) -> bool:
     """Whether every item is a plain scalar (``type(x) in _ATOMS``); a loop beats ``all(genexpr)`` here."""
-    for x in items:
+    for x in items:  # noqa: SIM110 - measured faster than all() over a generator
         if type(x) not in _ATOMS:
             return False
     return True
@@ -173,7 +174,7 @@ class Reduction:
                 np.true_divide(value, count, out=value)
                 return value
             return np.true_divide(value, count)
-        if isinstance(value, np.generic) or isinstance(value, (int, float, complex)):
+        if isinstance(value, (np.generic, int, float, complex)):
             return value / count
         raise TypeError(f"cannot average a value of type {type(value).__qualname__}; "
                         "use numbers or numpy arrays with op='avg'")

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import struct
 import zlib
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 

@@ -27,7 +27,8 @@ import weakref
 import zlib
 from itertools import chain, islice
 from operator import itemgetter
-from typing import Any, BinaryIO, Iterable, Iterator
+from typing import Any, BinaryIO
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 

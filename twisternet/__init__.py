@@ -17,7 +17,8 @@ from .task_plan import TaskPlan
 __version__ = "0.1.0"
 
 __all__ = [
-    "init", "all_reduce", "broadcast", "reduce", "all_gather", "gather", "barrier", "Context", "SendHandle", "Config", "load_config", "TaskPlan", "Codec", "KeyCodec", "Channel",
+    "init", "all_reduce", "broadcast", "reduce", "all_gather", "gather", "barrier",
+    "Context", "SendHandle", "Config", "load_config", "TaskPlan", "Codec", "KeyCodec", "Channel",
     "register_channel", "TwisternetError", "ConfigError", "CodecError", "ProtocolError", "AuthError",
     "PeerLostError", "OperationTimeout", "BackPressureTimeout", "ClosedError", "__version__",
 ]

@@ -71,7 +71,7 @@ def _recv_exact(sock: socket.socket, n: int, deadline: float, what: str) -> byte
         sock.settimeout(remaining)
         try:
             chunk = sock.recv(n - len(buf))
-        except (socket.timeout, TimeoutError):
+        except TimeoutError:
             raise AuthError(f"handshake timed out waiting for the peer's {what}") from None
         except ConnectionError as e:
             raise PeerClosedDuringHandshake(f"connection failed during the handshake ({what}): {e}") from None
@@ -89,7 +89,7 @@ def _send_all(sock: socket.socket, data: bytes, deadline: float, what: str) -> N
     sock.settimeout(remaining)
     try:
         sock.sendall(data)
-    except (socket.timeout, TimeoutError):
+    except TimeoutError:
         raise AuthError(f"handshake timed out sending our {what}") from None
     except ConnectionError as e:
         raise PeerClosedDuringHandshake(f"connection failed during the handshake ({what}): {e}") from None

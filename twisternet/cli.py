@@ -2,8 +2,9 @@
 
 ``twisternet run -n N script.py`` launches a whole job on this machine; on a plain cluster start
 ``twisternet master --world N`` on one host and ``twisternet worker --master HOST:PORT script.py`` on
-each node; ``twisternet token [--file F]`` prints (or writes, mode 0600) a fresh job token. ``switch``, ``coflow-sim``, ``coflow-gen`` and ``bench`` hand their arguments to the modules
-that implement them, imported only when asked for.
+each node; ``twisternet token [--file F]`` prints (or writes, mode 0600) a fresh job token.
+``switch``, ``coflow-sim``, ``coflow-gen`` and ``bench`` hand their arguments to the modules that
+implement them, imported only when asked for.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from .errors import TwisternetError
 from .tokens import check_token, check_token_file, new_token

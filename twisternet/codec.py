@@ -33,7 +33,8 @@ from __future__ import annotations
 import pickle
 import struct
 import threading
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 import msgpack
 import numpy as np
@@ -292,7 +293,7 @@ class _Decoder:
         if code == _EXT_NPSCALAR:
             dt, raw = self._unpack(data)
             return np.frombuffer(raw, dtype=_dtype(dt))[0]
-        if code == _EXT_PICKLE or code == _EXT_PICKLE_OOB:
+        if code in (_EXT_PICKLE, _EXT_PICKLE_OOB):
             if not self.allow_pickle:
                 raise CodecError("received a pickled value but config allow_pickle is false")
             if code == _EXT_PICKLE:

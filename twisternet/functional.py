@@ -20,14 +20,15 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 
 from .codec import as_array
 from .errors import ConfigError, TwisternetError
 
-_current: "weakref.ref[Any] | None" = None
+_current: weakref.ref[Any] | None = None
 _current_lock = threading.Lock()
 
 #: Reductions ``all_reduce`` and ``reduce`` accept by name.
@@ -97,7 +98,7 @@ class _State:
                 pass
 
 
-_states: "weakref.WeakKeyDictionary[Any, _State]" = weakref.WeakKeyDictionary()
+_states: weakref.WeakKeyDictionary[Any, _State] = weakref.WeakKeyDictionary()
 _states_lock = threading.Lock()
 
 

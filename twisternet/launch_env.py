@@ -36,7 +36,7 @@ import os
 import re
 import socket
 from dataclasses import dataclass
-from typing import Mapping
+from collections.abc import Mapping
 
 from .errors import LaunchEnvError
 

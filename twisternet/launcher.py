@@ -18,7 +18,8 @@ import subprocess
 import sys
 import threading
 import time
-from typing import IO, Any, Callable, Mapping, Sequence
+from typing import IO, Any
+from collections.abc import Callable, Mapping, Sequence
 
 from .bootstrap import Master, install_job_services
 from .config import load_config
@@ -155,7 +156,8 @@ def _start_innet_switch(host: str, env: dict[str, str], token: str) -> Any:
     return switch
 
 
-def run(n: int, script: str, args: Sequence[str] = (), *, grace: float = 10.0, host: str = "127.0.0.1",
+# One step per launcher option, in order (complexity accepted).
+def run(n: int, script: str, args: Sequence[str] = (), *, grace: float = 10.0, host: str = "127.0.0.1",  # noqa: C901
         port: int = 0, env: Mapping[str, str] | None = None, python: str | None = None,
         stdout: IO | None = None, stderr: IO | None = None,
         setup: Callable[[Master], None] | None = None, innet: bool = False) -> int:

@@ -77,7 +77,7 @@ def sweep(spill_dir: str | None = None) -> list[str]:
     return removed
 
 
-def sweep_at_start(config: "Config") -> None:
+def sweep_at_start(config: Config) -> None:
     """The hook a Context calls when it starts: :func:`sweep` unless config ``sweep_stale`` is off."""
     if config.sweep_stale:
         sweep(config.spill_dir)

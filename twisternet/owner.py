@@ -13,7 +13,7 @@ import functools
 import hashlib
 import os
 import socket
-from typing import Callable
+from collections.abc import Callable
 
 
 @functools.lru_cache(maxsize=1)

@@ -25,7 +25,8 @@ import logging
 import sys
 import threading
 import weakref
-from typing import Any, Callable, Iterable
+from typing import Any
+from collections.abc import Callable, Iterable
 
 import cloudpickle
 
@@ -33,7 +34,7 @@ log = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 _fingerprint: tuple[Any, str | None] = (None, None)      # (main module, its fingerprint)
-_blobs: "weakref.WeakKeyDictionary[type, bytes]" = weakref.WeakKeyDictionary()
+_blobs: weakref.WeakKeyDictionary[type, bytes] = weakref.WeakKeyDictionary()
 
 
 def main_fingerprint() -> str | None:

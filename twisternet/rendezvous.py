@@ -23,7 +23,8 @@ import re
 import socket
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
+from collections.abc import Callable, Mapping
 
 from .config import Config
 from .errors import AuthError, TwisternetError
@@ -200,9 +201,8 @@ def prepare(cfg: Config, info: LaunchInfo) -> tuple[Config, Callable[[], None] |
     joined = cfg.replace(channel="tcp", master=f"{host}:{port}", rank=info.rank, world=info.world, token=token)
 
     def finish() -> None:
-        if master is not None:
-            if master.wait(cfg.peer_timeout) is None:
-                master.stop()
+        if master is not None and master.wait(cfg.peer_timeout) is None:
+            master.stop()
         if token_path is not None:
             token_path.unlink(missing_ok=True)
 

@@ -32,12 +32,12 @@ def init(config: Config | None = None, *, plan: TaskPlan | dict[int, int] | None
     """Join the job this process belongs to and return its Context.
 
     The channel comes from ``channel=`` / ``TWISTERNET_CHANNEL``, else from how the process was started:
-    ``twisternet run``/``twisternet worker`` (TCP, via ``TWISTERNET_MASTER``), ``mpirun``/``mpiexec``/
-    ``srun --mpi=...`` (MPI), torchrun, ``srun`` without MPI, a Kubernetes indexed Job (TCP, rank 0 hosts
-    the bootstrap master: :mod:`twisternet.rendezvous`), or none of them (a one-process job). A launcher
-    that announced several processes while this one would end up alone is an error. ``plan`` maps task ids to ranks (default: task i on rank i);
-    ``comm`` is an mpi4py communicator to use instead of ``COMM_WORLD``. Other keyword arguments are
-    configuration keys (see :class:`twisternet.config.Config`).
+    ``twisternet run``/``twisternet worker`` (TCP, via ``TWISTERNET_MASTER``), ``mpirun``/``mpiexec``/ ``srun
+    --mpi=...`` (MPI), torchrun, ``srun`` without MPI, a Kubernetes indexed Job (TCP, rank 0 hosts the
+    bootstrap master: :mod:`twisternet.rendezvous`), or none of them (a one-process job). A launcher that
+    announced several processes while this one would end up alone is an error. ``plan`` maps task ids to ranks
+    (default: task i on rank i); ``comm`` is an mpi4py communicator to use instead of ``COMM_WORLD``. Other
+    keyword arguments are configuration keys (see :class:`twisternet.config.Config`).
     """
     cfg = config.replace(**{k: v for k, v in overrides.items() if v is not None}) if config is not None \
         else load_config(**overrides)

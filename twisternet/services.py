@@ -21,7 +21,8 @@ import importlib
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
 
 from .channel import CONTROL_EDGE_BASE
 from .errors import TwisternetError
@@ -206,7 +207,7 @@ def _master_tick(host: ServiceHost, name: str) -> list[tuple[int, dict]]:
 class ServiceLink:
     """A rank's link to the coordinator services of its job (``ctx.services``)."""
 
-    def __init__(self, ctx: "Context") -> None:
+    def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
         self._subs: dict[str, Callable[[dict], None]] = {}
         self._session = getattr(ctx.channel, "session", None)

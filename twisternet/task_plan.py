@@ -4,7 +4,7 @@ that needs it)."""
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 from .errors import ConfigError
 from .topology import Topology
@@ -60,7 +60,7 @@ class TaskPlan:
         return self._hosts.get(rank)
 
     @classmethod
-    def round_robin(cls, world: int, ntasks: int) -> "TaskPlan":
+    def round_robin(cls, world: int, ntasks: int) -> TaskPlan:
         """Tasks ``0..ntasks-1`` dealt to ranks in turn."""
         return cls(world, {t: t % world for t in range(ntasks)})
 

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +89,7 @@ class Topology:
         pos = {r: i for i, r in enumerate(order)}
         return all(pos[g[-1]] - pos[g[0]] == len(g) - 1 for g in self.groups)
 
-    def restrict(self, ranks: Iterable[int]) -> "Topology":
+    def restrict(self, ranks: Iterable[int]) -> Topology:
         """The topology of a subset of ranks."""
         return Topology({r: self.host_of[r] for r in ranks})
 

@@ -159,7 +159,7 @@ class HierarchicalPath(RingPath):
                    for j in range(k))
 
     def _multi_ring(self, value: np.ndarray, src: np.ndarray, call: int, t: float, out: np.ndarray | None,
-                    topo: Topology, local: "ShmAllReduce | None") -> np.ndarray:
+                    topo: Topology, local: ShmAllReduce | None) -> np.ndarray:
         """Reduce-scatter inside the host (rank j gets piece j of every slot-sized chunk), ring j between
         the hosts' j-th ranks on those pieces, allgather inside the host: every host link carries
         2 (H-1)/H of the array, split over k concurrent rings."""
@@ -243,7 +243,7 @@ class HierarchicalPath(RingPath):
                                        f"in allreduce() call {call}", call)
                 result[a:b] = got.reshape(-1)
 
-    def _host_shm(self, call: int, t: float, group: list[int]) -> "ShmAllReduce | None":
+    def _host_shm(self, call: int, t: float, group: list[int]) -> ShmAllReduce | None:
         """This host's shared-memory segment for the hierarchical path (set up in the first such call)."""
         if self.hier is None:
             from .shm import ShmAllReduce, supported

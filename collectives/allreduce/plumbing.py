@@ -49,12 +49,12 @@ def _compatible(kind: str, path: str) -> bool:
 class RecordPlumbing:
     """State and record helpers of one AllReduce operation's ``allreduce`` calls."""
 
-    op: "AllReduce"
+    op: AllReduce
     ranks: list[int]
     tree: KaryTree
     stash: dict[tuple, Any]
     groups: dict[tuple, Any]
-    ring: "_RingCall | None"
+    ring: _RingCall | None
     current: tuple[int, str] | None
     mine_desc: str
     hier: Any

@@ -61,7 +61,7 @@ class RankAllReduce(TreePath, HierarchicalPath):
     every rank, see the module docstring).
     """
 
-    def __init__(self, op: "AllReduce") -> None:
+    def __init__(self, op: AllReduce) -> None:
         self.op = op
         self.ranks = sorted(set(op.source_ranks) | set(op.destination_ranks))
         self.same_ranks = set(op.source_ranks) == set(op.destination_ranks)

@@ -6,7 +6,8 @@ algorithm (records ``R``): :meth:`RingPath._ring` takes the ranks and the record
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -82,7 +83,7 @@ class RingPath(RecordPlumbing):
                 self.ring = None
         return result.reshape(value.shape) if out is None else out
 
-    def _apply(self, rc: "_RingCall", step: int, c: int, payload: Any, src: int) -> None:
+    def _apply(self, rc: _RingCall, step: int, c: int, payload: Any, src: int) -> None:
         """Put ring record (step, chunk c) of the call in progress into its place (under the op lock)."""
         n, i = rc.n, rc.i
         s = (i - step - 1) % n if step < n - 1 else (i - (step - (n - 1))) % n
@@ -109,7 +110,7 @@ class RingPath(RecordPlumbing):
             rc.out[a:b] = payload.reshape(-1)
         rc.applied.add((step, c))
 
-    def _wait_applied(self, rc: "_RingCall", step: int, c: int, left: int, timeout: float) -> None:
+    def _wait_applied(self, rc: _RingCall, step: int, c: int, left: int, timeout: float) -> None:
         op = self.op
 
         def ready() -> bool:

@@ -12,9 +12,10 @@ every case (all mapped it, one refused, one timed out or was lost): from then on
 mappings. A first rank killed during set-up leaves it behind, and the next Context started on the
 machine removes it (:func:`twisternet.shm.sweep_stale`). Otherwise the operation keeps its ring/tree.
 
-The segment holds, per rank, a 64-byte header (``in_seq``, ``out_seq``, and per call parity the
-call's byte count, dtype string with byte order, and a digest of the shape) and two input slots of ``chunk`` bytes, plus two shared output slots. An array is reduced one
-chunk ("round" ``k``, counted over the operation's life) at a time:
+The segment holds, per rank, a 64-byte header (``in_seq``, ``out_seq``, and per call parity the call's byte
+count, dtype string with byte order, and a digest of the shape) and two input slots of ``chunk`` bytes, plus
+two shared output slots. An array is reduced one chunk ("round" ``k``, counted over the operation's life) at a
+time:
 
 * every rank copies its chunk into its input slot ``k % 2`` and publishes ``in_seq = k``, then waits
   until every rank has published ``k``;
@@ -126,7 +127,7 @@ def _round_up(n: int, k: int = _ALIGN) -> int:
 class ShmAllReduce:
     """The shared-memory segment of one AllReduce operation and the rounds run through it."""
 
-    def __init__(self, rar: "RankAllReduce", path: str, mm: mmap.mmap, chunk: int,
+    def __init__(self, rar: RankAllReduce, path: str, mm: mmap.mmap, chunk: int,
                  members: list[int] | None = None) -> None:
         self.rar = rar
         self.op = rar.op
@@ -152,8 +153,8 @@ class ShmAllReduce:
         return _round_up(n * _HDR + _NONCE) + 2 * n * chunk + 2 * chunk
 
     @classmethod
-    def setup(cls, rar: "RankAllReduce", call: int, chunk: int, timeout: float,
-              members: list[int] | None = None, kind: str = "s") -> "ShmAllReduce | None":
+    def setup(cls, rar: RankAllReduce, call: int, chunk: int, timeout: float,
+              members: list[int] | None = None, kind: str = "s") -> ShmAllReduce | None:
         """Collective: every rank of ``members`` (default: the operation's ranks) calls it in the same
         call. Returns the path's state, or None (on every member alike) if some member could not map the
         first member's segment. Its records are of ``kind`` (steps 0-2), through ``rar.send_record`` /

@@ -23,7 +23,8 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional, Tuple, Union
+from typing import Any
+from collections.abc import Callable
 
 from . import protocol as P
 from .clock import Clock, MonotonicClock
@@ -36,8 +37,8 @@ from .specs import BarrierSpec, SemaphoreSpec, ThrottleSpec
 
 log = logging.getLogger(__name__)
 
-Result = Union[BarrierRelease, Admission, None]
-OnDone = Callable[[Union[Result, BaseException]], None]
+Result = BarrierRelease | Admission | None
+OnDone = Callable[[Result | BaseException], None]
 _WAIT_SLICE = 0.05  # seconds; bounds how late a timeout on a non-real clock is noticed
 _ERRORS = {"BarrierMismatchError": BarrierMismatchError, "BarrierProtocolError": BarrierProtocolError}
 
@@ -47,30 +48,30 @@ class _Pending:
     op: str
     name: str
     label: str
-    on_done: Optional[OnDone] = None
+    on_done: OnDone | None = None
     done: bool = False
-    result: Union[Result, BaseException] = None
+    result: Result | BaseException = None
     rid: int = 0
 
 
 class BarrierClient:
     """Enters barriers, semaphores and throttles held by a (possibly remote) ``BarrierService``."""
 
-    def __init__(self, send: Callable[[Dict[str, Any]], None], clock: Optional[Clock] = None, *,
+    def __init__(self, send: Callable[[dict[str, Any]], None], clock: Clock | None = None, *,
                  service: Any = None) -> None:
         self._send = send
         self._clock: Clock = clock if clock is not None else MonotonicClock()
         self._service = service
         self._cond = threading.Condition()
         self._next_id = 0
-        self._pending: Dict[int, _Pending] = {}
-        self._rounds: Dict[Tuple[str, str], int] = {}
+        self._pending: dict[int, _Pending] = {}
+        self._rounds: dict[tuple[str, str], int] = {}
         self._closed = False
 
     # ------------------------------------------------------------------ partial barriers
-    def enter(self, name: str, label: str, spec: Optional[BarrierSpec] = None, *, round: Optional[int] = None,
-              timeout: Optional[float] = None, callback: Optional[EnterCallback] = None,
-              callback_timeout: Optional[float] = None) -> BarrierRelease:
+    def enter(self, name: str, label: str, spec: BarrierSpec | None = None, *, round: int | None = None,
+              timeout: float | None = None, callback: EnterCallback | None = None,
+              callback_timeout: float | None = None) -> BarrierRelease:
         """Enter barrier ``name`` as ``label`` and block until released (``Status.FIRE`` or ``LATE_FIRE``).
 
         ``spec`` must be equal on every participant (it creates the barrier on first use); ``timeout`` bounds
@@ -82,8 +83,8 @@ class BarrierClient:
         assert isinstance(result, BarrierRelease)
         return result
 
-    def enter_async(self, name: str, label: str, on_done: OnDone, spec: Optional[BarrierSpec] = None, *,
-                    round: Optional[int] = None) -> int:
+    def enter_async(self, name: str, label: str, on_done: OnDone, spec: BarrierSpec | None = None, *,
+                    round: int | None = None) -> int:
         """Like ``enter`` but returns the request id at once; ``on_done`` gets the release or the exception."""
         if not callable(on_done):
             raise TypeError(f"on_done must be callable, got {on_done!r}")
@@ -95,8 +96,8 @@ class BarrierClient:
             return self._rounds.get((name, label), 0)
 
     # ------------------------------------------------------------------ semaphores and throttles
-    def acquire(self, name: str, label: str, spec: Optional[SemaphoreSpec] = None, *,
-                timeout: Optional[float] = None, release_callback: Optional[ReleaseCallback] = None) -> Admission:
+    def acquire(self, name: str, label: str, spec: SemaphoreSpec | None = None, *,
+                timeout: float | None = None, release_callback: ReleaseCallback | None = None) -> Admission:
         """Block until semaphore ``name`` admits ``label``."""
         if spec is not None and not isinstance(spec, SemaphoreSpec):
             raise TypeError(f"acquire needs a SemaphoreSpec, got {type(spec).__name__}")
@@ -107,13 +108,13 @@ class BarrierClient:
         assert isinstance(result, Admission)
         return result
 
-    def release(self, name: str, label: str, *, timeout: Optional[float] = None) -> None:
+    def release(self, name: str, label: str, *, timeout: float | None = None) -> None:
         """Give back ``label``'s slot of semaphore ``name`` (or withdraw it from the queue); waits for the ack."""
         p = self._request(P.RELEASE, name, label, {}, None)
         self._wait(p, timeout, f"release semaphore {name!r} as {label!r}")
 
-    def throttle(self, name: str, label: str, spec: Optional[ThrottleSpec] = None, *,
-                 timeout: Optional[float] = None) -> Admission:
+    def throttle(self, name: str, label: str, spec: ThrottleSpec | None = None, *,
+                 timeout: float | None = None) -> Admission:
         """Block until throttled release ``name`` lets ``label`` through."""
         if spec is not None and not isinstance(spec, ThrottleSpec):
             raise TypeError(f"throttle needs a ThrottleSpec, got {type(spec).__name__}")
@@ -122,13 +123,13 @@ class BarrierClient:
         assert isinstance(result, Admission)
         return result
 
-    def complete(self, name: str, label: str, *, timeout: Optional[float] = None) -> None:
+    def complete(self, name: str, label: str, *, timeout: float | None = None) -> None:
         """Report that ``label`` finished the work throttle ``name`` released it for (feeds adaptive policies)."""
         p = self._request(P.COMPLETE, name, label, {}, None)
         self._wait(p, timeout, f"complete throttle {name!r} as {label!r}")
 
     # ------------------------------------------------------------------ transport side
-    def deliver(self, msg: Dict[str, Any]) -> None:
+    def deliver(self, msg: dict[str, Any]) -> None:
         """Feed one reply from the service (any thread). Unknown or repeated replies are ignored."""
         try:
             rid = msg["id"]
@@ -172,9 +173,9 @@ class BarrierClient:
         return self._closed
 
     # ------------------------------------------------------------------ internals
-    def _start_enter(self, name: str, label: str, spec: Optional[BarrierSpec], round: Optional[int],
-                     on_done: Optional[OnDone], callback: Optional[EnterCallback],
-                     callback_timeout: Optional[float]) -> _Pending:
+    def _start_enter(self, name: str, label: str, spec: BarrierSpec | None, round: int | None,
+                     on_done: OnDone | None, callback: EnterCallback | None,
+                     callback_timeout: float | None) -> _Pending:
         if spec is not None and not isinstance(spec, BarrierSpec):
             raise TypeError(f"enter needs a BarrierSpec, got {type(spec).__name__}")
         if round is not None and (isinstance(round, bool) or not isinstance(round, int) or round < 0):
@@ -194,8 +195,8 @@ class BarrierClient:
                             f"BarrierService where it runs, or build this client with service=<in-process service>")
         return self._service
 
-    def _request(self, op: str, name: str, label: str, extra: Dict[str, Any],
-                 on_done: Optional[OnDone]) -> _Pending:
+    def _request(self, op: str, name: str, label: str, extra: dict[str, Any],
+                 on_done: OnDone | None) -> _Pending:
         if not isinstance(name, str) or not name:
             raise ValueError(f"name must be a non-empty str, got {name!r}")
         if not isinstance(label, str) or not label:
@@ -216,7 +217,7 @@ class BarrierClient:
             raise
         return pending
 
-    def _wait(self, p: _Pending, timeout: Optional[float], what: str) -> Result:
+    def _wait(self, p: _Pending, timeout: float | None, what: str) -> Result:
         deadline = None if timeout is None else self._clock.time() + timeout
         with self._cond:
             while not p.done:
@@ -232,7 +233,7 @@ class BarrierClient:
             raise p.result
         return p.result  # type: ignore[return-value]
 
-    def _decode(self, p: _Pending, op: str, msg: Dict[str, Any]) -> Union[Result, BaseException]:
+    def _decode(self, p: _Pending, op: str, msg: dict[str, Any]) -> Result | BaseException:
         """Turn a reply into a result or an exception (called with the lock held)."""
         try:
             if op == P.RELEASED:

@@ -18,7 +18,7 @@ fewer than ``window`` completions the recent window is all of them, the medians 
 from __future__ import annotations
 
 from fractions import Fraction
-from typing import List, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 
 @runtime_checkable
@@ -34,7 +34,7 @@ class ConcurrencyPolicy(Protocol):
         ...
 
 
-def exact_median(values: List[float]) -> Fraction:
+def exact_median(values: list[float]) -> Fraction:
     """The median of ``values`` as an exact fraction (the mean of the two middle ones for an even count)."""
     xs = sorted(Fraction(v) for v in values)
     mid = len(xs) // 2
@@ -59,10 +59,10 @@ class AdaptiveConcurrency:
         if isinstance(window, bool) or not isinstance(window, int) or window < 1:
             raise ValueError(f"window must be an int >= 1, got {window!r}")
         self.window = window
-        self._durations: List[float] = []
+        self._durations: list[float] = []
 
     @property
-    def durations(self) -> List[float]:
+    def durations(self) -> list[float]:
         """Every completion time recorded, oldest first."""
         return list(self._durations)
 

@@ -7,7 +7,7 @@ enters and wait for the answers. Every wait is bounded (default: the config's ``
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 from .client import BarrierClient
 from .records import BarrierRelease
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 SERVICE = "barrier"
 
 
-def barrier_client(ctx: "Context") -> BarrierClient:
+def barrier_client(ctx: Context) -> BarrierClient:
     """The one BarrierClient of ``ctx``, wired to the coordinator."""
     client = ctx.services.cache.get(SERVICE)
     if client is None:
@@ -29,7 +29,7 @@ def barrier_client(ctx: "Context") -> BarrierClient:
     return client
 
 
-def set_enter_callback(ctx: "Context", name: str, callback: Any, callback_timeout: Optional[float] = None) -> None:
+def set_enter_callback(ctx: Context, name: str, callback: Any, callback_timeout: float | None = None) -> None:
     """Install the enter-callback ``callback(label, rank, default) -> bool`` of barrier ``name``: it may
     veto (False) or force (True) the fire and is re-invoked every ``callback_timeout`` seconds even when
     nobody arrives. Python callables cannot cross processes, so this works on the rank that hosts the
@@ -52,8 +52,8 @@ class PartialBarrier:
     it with the same arguments.
     """
 
-    def __init__(self, ctx: "Context", name: str, max: int, timeout: Optional[float] = None,
-                 percent: Optional[float] = None, min_wait: Optional[float] = None, late: str = "pass",
+    def __init__(self, ctx: Context, name: str, max: int, timeout: float | None = None,
+                 percent: float | None = None, min_wait: float | None = None, late: str = "pass",
                  knee: bool = False) -> None:
         self.ctx = ctx
         self.name = name
@@ -61,7 +61,7 @@ class PartialBarrier:
                                 knee=knee)
         self._client = barrier_client(ctx)
 
-    def enter(self, label: Any, *, round: Optional[int] = None, wait: Optional[float] = None) -> BarrierRelease:
+    def enter(self, label: Any, *, round: int | None = None, wait: float | None = None) -> BarrierRelease:
         """Enter as ``label`` (in ``round``, default: this label's next one); block until released; the
         release says who passed (label -> rank). A catch-up barrier raises ``CatchUp``, whose
         ``next_round`` is the round to enter next."""
@@ -76,7 +76,7 @@ class PartialBarrier:
 class Barrier(PartialBarrier):
     """A classic barrier: fires when all ``max`` participants entered."""
 
-    def __init__(self, ctx: "Context", name: str, max: int) -> None:
+    def __init__(self, ctx: Context, name: str, max: int) -> None:
         super().__init__(ctx, name, max)
 
 
@@ -84,15 +84,15 @@ class SemaphoreBarrier:
     """At most ``n`` labels inside at once; ``release`` admits the next; a holder silent past
     ``hold_timeout`` is presumed failed and another is admitted."""
 
-    def __init__(self, ctx: "Context", name: str, n: int, hold_timeout: Optional[float] = None,
-                 adaptive_window: Optional[int] = None, max_concurrency: Optional[int] = None) -> None:
+    def __init__(self, ctx: Context, name: str, n: int, hold_timeout: float | None = None,
+                 adaptive_window: int | None = None, max_concurrency: int | None = None) -> None:
         self.ctx = ctx
         self.name = name
         self.spec = SemaphoreSpec(n=n, hold_timeout=hold_timeout, adaptive_window=adaptive_window,
                                   max_concurrency=max_concurrency)
         self._client = barrier_client(ctx)
 
-    def acquire(self, label: Any, *, wait: Optional[float] = None) -> Any:
+    def acquire(self, label: Any, *, wait: float | None = None) -> Any:
         return self._client.acquire(self.name, str(label), self.spec,
                                     timeout=self.ctx.config.timeout if wait is None else wait)
 

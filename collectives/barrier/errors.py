@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 from twisternet.errors import ClosedError, OperationTimeout, TwisternetError
 
@@ -45,7 +45,7 @@ class CatchUp(BarrierError):
     has not fired yet, the one the application should enter next.
     """
 
-    def __init__(self, name: str, label: str, rank: int, round: int, fire: "FireInfo",
+    def __init__(self, name: str, label: str, rank: int, round: int, fire: FireInfo,
                  next_round: int) -> None:
         super().__init__(f"barrier {name!r}: label {label!r} (rank {rank}) arrived late for round {round}, "
                          f"which fired at t={fire.time:g} ({fire.reason}); catch up to round {next_round}")
@@ -60,7 +60,7 @@ class CatchUp(BarrierError):
 class RemoteBarrierError(BarrierError):
     """The barrier service rejected a request; ``kind`` is the service's error class name."""
 
-    def __init__(self, kind: str, message: str, name: Optional[str] = None) -> None:
+    def __init__(self, kind: str, message: str, name: str | None = None) -> None:
         super().__init__(f"{kind}: {message}")
         self.kind = kind
         self.name = name

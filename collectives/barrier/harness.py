@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 import msgpack
 
@@ -32,23 +32,23 @@ log = logging.getLogger(__name__)
 class LocalBarrierCluster:
     """``n`` clients (ranks 0..n-1) and a service thread in this process; use as a context manager."""
 
-    def __init__(self, n: int, clock: Optional[Clock] = None, *, poll_interval: float = 0.05,
-                 service: Optional[BarrierService] = None) -> None:
+    def __init__(self, n: int, clock: Clock | None = None, *, poll_interval: float = 0.05,
+                 service: BarrierService | None = None) -> None:
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"n must be an int >= 1, got {n!r}")
         self.clock: Clock = clock if clock is not None else MonotonicClock()
         self.service = service if service is not None else BarrierService()
         self.poll_interval = poll_interval
         self._lock = threading.RLock()
-        self._inbox: "queue.Queue[Optional[Tuple[int, bytes]]]" = queue.Queue()
+        self._inbox: queue.Queue[tuple[int, bytes] | None] = queue.Queue()
         self._stop = threading.Event()
-        self.clients: List[BarrierClient] = [
+        self.clients: list[BarrierClient] = [
             BarrierClient(self._sender(rank), self.clock, service=self) for rank in range(n)]
         self._thread = threading.Thread(target=self._run, name="barrier-service", daemon=True)
         self.messages = 0
 
     # ------------------------------------------------------------------ lifecycle
-    def start(self) -> "LocalBarrierCluster":
+    def start(self) -> LocalBarrierCluster:
         """Start the service thread."""
         self._thread.start()
         return self
@@ -62,7 +62,7 @@ class LocalBarrierCluster:
         for c in self.clients:
             c.close()
 
-    def __enter__(self) -> "LocalBarrierCluster":
+    def __enter__(self) -> LocalBarrierCluster:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:
@@ -73,7 +73,7 @@ class LocalBarrierCluster:
         self._inbox.put(None)
 
     # ------------------------------------------------------------------ thread-safe service configuration
-    def set_enter_callback(self, name: str, callback: EnterCallback, callback_timeout: Optional[float] = None) -> None:
+    def set_enter_callback(self, name: str, callback: EnterCallback, callback_timeout: float | None = None) -> None:
         """``BarrierService.set_enter_callback`` under the service lock."""
         with self._lock:
             self.service.set_enter_callback(name, callback, callback_timeout)
@@ -86,7 +86,7 @@ class LocalBarrierCluster:
 
     # ------------------------------------------------------------------ internals
     def _sender(self, rank: int) -> Any:
-        def send(msg: Dict[str, Any]) -> None:
+        def send(msg: dict[str, Any]) -> None:
             if self._stop.is_set():
                 raise ConnectionError("barrier harness stopped")
             self._inbox.put((rank, msgpack.packb(msg, use_bin_type=True)))

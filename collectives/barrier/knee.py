@@ -17,7 +17,6 @@ to release.
 
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
 
 #: Weights and multiplier of the estimator (fixed by the paper).
 ARR_KEEP, ARR_GAIN = 0.7, 0.3
@@ -29,12 +28,12 @@ class KneeDetector:
     """EWMA of inter-arrival times and their mean deviation; reports when the arrival stream has a knee."""
 
     def __init__(self) -> None:
-        self.arr: Optional[float] = None
-        self.arrvar: Optional[float] = None
-        self.last_arrival: Optional[float] = None
+        self.arr: float | None = None
+        self.arrvar: float | None = None
+        self.last_arrival: float | None = None
         self.samples = 0
         #: Knees detected so far, as (time of detection, number of arrivals before it).
-        self.knees: List[Tuple[float, int]] = []
+        self.knees: list[tuple[float, int]] = []
         self._arrivals = 0
         self._knee_pending = False  # a knee was declared and no arrival has come since
 
@@ -64,13 +63,13 @@ class KneeDetector:
         self._arrivals += 1
         self._knee_pending = False
 
-    def deadline(self) -> Optional[float]:
+    def deadline(self) -> float | None:
         """When a knee will be declared if nobody arrives first (None: no estimate yet, or already declared)."""
         if self._knee_pending or self.arr is None or self.arrvar is None or self.last_arrival is None:
             return None
         return self.last_arrival + self.arr + DEVIATIONS * self.arrvar
 
-    def check(self, now: float) -> Optional[float]:
+    def check(self, now: float) -> float | None:
         """Declare a knee if its deadline has passed by ``now``; return the knee's time (the deadline) or None."""
         d = self.deadline()
         if d is None or now < d:

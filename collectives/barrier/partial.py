@@ -48,7 +48,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Set, Tuple
+from collections.abc import Callable
 
 from .errors import BarrierProtocolError, BarrierSpecError, CatchUp
 from .knee import KneeDetector
@@ -58,8 +58,8 @@ from .specs import BarrierSpec
 log = logging.getLogger(__name__)
 
 #: ``callback(label, rank, default) -> bool``; label and rank are None on timer invocations.
-EnterCallback = Callable[[Optional[str], Optional[int], bool], bool]
-Key = Tuple[str, int]
+EnterCallback = Callable[[str | None, int | None, bool], bool]
+Key = tuple[str, int]
 
 # Priorities of timer events that fall on the same instant: the timeout overrides everything.
 _TIMEOUT, _KNEE, _MIN_WAIT, _CALLBACK = 0, 1, 2, 3
@@ -69,17 +69,17 @@ _TIMEOUT, _KNEE, _MIN_WAIT, _CALLBACK = 0, 1, 2, 3
 class _Round:
     index: int
     t0: float
-    timeout_at: Optional[float]
-    min_wait_at: Optional[float]
-    knee: Optional[KneeDetector]
-    labels: Dict[str, int] = field(default_factory=dict)
-    waiters: List[Key] = field(default_factory=list)
-    waiter_set: Set[Key] = field(default_factory=set)
-    released: Dict[Key, BarrierRelease] = field(default_factory=dict)
-    held: List[Key] = field(default_factory=list)
+    timeout_at: float | None
+    min_wait_at: float | None
+    knee: KneeDetector | None
+    labels: dict[str, int] = field(default_factory=dict)
+    waiters: list[Key] = field(default_factory=list)
+    waiter_set: set[Key] = field(default_factory=set)
+    released: dict[Key, BarrierRelease] = field(default_factory=dict)
+    held: list[Key] = field(default_factory=list)
     holding: bool = False
-    fire: Optional[FireInfo] = None
-    cb_next: Optional[float] = None
+    fire: FireInfo | None = None
+    cb_next: float | None = None
 
 
 def check_label_rank(label: object, rank: object) -> None:
@@ -93,9 +93,9 @@ def check_label_rank(label: object, rank: object) -> None:
 class PartialBarrier:
     """A named, reusable partial barrier; see the module docstring for the exact release rules."""
 
-    def __init__(self, name: str, max: int, timeout: Optional[float] = None, percent: Optional[float] = None,
-                 min_wait: Optional[float] = None, late: str = "pass", callback: Optional[EnterCallback] = None,
-                 callback_timeout: Optional[float] = None, *, knee: bool = False, history: int = 1024) -> None:
+    def __init__(self, name: str, max: int, timeout: float | None = None, percent: float | None = None,
+                 min_wait: float | None = None, late: str = "pass", callback: EnterCallback | None = None,
+                 callback_timeout: float | None = None, *, knee: bool = False, history: int = 1024) -> None:
         if not isinstance(name, str) or not name:
             raise BarrierSpecError("name", f"must be a non-empty str, got {name!r}")
         self.spec = BarrierSpec(max=max, timeout=timeout, percent=percent, min_wait=min_wait, late=late,
@@ -114,15 +114,15 @@ class PartialBarrier:
         self.callback = callback
         self.callback_timeout = None if callback_timeout is None else float(callback_timeout)
         self.history = history
-        self._rounds: Dict[int, _Round] = {}
+        self._rounds: dict[int, _Round] = {}
         self._current = 0
-        self._next_round: Dict[Key, int] = {}
-        self._outbox: List[BarrierRelease] = []
+        self._next_round: dict[Key, int] = {}
+        self._outbox: list[BarrierRelease] = []
         self._last_now = -math.inf
 
     @classmethod
-    def from_spec(cls, name: str, spec: BarrierSpec, callback: Optional[EnterCallback] = None,
-                  callback_timeout: Optional[float] = None, history: int = 1024) -> "PartialBarrier":
+    def from_spec(cls, name: str, spec: BarrierSpec, callback: EnterCallback | None = None,
+                  callback_timeout: float | None = None, history: int = 1024) -> PartialBarrier:
         """Build a barrier from a validated ``BarrierSpec``."""
         return cls(name, spec.max, spec.timeout, spec.percent, spec.min_wait, spec.late, callback,
                    callback_timeout, knee=spec.knee, history=history)
@@ -133,22 +133,22 @@ class PartialBarrier:
         """The lowest round that has not fired (the one a punctual entrant enters)."""
         return self._current
 
-    def fire_info(self, round: int) -> Optional[FireInfo]:
+    def fire_info(self, round: int) -> FireInfo | None:
         """The fire of ``round``, or None if it has not fired (or was forgotten, see ``history``)."""
         rd = self._rounds.get(round)
         return None if rd is None else rd.fire
 
-    def entered(self, round: int) -> Dict[str, int]:
+    def entered(self, round: int) -> dict[str, int]:
         """Unique labels that entered ``round`` so far (label -> first rank), late ones included."""
         rd = self._rounds.get(round)
         return {} if rd is None else dict(rd.labels)
 
-    def knees(self, round: int) -> List[Tuple[float, int]]:
+    def knees(self, round: int) -> list[tuple[float, int]]:
         """Knees detected in ``round`` as (time, arrivals before it); empty unless ``knee=True``."""
         rd = self._rounds.get(round)
         return [] if rd is None or rd.knee is None else list(rd.knee.knees)
 
-    def knee_detector(self, round: int) -> Optional[KneeDetector]:
+    def knee_detector(self, round: int) -> KneeDetector | None:
         """The live estimator of ``round`` (None for non-adaptive barriers or unknown rounds)."""
         rd = self._rounds.get(round)
         return None if rd is None else rd.knee
@@ -158,7 +158,7 @@ class PartialBarrier:
         return self._next_round.get((label, rank), 0)
 
     # ------------------------------------------------------------------ driving
-    def enter(self, label: str, rank: int, now: float, round: Optional[int] = None) -> EnterOutcome:
+    def enter(self, label: str, rank: int, now: float, round: int | None = None) -> EnterOutcome:
         """Count ``label`` entering from ``rank`` at ``now`` for ``round`` (default: its own next round).
 
         Returns the entrant's own release (None while it waits) and every release this call caused. Raises
@@ -182,14 +182,14 @@ class PartialBarrier:
         releases, self._outbox = tuple(self._outbox), []
         return EnterOutcome(own=own, releases=releases)
 
-    def tick(self, now: float) -> List[BarrierRelease]:
+    def tick(self, now: float) -> list[BarrierRelease]:
         """Process every timer event due by ``now``; return the releases they caused."""
         now = self._clamp(now)
         out, self._outbox = self._outbox, []
         out.extend(self._advance(now))
         return out
 
-    def next_deadline(self) -> Optional[float]:
+    def next_deadline(self) -> float | None:
         """The time of the next timer event (None: nothing will happen until somebody enters)."""
         if self._outbox:
             return self._last_now
@@ -197,7 +197,7 @@ class PartialBarrier:
         return None if ev is None else ev[0]
 
     # ------------------------------------------------------------------ entries
-    def _enter_open(self, r: int, key: Key, now: float) -> Optional[BarrierRelease]:
+    def _enter_open(self, r: int, key: Key, now: float) -> BarrierRelease | None:
         rd = self._rounds.get(r)
         if rd is None:
             spec = self.spec
@@ -220,7 +220,7 @@ class PartialBarrier:
         self._outbox.extend(self._evaluate(rd, now, label, rank, on_entry=True))
         return rd.released.get(key)
 
-    def _enter_late(self, r: int, key: Key, now: float) -> Optional[BarrierRelease]:
+    def _enter_late(self, r: int, key: Key, now: float) -> BarrierRelease | None:
         rd = self._rounds.get(r)
         if rd is None or rd.fire is None:
             raise BarrierProtocolError(f"barrier {self.name!r}: round {r} is older than the {self.history} rounds "
@@ -257,7 +257,7 @@ class PartialBarrier:
         return (thr is None or len(rd.labels) >= thr) and \
             (self.spec.min_wait is None or now >= rd.t0 + self.spec.min_wait)
 
-    def _rules(self, rd: _Round, now: float) -> Tuple[bool, Optional[FireReason]]:
+    def _rules(self, rd: _Round, now: float) -> tuple[bool, FireReason | None]:
         """What rules 1, 3 and 4 decide at ``now`` (rule 2, the timeout, is a timer event)."""
         spec = self.spec
         if len(rd.labels) >= spec.max:
@@ -271,8 +271,8 @@ class PartialBarrier:
             return True, FireReason.EARLY
         return False, None
 
-    def _evaluate(self, rd: _Round, now: float, label: Optional[str], rank: Optional[int], *,
-                  on_entry: bool = False, callback_timer: bool = False) -> List[BarrierRelease]:
+    def _evaluate(self, rd: _Round, now: float, label: str | None, rank: int | None, *,
+                  on_entry: bool = False, callback_timer: bool = False) -> list[BarrierRelease]:
         if rd.fire is not None:
             return []
         if rd.timeout_at is not None and now >= rd.timeout_at:
@@ -286,7 +286,7 @@ class PartialBarrier:
             return self._fire(rd, reason, now)
         return []
 
-    def _consult(self, rd: _Round, label: Optional[str], rank: Optional[int], default: bool, now: float) -> bool:
+    def _consult(self, rd: _Round, label: str | None, rank: int | None, default: bool, now: float) -> bool:
         assert self.callback is not None
         try:
             decision = bool(self.callback(label, rank, default))
@@ -300,7 +300,7 @@ class PartialBarrier:
                       "forced" if decision else "vetoed")
         return decision
 
-    def _fire(self, rd: _Round, reason: FireReason, now: float) -> List[BarrierRelease]:
+    def _fire(self, rd: _Round, reason: FireReason, now: float) -> list[BarrierRelease]:
         info = FireInfo(self.name, rd.index, reason, now, dict(rd.labels))
         rd.fire = info
         out = []
@@ -322,7 +322,7 @@ class PartialBarrier:
         self._prune()
         return out
 
-    def _release_held(self, rd: _Round, now: float, *, stop_holding: bool) -> List[BarrierRelease]:
+    def _release_held(self, rd: _Round, now: float, *, stop_holding: bool) -> list[BarrierRelease]:
         assert rd.fire is not None
         out = []
         for key in rd.held:
@@ -342,8 +342,8 @@ class PartialBarrier:
             del self._rounds[r]
 
     # ------------------------------------------------------------------ timers
-    def _next_event(self) -> Optional[Tuple[float, int, int]]:
-        best: Optional[Tuple[float, int, int]] = None
+    def _next_event(self) -> tuple[float, int, int] | None:
+        best: tuple[float, int, int] | None = None
         for rd in self._rounds.values():
             if rd.fire is not None and not rd.holding:
                 continue
@@ -364,8 +364,8 @@ class PartialBarrier:
                     best = c
         return best
 
-    def _advance(self, now: float) -> List[BarrierRelease]:
-        out: List[BarrierRelease] = []
+    def _advance(self, now: float) -> list[BarrierRelease]:
+        out: list[BarrierRelease] = []
         while True:
             ev = self._next_event()
             if ev is None or ev[0] > now:

@@ -23,7 +23,8 @@ answer again, or nothing while it is still pending).
 
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping, Optional
+from typing import Any
+from collections.abc import Mapping
 
 from .errors import BarrierProtocolError
 
@@ -34,7 +35,7 @@ REPLY_OPS = (RELEASED, CATCH_UP, ADMITTED, ACK, ERROR)
 _NEEDS_SPEC = (ENTER, ACQUIRE, THROTTLE)
 
 
-def check_request(msg: Any) -> Dict[str, Any]:
+def check_request(msg: Any) -> dict[str, Any]:
     """Validate the shape of a client request; return it, or raise BarrierProtocolError saying what is wrong."""
     if not isinstance(msg, Mapping):
         raise BarrierProtocolError(f"a barrier request must be a dict, got {type(msg).__name__}")
@@ -57,6 +58,6 @@ def check_request(msg: Any) -> Dict[str, Any]:
     return dict(msg)
 
 
-def error_reply(rid: Optional[int], name: Optional[str], exc: BaseException) -> Dict[str, Any]:
+def error_reply(rid: int | None, name: str | None, exc: BaseException) -> dict[str, Any]:
     """The reply reporting ``exc`` for request ``rid``."""
     return {"op": ERROR, "id": rid, "name": name, "kind": type(exc).__name__, "message": str(exc)}

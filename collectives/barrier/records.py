@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any
+from collections.abc import Mapping
 
 from .errors import BarrierProtocolError
 
@@ -40,20 +41,20 @@ class FireInfo:
     round: int
     reason: FireReason
     time: float
-    passed: Dict[str, int] = field(default_factory=dict)
+    passed: dict[str, int] = field(default_factory=dict)
 
     @property
     def count(self) -> int:
         """How many unique labels the fire released."""
         return len(self.passed)
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         """A msgpack-able dict (``passed`` as a list of [label, rank] pairs, in arrival order)."""
         return {"name": self.name, "round": self.round, "reason": self.reason.value, "time": self.time,
                 "passed": [[label, rank] for label, rank in self.passed.items()]}
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "FireInfo":
+    def from_dict(cls, d: Mapping[str, Any]) -> FireInfo:
         """Inverse of ``to_dict``; raises BarrierProtocolError on a malformed dict."""
         try:
             return cls(name=str(d["name"]), round=int(d["round"]), reason=FireReason(d["reason"]),
@@ -74,13 +75,13 @@ class BarrierRelease:
     fire: FireInfo
     time: float
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         """A msgpack-able dict."""
         return {"name": self.name, "label": self.label, "rank": self.rank, "round": self.round,
                 "status": self.status.value, "fire": self.fire.to_dict(), "time": self.time}
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "BarrierRelease":
+    def from_dict(cls, d: Mapping[str, Any]) -> BarrierRelease:
         """Inverse of ``to_dict``; raises BarrierProtocolError on a malformed dict."""
         try:
             return cls(name=str(d["name"]), label=str(d["label"]), rank=int(d["rank"]), round=int(d["round"]),
@@ -109,13 +110,13 @@ class Admission:
     reason: AdmitReason
     time: float
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         """A msgpack-able dict."""
         return {"name": self.name, "label": self.label, "rank": self.rank, "reason": self.reason.value,
                 "time": self.time}
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "Admission":
+    def from_dict(cls, d: Mapping[str, Any]) -> Admission:
         """Inverse of ``to_dict``; raises BarrierProtocolError on a malformed dict."""
         try:
             return cls(name=str(d["name"]), label=str(d["label"]), rank=int(d["rank"]),
@@ -132,11 +133,11 @@ class EnterOutcome:
     in order: overdue timer fires processed first, then the entrant's and the others' releases.
     """
 
-    own: Optional[BarrierRelease]
-    releases: Tuple[BarrierRelease, ...] = ()
+    own: BarrierRelease | None
+    releases: tuple[BarrierRelease, ...] = ()
 
     @property
-    def status(self) -> Optional[Status]:
+    def status(self) -> Status | None:
         """The entrant's status, or None while it waits."""
         return None if self.own is None else self.own.status
 

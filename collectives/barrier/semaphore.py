@@ -21,7 +21,7 @@ import logging
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Set, Tuple
+from collections.abc import Callable
 
 from .concurrency import ConcurrencyPolicy, FixedConcurrency
 from .errors import BarrierProtocolError, BarrierSpecError
@@ -32,7 +32,7 @@ from .specs import SemaphoreSpec
 log = logging.getLogger(__name__)
 
 #: ``release_callback(label, rank, held_seconds) -> how many to admit`` (None: ask the policy).
-ReleaseCallback = Callable[[str, int, float], Optional[int]]
+ReleaseCallback = Callable[[str, int, float], int | None]
 
 
 @dataclass(frozen=True)
@@ -40,8 +40,8 @@ class AdmitOutcome:
     """What one ``enter`` on a semaphore or throttle produced: the entrant's admission (None: it waits) and
     every admission the call caused, in order."""
 
-    own: Optional[Admission]
-    admissions: Tuple[Admission, ...] = ()
+    own: Admission | None
+    admissions: tuple[Admission, ...] = ()
 
     @property
     def waiting(self) -> bool:
@@ -52,9 +52,9 @@ class AdmitOutcome:
 class SemaphoreBarrier:
     """A counting semaphore with FIFO admission, failure presumption and pluggable concurrency policy."""
 
-    def __init__(self, name: str, n: int, hold_timeout: Optional[float] = None,
-                 release_callback: Optional[ReleaseCallback] = None, *,
-                 policy: Optional[ConcurrencyPolicy] = None, max_concurrency: Optional[int] = None) -> None:
+    def __init__(self, name: str, n: int, hold_timeout: float | None = None,
+                 release_callback: ReleaseCallback | None = None, *,
+                 policy: ConcurrencyPolicy | None = None, max_concurrency: int | None = None) -> None:
         if not isinstance(name, str) or not name:
             raise BarrierSpecError("name", f"must be a non-empty str, got {name!r}")
         self.spec = SemaphoreSpec(n=n, hold_timeout=hold_timeout, max_concurrency=max_concurrency)
@@ -64,24 +64,24 @@ class SemaphoreBarrier:
         self.release_callback = release_callback
         self.policy: ConcurrencyPolicy = policy if policy is not None else FixedConcurrency()
         self.limit = n
-        self._holders: "OrderedDict[str, Tuple[int, float]]" = OrderedDict()   # label -> (rank, admitted at)
-        self._queue: "OrderedDict[str, int]" = OrderedDict()                   # label -> rank, FIFO
-        self._admissions: Dict[str, Admission] = {}
-        self._failed: Set[str] = set()
+        self._holders: OrderedDict[str, tuple[int, float]] = OrderedDict()   # label -> (rank, admitted at)
+        self._queue: OrderedDict[str, int] = OrderedDict()                   # label -> rank, FIFO
+        self._admissions: dict[str, Admission] = {}
+        self._failed: set[str] = set()
         self._last_now = -math.inf
 
     @property
-    def holders(self) -> List[str]:
+    def holders(self) -> list[str]:
         """Labels holding a slot, in admission order."""
         return list(self._holders)
 
     @property
-    def waiting(self) -> List[str]:
+    def waiting(self) -> list[str]:
         """Labels waiting, in FIFO order."""
         return list(self._queue)
 
     @property
-    def presumed_failed(self) -> List[str]:
+    def presumed_failed(self) -> list[str]:
         """Labels whose hold timed out (until they enter again)."""
         return sorted(self._failed)
 
@@ -95,7 +95,7 @@ class SemaphoreBarrier:
         if label in self._queue:
             return AdmitOutcome(None, tuple(out))
         self._failed.discard(label)
-        own: Optional[Admission] = None
+        own: Admission | None = None
         if not self._queue and len(self._holders) < self.limit:
             own = self._admit(label, rank, now, AdmitReason.FREE)
             out.append(own)
@@ -105,7 +105,7 @@ class SemaphoreBarrier:
                       len(self._holders), self.limit)
         return AdmitOutcome(own, tuple(out))
 
-    def release(self, label: str, now: float) -> List[Admission]:
+    def release(self, label: str, now: float) -> list[Admission]:
         """``label`` leaves its slot at ``now``; returns the admissions this causes."""
         if not isinstance(label, str):
             raise TypeError(f"barrier labels are str, got {type(label).__name__} {label!r}")
@@ -126,7 +126,7 @@ class SemaphoreBarrier:
         del self._admissions[label]
         held = now - since
         self.policy.record(held)
-        k: Optional[int] = None
+        k: int | None = None
         if self.release_callback is not None:
             try:
                 k = self.release_callback(label, rank, held)
@@ -148,7 +148,7 @@ class SemaphoreBarrier:
         out.extend(self._fill(now, AdmitReason.RELEASE))
         return out
 
-    def drop_rank(self, rank: int, now: float) -> List[Admission]:
+    def drop_rank(self, rank: int, now: float) -> list[Admission]:
         """Rank ``rank`` died: its holders are presumed failed, its waiting labels withdrawn; returns the
         admissions into the freed slots."""
         now = self._clamp(now)
@@ -165,11 +165,11 @@ class SemaphoreBarrier:
         out.extend(self._fill(now, AdmitReason.PEER_LOST))
         return out
 
-    def tick(self, now: float) -> List[Admission]:
+    def tick(self, now: float) -> list[Admission]:
         """Presume failed every holder past its hold timeout by ``now``; return the admissions that causes."""
         return self._expire(self._clamp(now))
 
-    def next_deadline(self) -> Optional[float]:
+    def next_deadline(self) -> float | None:
         """When the oldest holder's hold times out (None without a hold timeout or holders)."""
         if self.spec.hold_timeout is None or not self._holders:
             return None
@@ -183,15 +183,15 @@ class SemaphoreBarrier:
         log.debug("semaphore %r: admitted %r (rank %d) at %g (%s)", self.name, label, rank, now, reason.value)
         return adm
 
-    def _fill(self, now: float, reason: AdmitReason) -> List[Admission]:
+    def _fill(self, now: float, reason: AdmitReason) -> list[Admission]:
         out = []
         while self._queue and len(self._holders) < self.limit:
             label, rank = self._queue.popitem(last=False)
             out.append(self._admit(label, rank, now, reason))
         return out
 
-    def _expire(self, now: float) -> List[Admission]:
-        out: List[Admission] = []
+    def _expire(self, now: float) -> list[Admission]:
+        out: list[Admission] = []
         ht = self.spec.hold_timeout
         if ht is None:
             return out

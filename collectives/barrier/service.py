@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any
 
 from . import protocol as P
 from .concurrency import AdaptiveConcurrency, ConcurrencyPolicy
@@ -34,8 +34,8 @@ from .throttle import ThrottledRelease
 
 log = logging.getLogger(__name__)
 
-Reply = Tuple[int, Dict[str, Any]]
-ReqId = Tuple[int, int]  # (src rank, request id)
+Reply = tuple[int, dict[str, Any]]
+ReqId = tuple[int, int]  # (src rank, request id)
 _KIND_OF_OP = {P.ENTER: "barrier", P.ACQUIRE: "semaphore", P.RELEASE: "semaphore", P.THROTTLE: "throttle",
                P.COMPLETE: "throttle"}
 
@@ -43,9 +43,9 @@ _KIND_OF_OP = {P.ENTER: "barrier", P.ACQUIRE: "semaphore", P.RELEASE: "semaphore
 @dataclass
 class _Named:
     spec: AnySpec
-    obj: Union[PartialBarrier, SemaphoreBarrier, ThrottledRelease]
+    obj: PartialBarrier | SemaphoreBarrier | ThrottledRelease
     # barrier: (round, label, rank) -> pending requests; semaphore/throttle: (label,) -> pending requests
-    pending: Dict[tuple, List[ReqId]] = field(default_factory=dict)
+    pending: dict[tuple, list[ReqId]] = field(default_factory=dict)
 
 
 class BarrierService:
@@ -53,16 +53,16 @@ class BarrierService:
 
     def __init__(self, *, history: int = 1024, answered_cache: int = 65536) -> None:
         self.history = history
-        self._objects: Dict[str, _Named] = {}
-        self._answered: "OrderedDict[ReqId, Dict[str, Any]]" = OrderedDict()
+        self._objects: dict[str, _Named] = {}
+        self._answered: OrderedDict[ReqId, dict[str, Any]] = OrderedDict()
         self._answered_cache = answered_cache
-        self._pending_ids: Dict[ReqId, str] = {}
-        self._enter_cbs: Dict[str, Tuple[EnterCallback, Optional[float]]] = {}
-        self._release_cbs: Dict[str, ReleaseCallback] = {}
-        self._policies: Dict[str, ConcurrencyPolicy] = {}
+        self._pending_ids: dict[ReqId, str] = {}
+        self._enter_cbs: dict[str, tuple[EnterCallback, float | None]] = {}
+        self._release_cbs: dict[str, ReleaseCallback] = {}
+        self._policies: dict[str, ConcurrencyPolicy] = {}
 
     # ------------------------------------------------------------------ in-process configuration
-    def set_enter_callback(self, name: str, callback: EnterCallback, callback_timeout: Optional[float] = None) -> None:
+    def set_enter_callback(self, name: str, callback: EnterCallback, callback_timeout: float | None = None) -> None:
         """Install the enter-callback of barrier ``name`` (now, or when the barrier gets created)."""
         self._enter_cbs[name] = (callback, callback_timeout)
         named = self._objects.get(name)
@@ -83,17 +83,17 @@ class BarrierService:
             raise BarrierError(f"{name!r} already exists; set its policy before the first request")
         self._policies[name] = policy
 
-    def get(self, name: str) -> Union[PartialBarrier, SemaphoreBarrier, ThrottledRelease, None]:
+    def get(self, name: str) -> PartialBarrier | SemaphoreBarrier | ThrottledRelease | None:
         """The state machine behind ``name`` (for inspection), or None."""
         named = self._objects.get(name)
         return None if named is None else named.obj
 
     # ------------------------------------------------------------------ driving
-    def handle(self, src_rank: int, msg: Dict[str, Any], now: float) -> List[Reply]:
+    def handle(self, src_rank: int, msg: dict[str, Any], now: float) -> list[Reply]:
         """Process one request from ``src_rank`` at ``now``; return the replies to send, by rank."""
         rid = msg.get("id") if isinstance(msg, dict) else None
         name = msg.get("name") if isinstance(msg, dict) else None
-        out: List[Reply] = []
+        out: list[Reply] = []
         try:
             msg = P.check_request(msg)
             key: ReqId = (src_rank, msg["id"])
@@ -115,11 +115,11 @@ class BarrierService:
             out.append((src_rank, reply))
         return out
 
-    def tick(self, now: float) -> List[Reply]:
+    def tick(self, now: float) -> list[Reply]:
         """Run every timer due by ``now`` (timeouts, min_wait, knees, callback re-invocations, hold timeouts,
         throttle periods); return the replies they cause."""
-        out: List[Reply] = []
-        for name, named in self._objects.items():
+        out: list[Reply] = []
+        for named in self._objects.values():
             obj = named.obj
             if isinstance(obj, PartialBarrier):
                 out.extend(self._answer_releases(named, obj.tick(now)))
@@ -127,12 +127,12 @@ class BarrierService:
                 out.extend(self._answer_admissions(named, obj.tick(now)))
         return out
 
-    def peer_lost(self, rank: int, now: float) -> List[Reply]:
+    def peer_lost(self, rank: int, now: float) -> list[Reply]:
         """Rank ``rank`` died: forget its pending requests, free its semaphore slots and queue places.
 
         Its barrier entries stay counted (it did arrive); nothing is sent to it any more.
         """
-        out: List[Reply] = []
+        out: list[Reply] = []
         for named in self._objects.values():
             for wkey in list(named.pending):
                 reqs = [q for q in named.pending[wkey] if q[0] != rank]
@@ -146,13 +146,13 @@ class BarrierService:
             del self._pending_ids[req]
         return [(dst, m) for dst, m in out if dst != rank]
 
-    def next_deadline(self) -> Optional[float]:
+    def next_deadline(self) -> float | None:
         """When ``tick`` must run next (None: only a request can change anything)."""
         ds = [d for d in (n.obj.next_deadline() for n in self._objects.values()) if d is not None]
         return min(ds) if ds else None
 
     # ------------------------------------------------------------------ requests
-    def _dispatch(self, src: int, key: ReqId, msg: Dict[str, Any], now: float) -> List[Reply]:
+    def _dispatch(self, src: int, key: ReqId, msg: dict[str, Any], now: float) -> list[Reply]:
         op, name, label = msg["op"], msg["name"], msg["label"]
         named = self._lookup(op, name, msg.get("spec"))
         obj = named.obj
@@ -238,7 +238,7 @@ class BarrierService:
                                            f"but this participant asks for {spec}")
         return named
 
-    def _create(self, name: str, spec: AnySpec) -> Union[PartialBarrier, SemaphoreBarrier, ThrottledRelease]:
+    def _create(self, name: str, spec: AnySpec) -> PartialBarrier | SemaphoreBarrier | ThrottledRelease:
         if isinstance(spec, BarrierSpec):
             cb, cbt = self._enter_cbs.get(name, (None, None))
             return PartialBarrier.from_spec(name, spec, cb, cbt, history=self.history)
@@ -252,7 +252,7 @@ class BarrierService:
         return ThrottledRelease(name, spec.period, spec.count, spec.percent, spec.max, policy=policy)
 
     # ------------------------------------------------------------------ replies
-    def _answer_releases(self, named: _Named, releases: Any) -> List[Reply]:
+    def _answer_releases(self, named: _Named, releases: Any) -> list[Reply]:
         out = []
         for rel in releases:
             for req in named.pending.pop((rel.round, rel.label, rel.rank), []):
@@ -260,7 +260,7 @@ class BarrierService:
                 out.append(self._reply_release(req, rel))
         return out
 
-    def _answer_admissions(self, named: _Named, admissions: Any) -> List[Reply]:
+    def _answer_admissions(self, named: _Named, admissions: Any) -> list[Reply]:
         out = []
         for adm in admissions:
             for req in named.pending.pop((adm.label,), []):
@@ -286,7 +286,7 @@ class BarrierService:
             if not reqs:
                 del named.pending[wkey]
 
-    def _remember(self, req: ReqId, reply: Dict[str, Any]) -> None:
+    def _remember(self, req: ReqId, reply: dict[str, Any]) -> None:
         self._answered[req] = reply
         while len(self._answered) > self._answered_cache:
             self._answered.popitem(last=False)

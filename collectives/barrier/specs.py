@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any, Dict, Mapping, Optional, Union
+from typing import Any
+from collections.abc import Mapping
 
 from .errors import BarrierSpecError
 
 LATE_MODES = ("pass", "catch_up")
-Number = Union[int, float]
+Number = int | float
 
 
-def _opt_positive(param: str, value: Optional[Number], *, allow_zero: bool = False) -> Optional[float]:
+def _opt_positive(param: str, value: Number | None, *, allow_zero: bool = False) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or math.isinf(value):
@@ -32,7 +33,7 @@ def _positive_int(param: str, value: Any) -> int:
     return value
 
 
-def _opt_percent(param: str, value: Optional[Number]) -> Optional[float]:
+def _opt_percent(param: str, value: Number | None) -> float | None:
     if value is None:
         return None
     v = _opt_positive(param, value)
@@ -56,9 +57,9 @@ class BarrierSpec:
     """Parameters of a (partial) barrier; see ``PartialBarrier`` for their exact semantics."""
 
     max: int
-    timeout: Optional[float] = None
-    percent: Optional[float] = None
-    min_wait: Optional[float] = None
+    timeout: float | None = None
+    percent: float | None = None
+    min_wait: float | None = None
     late: str = "pass"
     knee: bool = False
 
@@ -78,16 +79,16 @@ class BarrierSpec:
         return self.timeout is None and self.percent is None and self.min_wait is None and not self.knee
 
     @property
-    def percent_threshold(self) -> Optional[int]:
+    def percent_threshold(self) -> int | None:
         """Unique labels needed by the percent rule (None when ``percent`` is unset)."""
         return None if self.percent is None else percent_count(self.percent, self.max)
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         """A msgpack-able dict, tagged with ``kind``."""
         return {"kind": "barrier", **asdict(self)}
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "BarrierSpec":
+    def from_dict(cls, d: Mapping[str, Any]) -> BarrierSpec:
         """Inverse of ``to_dict``; raises BarrierSpecError naming a bad or unknown key."""
         return _from_dict(cls, "barrier", d)
 
@@ -97,9 +98,9 @@ class SemaphoreSpec:
     """Parameters of a ``SemaphoreBarrier``: ``n`` initial holders, hold timeout, optional adaptive window."""
 
     n: int
-    hold_timeout: Optional[float] = None
-    adaptive_window: Optional[int] = None
-    max_concurrency: Optional[int] = None
+    hold_timeout: float | None = None
+    adaptive_window: int | None = None
+    max_concurrency: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "n", _positive_int("n", self.n))
@@ -111,12 +112,12 @@ class SemaphoreSpec:
             if self.max_concurrency < self.n:
                 raise BarrierSpecError("max_concurrency", f"must be >= n={self.n}, got {self.max_concurrency}")
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         """A msgpack-able dict, tagged with ``kind``."""
         return {"kind": "semaphore", **asdict(self)}
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "SemaphoreSpec":
+    def from_dict(cls, d: Mapping[str, Any]) -> SemaphoreSpec:
         """Inverse of ``to_dict``; raises BarrierSpecError naming a bad or unknown key."""
         return _from_dict(cls, "semaphore", d)
 
@@ -126,10 +127,10 @@ class ThrottleSpec:
     """Parameters of a ``ThrottledRelease``: per ``period``, release ``count`` or ``percent``% of ``max``."""
 
     period: float
-    count: Optional[int] = None
-    percent: Optional[float] = None
-    max: Optional[int] = None
-    adaptive_window: Optional[int] = None
+    count: int | None = None
+    percent: float | None = None
+    max: int | None = None
+    adaptive_window: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "period", _opt_positive("period", self.period))
@@ -155,17 +156,17 @@ class ThrottleSpec:
         assert self.percent is not None and self.max is not None
         return percent_count(self.percent, self.max)
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         """A msgpack-able dict, tagged with ``kind``."""
         return {"kind": "throttle", **asdict(self)}
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "ThrottleSpec":
+    def from_dict(cls, d: Mapping[str, Any]) -> ThrottleSpec:
         """Inverse of ``to_dict``; raises BarrierSpecError naming a bad or unknown key."""
         return _from_dict(cls, "throttle", d)
 
 
-AnySpec = Union[BarrierSpec, SemaphoreSpec, ThrottleSpec]
+AnySpec = BarrierSpec | SemaphoreSpec | ThrottleSpec
 _KINDS = {"barrier": BarrierSpec, "semaphore": SemaphoreSpec, "throttle": ThrottleSpec}
 
 

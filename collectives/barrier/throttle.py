@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import math
 from collections import OrderedDict
-from typing import Dict, List, Optional
 
 from .concurrency import ConcurrencyPolicy
 from .errors import BarrierProtocolError, BarrierSpecError
@@ -28,30 +27,30 @@ log = logging.getLogger(__name__)
 class ThrottledRelease:
     """Rate-limited FIFO release of entrants: ``count`` (or ``percent``% of ``max``) per ``period``."""
 
-    def __init__(self, name: str, period: float, count: Optional[int] = None, percent: Optional[float] = None,
-                 max: Optional[int] = None, *, policy: Optional[ConcurrencyPolicy] = None) -> None:
+    def __init__(self, name: str, period: float, count: int | None = None, percent: float | None = None,
+                 max: int | None = None, *, policy: ConcurrencyPolicy | None = None) -> None:
         if not isinstance(name, str) or not name:
             raise BarrierSpecError("name", f"must be a non-empty str, got {name!r}")
         self.spec = ThrottleSpec(period=period, count=count, percent=percent, max=max)
         self.name = name
         self.policy = policy
         self.per_period = self.spec.per_period
-        self._t0: Optional[float] = None
+        self._t0: float | None = None
         self._window = 0
         self._used = 0
-        self._queue: "OrderedDict[str, int]" = OrderedDict()
-        self._released: Dict[str, Admission] = {}
-        self._completed: Dict[str, float] = {}
+        self._queue: OrderedDict[str, int] = OrderedDict()
+        self._released: dict[str, Admission] = {}
+        self._completed: dict[str, float] = {}
         self._new_completions = 0
         self._last_now = -math.inf
 
     @property
-    def waiting(self) -> List[str]:
+    def waiting(self) -> list[str]:
         """Labels waiting, in FIFO order."""
         return list(self._queue)
 
     @property
-    def released(self) -> List[str]:
+    def released(self) -> list[str]:
         """Labels released so far, in release order."""
         return list(self._released)
 
@@ -66,7 +65,7 @@ class ThrottledRelease:
             return AdmitOutcome(self._released[label], tuple(out))
         if label in self._queue:
             return AdmitOutcome(None, tuple(out))
-        own: Optional[Admission] = None
+        own: Admission | None = None
         if not self._queue and self._used < self.per_period:
             own = self._release(label, rank, now, AdmitReason.FREE)
             out.append(own)
@@ -87,19 +86,19 @@ class ThrottledRelease:
             self.policy.record(now - adm.time)
             self._new_completions += 1
 
-    def drop_rank(self, rank: int, now: float) -> List[Admission]:
+    def drop_rank(self, rank: int, now: float) -> list[Admission]:
         """Rank ``rank`` died: withdraw its waiting labels (nothing else changes)."""
         self._clamp(now)
         for label in [lab for lab, r in self._queue.items() if r == rank]:
             del self._queue[label]
         return []
 
-    def tick(self, now: float) -> List[Admission]:
+    def tick(self, now: float) -> list[Admission]:
         """Start every period due by ``now``; return the releases that causes."""
         now = self._clamp(now)
         return [] if self._t0 is None else self._advance(now)
 
-    def next_deadline(self) -> Optional[float]:
+    def next_deadline(self) -> float | None:
         """Start of the next period when somebody waits, else None."""
         if self._t0 is None or not self._queue:
             return None
@@ -114,9 +113,9 @@ class ThrottledRelease:
                   self._used, self.per_period)
         return adm
 
-    def _advance(self, now: float) -> List[Admission]:
+    def _advance(self, now: float) -> list[Admission]:
         assert self._t0 is not None
-        out: List[Admission] = []
+        out: list[Admission] = []
         period = self.spec.period
         while self._t0 + (self._window + 1) * period <= now:
             if not self._queue:  # nothing to release: jump straight to the period containing now

@@ -138,7 +138,8 @@ def test_records_quick(tmp_path):
     p, suite = quick_suite(tmp_path, "records")
     (row_ops,) = [[row[0] for row in t["rows"]] for t in suite["tables"]]
     assert row_ops == ["gather", "allgather", "broadcast", "partition"]
-    assert all(set(r) == {"gather", "allgather", "broadcast", "partition"} for r in suite["raw"]["runs"]["2"]["twisternet"])
+    assert all(set(r) == {"gather", "allgather", "broadcast", "partition"}
+               for r in suite["raw"]["runs"]["2"]["twisternet"])
 
 
 @pytest.mark.timeout(300)

@@ -20,7 +20,7 @@ def test_range_partitioner_is_ordered_and_balanced():
     dests = [3, 5, 9]
     recs = [r for w in range(2) for r in sd.generate(w, 2, 30000)]
     by = {d: [] for d in dests}
-    for k, v in recs:
+    for k, _v in recs:
         by[sd.range_destination(k, dests)].append(k)
     assert all(abs(len(v) - 10000) < 600 for v in by.values())
     assert max(by[3]) < min(by[5]) and max(by[5]) < min(by[9])

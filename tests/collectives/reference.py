@@ -57,7 +57,7 @@ def _key_of(obj: Any) -> str:
     return json.dumps(canon(obj), sort_keys=True)
 
 
-def check(p: dict, merged: dict[int, list]) -> None:
+def check(p: dict, merged: dict[int, list]) -> None:  # noqa: C901 - one branch per operation and mode, read as a table
     """Assert the results of every destination (``merged[dest] = items``) match the reference."""
     op, mode, kind = p["op"], p["mode"], p["kind"]
     vals = _values(p)
@@ -133,7 +133,8 @@ def check(p: dict, merged: dict[int, list]) -> None:
             f = reduce_fn(kind)
             keys = sorted({k for _, k, _ in mine})
             full = {_key_of(k): canon(functools.reduce(f, [v for _, k2, v in mine if k2 == k])) for k in keys}
-            norm = (lambda r: (r["n"], r["sum"]) if isinstance(r, dict) else r)
+            def norm(r: Any) -> Any:
+                return (r["n"], r["sum"]) if isinstance(r, dict) else r
             if mode == "batch":
                 assert [_key_of(k) for k, _ in got] == [_key_of(k) for k in keys]
                 for k, v in got:

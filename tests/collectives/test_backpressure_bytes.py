@@ -40,7 +40,6 @@ def test_slow_consumer_bounds_receiver_rss(launcher: str) -> None:
 def test_threads_sink_stops_at_the_byte_bound() -> None:
     """A destination that reads nothing: the sender is held back once the results waiting there reach
     ``receive_pending_bytes`` (4 arrays of 100 kB here), not after receive_pending_limit records."""
-    import numpy as np
 
     import collectives as C
     from twisternet.errors import BackPressureTimeout
@@ -76,7 +75,6 @@ def test_threads_streaming_reduce_queue_stops_at_the_byte_bound() -> None:
     """Streaming Reduce waits for a round: the values of a source that runs ahead queue at the node
     until the slow source sends. That queue is held to its share of ``receive_pending_bytes`` (2 inputs
     share 400 kB here), not to ``limit`` records of any size."""
-    import numpy as np
 
     import collectives as C
     from twisternet.errors import BackPressureTimeout
@@ -112,7 +110,6 @@ def test_threads_keyed_reduce_combiner_flushes_at_the_byte_bound() -> None:
     """A batch KeyedReduce inner combiner holding arrays under distinct keys passes them up once it
     holds ``receive_pending_bytes`` of them (400 kB here), not only after ``limit`` keys; the result
     is unchanged."""
-    import numpy as np
 
     import collectives as C
     from twisternet.testing import run_local

@@ -4,7 +4,6 @@ raises: every rank raises at once, naming the ranks that differ or the rank that
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from collectives import shm_allreduce

@@ -53,8 +53,8 @@ def test_tree_too_deep() -> None:
 def test_stable_hash_is_process_independent() -> None:
     keys = ["apple", b"\x00\xff", 12345678901234567890123, -7, 3.25, ("k", 1), "ünïcode"]
     mine = [stable_hash(k) for k in keys]
-    code = ("import sys; sys.path.insert(0, %r); from collectives.routing import stable_hash; "
-            "print([stable_hash(k) for k in %r])" % (ROOT, keys))
+    code = (f"import sys; sys.path.insert(0, {ROOT!r}); from collectives.routing import stable_hash; "
+            f"print([stable_hash(k) for k in {keys!r}])")
     for seed in ("1", "2"):
         out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONHASHSEED": seed},
                              capture_output=True, text=True, timeout=60, check=True).stdout

@@ -6,7 +6,7 @@ The tests skip (and print why) only when namespaces cannot be made here: not roo
 
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 

@@ -104,12 +104,11 @@ def test_everything_is_removed_on_error_and_interrupt() -> None:
     if unavailable():
         pytest.skip(unavailable())
     for exc in (RuntimeError, KeyboardInterrupt):
-        with pytest.raises(exc):
-            with Testbed(2, 1, "100mbit") as tb:
-                prefix = tb.prefix
-                job = tb.start_processes([(0, ["sleep", "300"]), (1, ["sleep", "300"])])
-                assert leftovers(prefix)
-                raise exc("boom")
+        with pytest.raises(exc), Testbed(2, 1, "100mbit") as tb:
+            prefix = tb.prefix
+            job = tb.start_processes([(0, ["sleep", "300"]), (1, ["sleep", "300"])])
+            assert leftovers(prefix)
+            raise exc("boom")
         assert leftovers(prefix) == []
         assert all(c.proc.poll() is not None for c in job.main)
 

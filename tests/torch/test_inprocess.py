@@ -4,7 +4,6 @@ on tensors (local channel), and the registered backend in a one-process group wi
 from __future__ import annotations
 
 import array
-import os
 from datetime import timedelta
 
 import numpy as np

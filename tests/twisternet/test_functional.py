@@ -22,7 +22,7 @@ from tests.jobs import ROOT, job_env
 
 def test_every_call_gives_the_reference_result() -> None:
     def body(ctx):
-        r, n = ctx.rank, ctx.world
+        r = ctx.rank
         x = np.arange(6, dtype=np.float64) + r
         got = {op: tn.all_reduce(x, op, ctx=ctx) for op in ("sum", "avg", "mean", "min", "max", "prod")}
         return (got, tn.broadcast({"from": r} if r == 2 else "ignored", src=2, ctx=ctx),

@@ -15,6 +15,7 @@ import pytest
 
 from twisternet import cli
 from twisternet.bootstrap import Master
+from twisternet.errors import TwisternetError
 from twisternet.launcher import describe_exit, exit_status
 
 pytestmark = pytest.mark.timeout(90)
@@ -215,7 +216,7 @@ def test_cli_errors_and_delegates(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 
 def test_token_file_is_created_private_and_reused(tmp_path: Path) -> None:
     path = tmp_path / "sub" / "token"
-    with pytest.raises(Exception):
+    with pytest.raises(TwisternetError, match="cannot create token file"):
         cli.read_or_create_token(path)  # missing directory: a clear error, not a crash
     path = tmp_path / "token"
     token, created = cli.read_or_create_token(path)

@@ -11,7 +11,7 @@ import selectors
 import socket
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from twisternet.auth import PeerClosedDuringHandshake, handshake
 from twisternet.errors import AuthError, ProtocolError

@@ -122,7 +122,7 @@ def _recv_messages(sock: socket.socket, frames: FrameReader, deadline: float, ma
     sock.settimeout(remaining)
     try:
         data = sock.recv(1 << 16)
-    except (socket.timeout, TimeoutError):
+    except TimeoutError:
         raise OperationTimeout(silent, operation="bootstrap join", timeout=timeout) from None
     except OSError as e:
         raise TwisternetError(f"connection to the bootstrap master at {master} failed: {e}") from None

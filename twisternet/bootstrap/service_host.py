@@ -8,7 +8,7 @@ lost; what it returns becomes ``(service, rank, msg)`` replies that the master s
 from __future__ import annotations
 
 import logging
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,8 @@ import select
 import socket
 import threading
 import time
-from typing import Any, Callable, Iterable
+from typing import Any
+from collections.abc import Callable, Iterable
 
 from twisternet.errors import ClosedError, ProtocolError
 from twisternet.waker import Waker

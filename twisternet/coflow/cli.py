@@ -10,7 +10,8 @@ import logging
 import math
 import os
 import sys
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 from .errors import CoflowError
 from .model import GBIT

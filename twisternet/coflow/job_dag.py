@@ -18,7 +18,7 @@ Delaying any single transfer's arrival up to its LAT leaves F unchanged; its sla
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Hashable
+from collections.abc import Hashable
 
 from .errors import CoflowError
 from .model import Coflow, PortCapacities
@@ -52,7 +52,7 @@ class JobDag:
         self.stages: dict[str, float] = {}
         self.transfers: dict[Hashable, tuple[str, str, Coflow | float]] = {}
 
-    def add_stage(self, name: str, compute: float) -> "JobDag":
+    def add_stage(self, name: str, compute: float) -> JobDag:
         """Add a stage with an estimated compute time in seconds (>= 0)."""
         if name in self.stages:
             raise CoflowError(f"stage {name!r} already exists")
@@ -62,7 +62,7 @@ class JobDag:
         return self
 
     def add_transfer(self, coflow: Coflow | tuple[Hashable, float], src_stage: str,
-                     dst_stage: str) -> "JobDag":
+                     dst_stage: str) -> JobDag:
         """Add a transfer from ``src_stage`` to ``dst_stage``: a :class:`Coflow` (duration = its isolated
         Γ; its ``dag_node`` is set to ``dst_stage``) or ``(coflow_id, duration_seconds)``."""
         for s in (src_stage, dst_stage):

@@ -17,13 +17,13 @@ Users group operations into one coflow, with a deadline and parent coflows (a DA
 A streaming operation is one coflow until its code calls :meth:`CoflowRuntime.new_window` (``ctx.coflows
 .new_window(op.edge)``), which ends the current window's coflow and starts the next.
 
-With ``coflow_coordinator`` (the default) each rank also reports its coflows and progress to the
-job's :class:`~twisternet.coflow.coordinator.CoflowCoordinator` and follows the order it pushes; if the
-coordinator falls silent for ``stale_after`` seconds the rank goes back to its own (identical in
-input, so consistent) local ordering. Every rank of a job creates the same operations, so every rank registers the same coflows and ranks
-them the same way without talking to anyone. The Context asks :meth:`CoflowRuntime.edge_rank` for the
-rank order of each channel edge when it hands queued messages to the channel (most urgent first) and,
-with ``coflow_pacing``, :meth:`CoflowRuntime.pace` for a token-bucket admission of each flow.
+With ``coflow_coordinator`` (the default) each rank also reports its coflows and progress to the job's
+:class:`~twisternet.coflow.coordinator.CoflowCoordinator` and follows the order it pushes; if the coordinator
+falls silent for ``stale_after`` seconds the rank goes back to its own (identical in input, so consistent)
+local ordering. Every rank of a job creates the same operations, so every rank registers the same coflows and
+ranks them the same way without talking to anyone. The Context asks :meth:`CoflowRuntime.edge_rank` for the
+rank order of each channel edge when it hands queued messages to the channel (most urgent first) and, with
+``coflow_pacing``, :meth:`CoflowRuntime.pace` for a token-bucket admission of each flow.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable, Iterator, Sequence
+from typing import Any
+from collections.abc import Callable, Hashable, Iterator, Sequence
 
 from .errors import CoflowError
 from .live_table import LiveCoflowTable

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable, Hashable, Iterable, Sequence
+from typing import Any
+from collections.abc import Callable, Hashable, Iterable, Sequence
 
 import numpy as np
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Hashable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
+from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -149,13 +150,13 @@ class Coflow:
         """``arrival + deadline``, or None without a deadline."""
         return None if self.deadline is None else self.arrival + self.deadline
 
-    def copy(self) -> "Coflow":
+    def copy(self) -> Coflow:
         """A fresh coflow with the same flows and their *remaining* state copied (for reruns)."""
         return Coflow(self.id, self.arrival, deadline=self.deadline, parents=self.parents,
                       dag_node=self.dag_node, weight=self.weight, src=self.src.copy(),
                       dst=self.dst.copy(), size=self.size.copy(), remaining=self.remaining.copy())
 
-    def reset(self) -> "Coflow":
+    def reset(self) -> Coflow:
         """A fresh copy with nothing sent (``remaining = bytes``)."""
         c = self.copy()
         c.remaining = c.size.copy()
@@ -191,7 +192,7 @@ class PortCapacities:
         object.__setattr__(self, "egress", eg)
 
     @classmethod
-    def uniform(cls, num_ports: int, rate: float = GBIT) -> "PortCapacities":
+    def uniform(cls, num_ports: int, rate: float = GBIT) -> PortCapacities:
         """``num_ports`` ingress and egress ports, each of ``rate`` bytes/s (default 1 Gbit/s = 2**27 B/s)."""
         if num_ports <= 0:
             raise CoflowError(f"num_ports must be > 0, got {num_ports}")

@@ -7,7 +7,7 @@ times its capacity counts as saturated (floating point never reaches exact zero)
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -239,7 +239,7 @@ class CoflowLoads:
         return float(max(self._times(self.load_in[k], cap_in).max(),
                          self._times(self.load_out[k], cap_out).max()))
 
-    def may_use(self, k: int, res: "ResidualCapacity") -> bool:
+    def may_use(self, k: int, res: ResidualCapacity) -> bool:
         """Cheap necessary condition for coflow ``k`` to use residual capacity."""
         pi, _, po, _ = self.touched(k)
         return bool((res.res_in[pi] > res.tol_in[pi]).any() and (res.res_out[po] > res.tol_out[po]).any())
@@ -484,7 +484,7 @@ def greedy_fill(coflows: Sequence[Coflow], order: Sequence[int], res: ResidualCa
             continue
         c = coflows[i]
         shape = _live_shape(c)
-        if shape is not None:
+        if shape is not None:  # noqa: SIM102 - False ("no live shape") must still skip the generic path below
             if shape is not False:
                 extra = _bipartite_ports_fill(c, shape[0], shape[1], res)
                 if extra is not None:
@@ -500,7 +500,7 @@ def greedy_fill(coflows: Sequence[Coflow], order: Sequence[int], res: ResidualCa
         rates[i] = rates[i] + extra
 
 
-def _live_shape(c: Coflow) -> "tuple[np.ndarray, np.ndarray] | bool | None":
+def _live_shape(c: Coflow) -> tuple[np.ndarray, np.ndarray] | bool | None:
     """For a versioned coflow: (ingress ports, egress ports) if its live flows are exactly every
     pair of them, each once, and no finished flow joins two of them; False if it has no live flow;
     None otherwise or for an unversioned coflow (then the general path runs). Cached per version."""
@@ -517,7 +517,7 @@ def _live_shape(c: Coflow) -> "tuple[np.ndarray, np.ndarray] | bool | None":
     if hit is not None and hit[0] == k:
         dd["shape"] = hit[1]
         return hit[1]
-    out: "tuple[np.ndarray, np.ndarray] | bool | None"
+    out: tuple[np.ndarray, np.ndarray] | bool | None
     if k == 0:
         out = False
     else:

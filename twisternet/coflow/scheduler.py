@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import abc
 import logging
-from typing import Any, Callable, Hashable, Sequence
+from typing import Any
+from collections.abc import Callable, Hashable, Sequence
 
 from .errors import CoflowError, UnknownPolicyError
 from .model import Allocation, Coflow, PortCapacities
@@ -50,7 +51,7 @@ class Scheduler(abc.ABC):
         """A coflow was released at ``now``; return False to reject it. Default: admit everything."""
         return True
 
-    def on_completion(self, coflow: Coflow, now: float) -> None:
+    def on_completion(self, coflow: Coflow, now: float) -> None:  # noqa: B027 - an optional hook
         """A coflow finished (or was withdrawn) at ``now``. Default: nothing."""
 
     def next_timer(self, now: float) -> float | None:

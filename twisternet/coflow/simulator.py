@@ -19,7 +19,8 @@ import logging
 import math
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Hashable, Iterable, Sequence
+from typing import Any
+from collections.abc import Hashable, Iterable, Sequence
 
 import numpy as np
 
@@ -143,7 +144,8 @@ class SimulationResult:
         return rows
 
 
-def simulate(coflows: Iterable[Coflow], policy: Scheduler | str, capacities: PortCapacities, *,
+# The event loop, kept flat for speed (complexity accepted).
+def simulate(coflows: Iterable[Coflow], policy: Scheduler | str, capacities: PortCapacities, *,  # noqa: C901
              realloc_gap: float = 0.0, max_events: int | None = None,
              **policy_opts: Any) -> SimulationResult:
     """Simulate ``coflows`` (copied; inputs are not mutated) under ``policy`` (an instance or a registered

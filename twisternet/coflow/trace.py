@@ -16,7 +16,7 @@ import logging
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -205,7 +205,7 @@ def parse_trace(text: str | Iterable[str], source: str = "<trace>") -> Trace:
 
 def read_trace(path: str | os.PathLike[str]) -> Trace:
     """Read and parse a trace file."""
-    with open(path, "r", encoding="utf-8") as fh:
+    with open(path, encoding="utf-8") as fh:
         return parse_trace(fh.read(), source=os.fspath(path))
 
 

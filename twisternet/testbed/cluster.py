@@ -37,7 +37,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Mapping, Sequence
+from typing import IO, Any
+from collections.abc import Mapping, Sequence
 
 from ..errors import TwisternetError
 
@@ -238,7 +239,7 @@ class JobResult:
                          f"[stderr] {p.stderr[-tail:]}")
         return "\n".join(parts)
 
-    def check(self) -> "JobResult":
+    def check(self) -> JobResult:
         """Raise TestbedError with :meth:`describe` unless every process exited 0."""
         if not self.ok:
             raise TestbedError(self.describe())
@@ -318,7 +319,7 @@ def _kill_tree(proc: subprocess.Popen) -> None:
 class Job:
     """Processes started across the testbed as one job; :meth:`wait` collects a :class:`JobResult`."""
 
-    def __init__(self, testbed: "Testbed", main: Sequence[_Collector], helpers: Sequence[_Collector] = ()) -> None:
+    def __init__(self, testbed: Testbed, main: Sequence[_Collector], helpers: Sequence[_Collector] = ()) -> None:
         self.testbed = testbed
         self.main = list(main)          # the job ends when these end
         self.helpers = list(helpers)    # stopped when the main ones ended (a master, MPI proxies)
@@ -400,7 +401,7 @@ class Testbed:
         self.tmp: Path | None = None
 
     # -------------------------------------------------------------------------------- lifecycle
-    def __enter__(self) -> "Testbed":
+    def __enter__(self) -> Testbed:
         # A SIGTERM (timeout(1), a CI runner) should clean up like Ctrl-C does: while the testbed is up, the
         # default action (die at once) becomes SystemExit in the main thread, so close() runs.
         self._previous_sigterm: Any = None
@@ -425,7 +426,7 @@ class Testbed:
             signal.signal(signal.SIGTERM, self._previous_sigterm)
             self._previous_sigterm = None
 
-    def up(self) -> "Testbed":
+    def up(self) -> Testbed:
         """Build the hosts, bridge and shaped links (removing stale testbeds first); idempotent."""
         if self._is_up:
             return self
@@ -482,7 +483,7 @@ class Testbed:
             "tmp": str(self.tmp)}))
 
     @classmethod
-    def attach(cls, prefix: str) -> "Testbed":
+    def attach(cls, prefix: str) -> Testbed:
         """The testbed ``prefix`` made by another process (``twisternet testbed up``), to run things in."""
         try:
             st = json.loads((STATE_ROOT / prefix / "state.json").read_text())

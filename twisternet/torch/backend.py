@@ -27,7 +27,8 @@ import threading
 import zlib
 from collections import defaultdict, deque
 from datetime import timedelta
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch

@@ -25,7 +25,7 @@ def allreduce_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[
     opts = state if isinstance(state, dict) else {}
     ctx = F.current_context(opts.get("ctx"))
     buf = bucket.buffer()
-    fut: "torch.futures.Future[torch.Tensor]" = torch.futures.Future()
+    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     h = F.all_reduce(buf, "avg", out=buf, async_op=True, via=opts.get("via", "auto"), ctx=ctx)
 
     def done(f: Any) -> None:

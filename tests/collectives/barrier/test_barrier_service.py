@@ -179,7 +179,7 @@ def test_client_maps_error_replies_to_exceptions():
     box = []
     svc.handle(1, enter(1, "b", "z", BarrierSpec(max=2)), 0.0)
     c.enter_async("b", "a", box.append, BarrierSpec(max=3))
-    for dst, reply in svc.handle(0, sent.pop(), 0.0):
+    for _dst, reply in svc.handle(0, sent.pop(), 0.0):
         c.deliver(reply)
     assert isinstance(box[0], BarrierMismatchError)
 
@@ -262,7 +262,7 @@ def test_duplicates_and_ticks_never_fire_twice(order, dups, ticks):
         answers.setdefault((dst, m["id"]), []).append(wire(m))
     assert set(answers) == {(r, 1) for r in range(4)}
     fires = set()
-    for (dst, _), ms in answers.items():
+    for (_dst, _), ms in answers.items():
         assert all(m == ms[0] for m in ms)                 # repeats are identical
         rel = BarrierRelease.from_dict(ms[0]["release"])
         fires.add((rel.fire.round, rel.fire.time, tuple(rel.fire.passed)))

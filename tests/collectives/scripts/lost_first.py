@@ -52,4 +52,4 @@ with tn.init() as ctx:
     except PeerLostError as e:
         print(f"PEERLOST rank={ctx.rank} lost={e.rank} after={time.monotonic() - t0:.2f} where={where} "
               f"msg={e}", flush=True)
-        raise SystemExit(3)
+        raise SystemExit(3) from None

@@ -38,7 +38,7 @@ with tn.init() as ctx:
         print(f"RSS growth={(peak[0] - base) / 2**20:.1f} count={count}", flush=True)
     else:
         a = np.full(1 << 17, float(ctx.rank))   # 1 MB
-        for i in range(N):
+        for _ in range(N):
             op.send(ctx.rank, a)
         op.finish(ctx.rank)
     op.close()

@@ -11,7 +11,8 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from typing import Any, Hashable, Iterable, Sequence
+from typing import Any
+from collections.abc import Hashable, Iterable, Sequence
 
 import numpy as np
 
@@ -24,7 +25,8 @@ from twisternet.coflow.simulator import CoflowResult, SimulationResult
 _TIME_RES = 1e-9
 
 
-def simulate_reference(coflows: Iterable[Coflow], policy: Scheduler | str, capacities: PortCapacities, *,
+# The old engine, kept as it was (complexity accepted).
+def simulate_reference(coflows: Iterable[Coflow], policy: Scheduler | str, capacities: PortCapacities, *,  # noqa: C901
              realloc_gap: float = 0.0, max_events: int | None = None,
              **policy_opts: Any) -> SimulationResult:
     """Simulate ``coflows`` (copied; inputs are not mutated) under ``policy`` (an instance or a registered

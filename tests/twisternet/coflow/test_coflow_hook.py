@@ -97,17 +97,14 @@ def test_progress_reports_reduce_remaining():
 
 def test_bad_groups_raise():
     rt = CoflowRuntime(2, 0, "sebf")
-    with pytest.raises(CoflowError):
-        with rt.group("x", size=-1):
-            pass
-    with pytest.raises(CoflowError):
-        with rt.group("x", deadline=0):
-            pass
+    with pytest.raises(CoflowError), rt.group("x", size=-1):
+        pass
+    with pytest.raises(CoflowError), rt.group("x", deadline=0):
+        pass
     with rt.group("y"):
         rt.attach(1, "Gather", [0, 1], [0])
-        with pytest.raises(CoflowError):
-            with rt.group("y"):
-                pass
+        with pytest.raises(CoflowError), rt.group("y"):
+            pass
     with pytest.raises(CoflowError):
         rt.attach(1, "Gather", [0, 1], [0])
 

@@ -31,7 +31,7 @@ with tn.init() as ctx:
             arr = np.arange(1 << 14, dtype=np.int64) * (n + 1)
             ctx.send(1, 1, (n, arr))
             ctx.flush()
-            ctx.wait_until(lambda: len(replies) > n, timeout=120)
+            ctx.wait_until(lambda n=n: len(replies) > n, timeout=120)
             ok = ok and list(replies[n]) == [n, int(arr.sum())]
             n += 1
             if n == 3:
@@ -44,7 +44,7 @@ with tn.init() as ctx:
     else:
         k = 0
         while True:
-            ctx.wait_until(lambda: len(inbox) > k, timeout=250)
+            ctx.wait_until(lambda k=k: len(inbox) > k, timeout=250)
             msg, inbox[k] = inbox[k], None     # keep no array longer than its round
             k += 1
             if msg == "stop":

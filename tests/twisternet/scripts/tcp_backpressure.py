@@ -51,12 +51,13 @@ with tn.init() as ctx:
         th = threading.Thread(target=sample, daemon=True)
         th.start()
         t0 = time.monotonic()
-        for i in range(N):
+        for _ in range(N):
             ctx.send(1, 1, payload)
         ctx.flush()
         sent_s = time.monotonic() - t0
         stop = True
         th.join()
+        budget = (ctx.config.pool_buffers + 2 * ctx.config.buffer_count) * ctx.config.buffer_size
         print(f"PRODUCER growth_mb={(peak - base) / 2**20:.1f} send_seconds={sent_s:.2f} "
-              f"budget_mb={(ctx.config.pool_buffers + 2 * ctx.config.buffer_count) * ctx.config.buffer_size / 2**20:.1f} "
+              f"budget_mb={budget / 2**20:.1f} "
               f"total_mb={TOTAL_MB}", flush=True)

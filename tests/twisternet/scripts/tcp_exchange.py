@@ -43,7 +43,8 @@ with tn.init() as ctx:
         i = len(got[src])
         if not same(value(src, ctx.rank, i), obj):
             bad.append(f"from {src} #{i}")
-        got[src].append(hashlib.md5(obj.tobytes() if isinstance(obj, np.ndarray) else repr(obj).encode()).hexdigest()[:4])
+        raw = obj.tobytes() if isinstance(obj, np.ndarray) else repr(obj).encode()
+        got[src].append(hashlib.md5(raw).hexdigest()[:4])
         return True
 
     ctx.register(11, handle)

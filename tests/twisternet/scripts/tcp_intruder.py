@@ -34,7 +34,7 @@ with tn.init() as ctx:
             try:
                 handshake(s, b"wrong-token-0123456789", initiator=True, hello={"rank": 0}, timeout=10)
                 outcomes.append(f"{kind}-wrongtoken=ACCEPTED")
-            except (AuthError, ProtocolError) as e:
+            except (AuthError, ProtocolError):
                 outcomes.append(f"{kind}-wrongtoken=refused")
             s.close()
             q = socket.socket(fam, socket.SOCK_STREAM)

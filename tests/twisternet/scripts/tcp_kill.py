@@ -35,4 +35,4 @@ with tn.init() as ctx:
         except PeerLostError as e:
             print(f"PEERLOST rank={ctx.rank} lost={e.rank} after={time.monotonic() - t0:.2f}", flush=True)
             time.sleep(3)   # let the other survivor see the victim's death before it sees ours
-            raise SystemExit(3)
+            raise SystemExit(3) from None

@@ -31,7 +31,7 @@ the policy logs a warning and falls back to y = 0 (pure LAT-ordered greedy filli
 from __future__ import annotations
 
 import logging
-from typing import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 
 import numpy as np
 

@@ -20,7 +20,7 @@ docs/coflow-simulator.md, "FIFO").
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

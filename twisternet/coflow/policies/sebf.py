@@ -20,7 +20,7 @@ simulator re-allocates there. Set ``starvation_period=None`` to disable (pure SE
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..errors import CoflowError
 from ..model import Allocation, Coflow, PortCapacities
