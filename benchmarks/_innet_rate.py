@@ -128,7 +128,7 @@ def switch_rate(batched: bool, world: int = 2, fragments: int = 50_000, V: int =
     forced = _big_buffer(server.transport.sock, max(64 << 20, len(trace) * 2048))
     senders = _senders(world + 1)
     sinks = _senders(world + 1)      # where outputs go (never read: they just land in a buffer)
-    for r, (s, k) in enumerate(zip(senders, sinks)):
+    for r, (s, _k) in enumerate(zip(senders, sinks)):
         sw.set_port(r + 1, s.getsockname())
     sw.insert_mcast_group(MulticastGroup(1, tuple(range(1, world + 1))))
     sw.insert_job(JobEntry(1, world, world + 1, 1, 0))
@@ -187,7 +187,7 @@ def dataplane_rate(batched: bool, world: int = 2, fragments: int = 20_000, V: in
             sw.process_batch(rows[i:i + k], [size] * k, ports[i:i + k], 0.0, range(k - 1, -1, -1))
     else:
         c0 = time.thread_time()
-        for (who, data), port in zip(trace, ports):
+        for (_who, data), port in zip(trace, ports):
             sw.process(data, port, 0.0)
     cpu = time.thread_time() - c0
     agg = sw.counters()["aggregated"]

@@ -34,36 +34,36 @@ def main() -> None:
                 ctx.send(peer, 1, arr)      # warm-up (allocations, page faults)
                 ctx.flush()
                 expect += 1
-                ctx.wait_until(lambda: got[0] == expect)
+                ctx.wait_until(lambda expect=expect: got[0] == expect)
                 t = time.perf_counter()
                 for _ in range(reps):
                     ctx.send(peer, 1, arr)
                 ctx.flush()
                 expect += 1
-                ctx.wait_until(lambda: got[0] == expect)
+                ctx.wait_until(lambda expect=expect: got[0] == expect)
                 dt = time.perf_counter() - t
                 out["bandwidth"][size] = reps * size / dt
             else:
                 expect += 1
-                ctx.wait_until(lambda: got[0] == expect)
+                ctx.wait_until(lambda expect=expect: got[0] == expect)
                 ctx.send(peer, 1, b"k")
                 ctx.flush()
                 expect += reps
-                ctx.wait_until(lambda: got[0] == expect)
+                ctx.wait_until(lambda expect=expect: got[0] == expect)
                 ctx.send(peer, 1, b"k")
                 ctx.flush()
         for size in lat_sizes:
             arr = np.ones(size, np.uint8)
             reps = max(20, min(2000, (64 << 20) // max(size, 1)))
             t = time.perf_counter()
-            for i in range(reps):
+            for _ in range(reps):
                 expect += 1
                 if ctx.rank == 0:
                     ctx.send(peer, 1, arr)
                     ctx.flush()
-                    ctx.wait_until(lambda: got[0] == expect)
+                    ctx.wait_until(lambda expect=expect: got[0] == expect)
                 else:
-                    ctx.wait_until(lambda: got[0] == expect)
+                    ctx.wait_until(lambda expect=expect: got[0] == expect)
                     ctx.send(peer, 1, arr)
                     ctx.flush()
             out["latency"][size] = (time.perf_counter() - t) / reps / 2

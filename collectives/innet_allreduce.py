@@ -145,7 +145,7 @@ def _release_shared(controller: Any, placement: Any, ps_proc: Any, job_id: int) 
 class InnetAllReduce:
     """The in-network path of one AllReduce operation (set up lazily, on the first call)."""
 
-    def __init__(self, rank_allreduce: "RankAllReduce") -> None:
+    def __init__(self, rank_allreduce: RankAllReduce) -> None:
         self.rar = rank_allreduce
         self.job: Any = None
         self.service: Any = None
@@ -164,8 +164,9 @@ class InnetAllReduce:
             raise ConfigError("op", "AllReduce(via='innet') aggregates sums only (the switch adds "
                                     f"integers); got reduction {op.reduction.name!r}")
         if not isinstance(value, np.ndarray) or not np.issubdtype(value.dtype, np.floating):
+            of = "" if not isinstance(value, np.ndarray) else f" of {value.dtype}"
             raise TypeError("AllReduce(via='innet') takes numpy float arrays (float16/32/64), got "
-                            f"{type(value).__name__}{'' if not isinstance(value, np.ndarray) else ' of ' + str(value.dtype)}")
+                            f"{type(value).__name__}{of}")
         if self.job is None:
             self._setup(timeout)
         # float64 stays float64 up to the quantizer: a cast to float32 first would break the bound

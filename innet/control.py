@@ -14,7 +14,8 @@ only on the ports registered for it with ``insert_member``; the rest is dropped 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Protocol
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -25,7 +25,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import grpc
 
@@ -101,7 +101,7 @@ class P4RuntimeController:
 
     # ------------------------------------------------------------------ session
     class _Session:
-        def __init__(self, ctl: "P4RuntimeController") -> None:
+        def __init__(self, ctl: P4RuntimeController) -> None:
             self.ctl = ctl
             self.channel = authenticated_channel(ctl.address, ctl.token)
             self.stub = p4runtime_pb2_grpc.P4RuntimeStub(self.channel)
@@ -174,7 +174,7 @@ class P4RuntimeController:
             self._pump.join(timeout=self.ctl.timeout)
             self.channel.close()
 
-    def _session(self) -> "P4RuntimeController._Session":
+    def _session(self) -> P4RuntimeController._Session:
         s = self._Session(self)
         try:
             s.become_primary()
@@ -301,7 +301,7 @@ class P4RuntimeController:
         finally:
             s.close()
 
-    def _undo(self, s: "P4RuntimeController._Session", written: Sequence[pb.Update]) -> None:
+    def _undo(self, s: P4RuntimeController._Session, written: Sequence[pb.Update]) -> None:
         for u in reversed(written):
             d = pb.Update()
             d.CopyFrom(u)

@@ -20,7 +20,8 @@ import os
 import signal
 import sys
 import threading
-from typing import Callable, TextIO
+from typing import TextIO
+from collections.abc import Callable
 
 __all__ = ["set_parent_death_signal", "watch_parent", "watch_stdin"]
 

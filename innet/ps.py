@@ -38,7 +38,8 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -208,7 +209,8 @@ class ParameterServer:
         self._stop.set()
 
     # ------------------------------------------------------------------ packet handling
-    def handle(self, data: bytes, src: tuple[str, int], now: float) -> list[tuple[tuple[str, int], bytes]]:
+    # Complexity accepted: one branch per ATP packet kind.
+    def handle(self, data: bytes, src: tuple[str, int], now: float) -> list[tuple[tuple[str, int], bytes]]:  # noqa: C901
         """Process one received packet; returns the (address, bytes) datagrams to send."""
         if len(data) != self.packet_size:
             self.dropped += 1
@@ -348,7 +350,7 @@ class PSThread:
     def address(self) -> tuple[str, int]:
         return self.server.address
 
-    def start(self) -> "PSThread":
+    def start(self) -> PSThread:
         self._thread.start()
         return self
 
@@ -357,7 +359,7 @@ class PSThread:
         if self._thread.is_alive():
             self._thread.join(timeout)
 
-    def __enter__(self) -> "PSThread":
+    def __enter__(self) -> PSThread:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -23,7 +23,8 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -106,7 +107,7 @@ class InnetJob:
     def close(self) -> None:
         self.worker.close()
 
-    def __enter__(self) -> "InnetJob":
+    def __enter__(self) -> InnetJob:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -273,7 +274,7 @@ class InnetService:
                num_aggregators: int = 4096, scale: float = DEFAULT_SCALE, keep: int = 4096,
                p4runtime_port: int | None = None, p4runtime_token: str | None = None,
                direct_addrs: Sequence[tuple[str, int]] = (), ecn_threshold: int | None = None
-               ) -> "InnetService":
+               ) -> InnetService:
         """Start PS and switch subprocesses for one single-rack job on fixed ports (see ``free_udp_port``).
 
         ``worker_addrs`` are the ranks' switch-facing addresses (``InnetJob.address``), ``direct_addrs``
@@ -396,7 +397,7 @@ class InnetCluster:
             for h in hs:
                 h.close()
 
-    def __enter__(self) -> "InnetCluster":
+    def __enter__(self) -> InnetCluster:
         return self
 
     def __exit__(self, *exc: object) -> None:

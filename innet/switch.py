@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -338,7 +338,8 @@ class SoftwareSwitch(SwitchControl):
         from .batch_dataplane import process_batch
         return process_batch(self, rows, lengths, in_ports, now, queue_depths)
 
-    def process(self, packet: bytes, in_port: int, now: float, queue_depth: int = 0
+    # Complexity accepted: the reference dataplane: ATP's per-packet pipeline in order.
+    def process(self, packet: bytes, in_port: int, now: float, queue_depth: int = 0  # noqa: C901
                 ) -> list[tuple[int, bytes]]:
         """Run one packet through the dataplane; returns the (out_port, packet bytes) to emit.
 

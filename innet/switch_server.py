@@ -34,7 +34,8 @@ import sys
 import threading
 import time
 from collections import deque
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -302,7 +303,7 @@ class SwitchThread:
     def address(self) -> tuple[str, int]:
         return self.server.address
 
-    def start(self) -> "SwitchThread":
+    def start(self) -> SwitchThread:
         self._thread.start()
         return self
 
@@ -312,7 +313,7 @@ class SwitchThread:
         if self._thread.is_alive():
             self._thread.join(timeout)
 
-    def __enter__(self) -> "SwitchThread":
+    def __enter__(self) -> SwitchThread:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

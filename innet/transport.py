@@ -43,7 +43,7 @@ class LossConfig:
                 raise ValueError(f"loss fraction {name} must be in [0, 1], got {v}")
 
     @classmethod
-    def uniform(cls, fraction: float, seed: int = 0) -> "LossConfig":
+    def uniform(cls, fraction: float, seed: int = 0) -> LossConfig:
         """The same loss fraction for all three kinds."""
         return cls(fraction, fraction, fraction, seed)
 

@@ -34,7 +34,8 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, field, replace
-from typing import NamedTuple, Sequence
+from typing import NamedTuple
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -213,7 +214,7 @@ class Packet:
         """The payload reinterpreted as float32 (overflow gradients and parameter packets)."""
         return np.asarray(self.values, dtype=np.int32).view(np.float32)
 
-    def with_(self, **changes) -> "Packet":
+    def with_(self, **changes) -> Packet:
         """A copy with some fields changed."""
         return replace(self, **changes)
 

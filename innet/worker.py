@@ -37,7 +37,7 @@ import select
 import struct
 import time
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -240,7 +240,8 @@ class AtpWorker:
                     self.ps_addr, reason)
 
     # ------------------------------------------------------------------ the protocol
-    def allreduce_sum(self, array: np.ndarray, *, timeout: float | None = None,
+    # Complexity accepted: the worker window loop: send, receive, resend.
+    def allreduce_sum(self, array: np.ndarray, *, timeout: float | None = None,  # noqa: C901
                       abort: Callable[[], None] | None = None) -> tuple[np.ndarray, WorkerStats]:
         """Sum ``array`` over all workers of the job; returns (float32 result, stats).
 

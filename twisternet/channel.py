@@ -25,12 +25,13 @@ Edge ids are non-negative 31-bit integers (< 2**31); edges >= CONTROL_EDGE_BASE 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Callable, Protocol, Sequence, Union
+from typing import TYPE_CHECKING, Protocol
+from collections.abc import Callable, Sequence
 
 if TYPE_CHECKING:
     from .config import Config
 
-Buffer = Union[bytes, bytearray, memoryview]
+Buffer = bytes | bytearray | memoryview
 #: Largest edge id, exclusive. Edges from CONTROL_EDGE_BASE up are reserved for core services.
 MAX_EDGE = 1 << 31
 CONTROL_EDGE_BASE = MAX_EDGE - 1024
@@ -69,7 +70,7 @@ class Channel(ABC):
     #: Short name used in the registry and in logs ("tcp", "mpi", "local").
     name: str = ""
 
-    def __init__(self, rank: int, world: int, config: "Config") -> None:
+    def __init__(self, rank: int, world: int, config: Config) -> None:
         self.rank = rank
         self.world = world
         self.config = config
@@ -97,7 +98,7 @@ class Channel(ABC):
     def wakeup(self) -> None:
         """Interrupt a ``progress`` call that is waiting. Thread-safe, cheap, may be called often."""
 
-    def flush_released(self) -> None:
+    def flush_released(self) -> None:  # noqa: B027 - optional: channels that batch releases override it
         """Called by the core, holding the engine, right after handlers ran: hand back what they
         released (credit, receive buffers) now rather than at the next ``progress`` call, so a
         sender waiting for it hears sooner. Optional; the default does nothing."""

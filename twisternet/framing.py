@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import struct
 import threading
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 from .errors import ProtocolError
 

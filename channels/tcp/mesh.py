@@ -70,7 +70,8 @@ def connect(entry: dict, my_host: str, config: Config) -> tuple[socket.socket, s
     return s, "tcp"
 
 
-def build_mesh(rank: int, world: int, table: list[dict], listeners: list[socket.socket], token: bytes,
+# Complexity accepted: the mesh handshake, step by step.
+def build_mesh(rank: int, world: int, table: list[dict], listeners: list[socket.socket], token: bytes,  # noqa: C901
                config: Config) -> dict[int, Peer]:
     """Connect to every lower rank and accept every higher one, proving the token on each link."""
     from twisternet.bootstrap import host_id
@@ -95,7 +96,7 @@ def build_mesh(rank: int, world: int, table: list[dict], listeners: list[socket.
                 with lock:
                     peers[j] = Peer(j, s, kind)
                 return
-            except (ConnectionError, socket.timeout, OSError) as e:
+            except (TimeoutError, ConnectionError, OSError) as e:
                 if time.monotonic() + delay >= deadline:
                     with lock:
                         errors.append(f"{places[j]}: {e}")
@@ -215,10 +216,7 @@ def create_channel(config: Config, **_: Any) -> TCPChannel:
             ls.close()
         raise
     try:
-        table = [dict(e) for e in session.table]
-        for i, e in enumerate(table):
-            # join() stores each worker's `listen` dict plus host_id
-            e.setdefault("host_id", e.get("host_id"))
+        table = [dict(e) for e in session.table]   # each worker's `listen` dict plus host_id (join())
         peers = build_mesh(session.rank, session.world, table, listeners, token, config)
     except BaseException:
         for ls in listeners:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, field
-from typing import Callable
+from collections.abc import Callable
 
 from .errors import P4RuntimeError, invalid_argument, not_found, permission_denied
 from .protos import code_pb2, p4runtime_pb2

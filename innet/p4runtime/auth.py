@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import hmac
 import logging
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import grpc
 

@@ -13,7 +13,7 @@ import ipaddress
 import logging
 import socket
 import threading
-from typing import Iterator
+from collections.abc import Iterator
 
 from innet.control import (
     AggregatorState, ControlError, JobEntry, MulticastGroup, SwitchControl,

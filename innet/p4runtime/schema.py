@@ -102,7 +102,7 @@ class AtpSchema:
         return next(c for c in self.counters.values() if c.alias == alias)
 
     @classmethod
-    def from_p4info(cls, p4info: p4info_pb2.P4Info) -> "AtpSchema":
+    def from_p4info(cls, p4info: p4info_pb2.P4Info) -> AtpSchema:
         """Resolve ``p4info`` against the bindings; INVALID_ARGUMENT listing every missing object."""
         problems: list[str] = []
         schema = cls(p4info=p4info)

@@ -278,7 +278,7 @@ class Server:
         """Block until the server terminates (or ``timeout``); True if it did."""
         return self._server.wait_for_termination(timeout)
 
-    def __enter__(self) -> "Server":
+    def __enter__(self) -> Server:
         return self
 
     def __exit__(self, *exc) -> None:

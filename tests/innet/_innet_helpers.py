@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 
 def run_ranks(fns: Sequence[Callable[[], Any]], timeout: float = 90.0) -> list[Any]:

@@ -7,7 +7,7 @@ server reads can be compared with values the test chose (not with the server's o
 from __future__ import annotations
 
 import threading
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pytest

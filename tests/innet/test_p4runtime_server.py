@@ -686,9 +686,8 @@ def test_roles_have_independent_primaries():
 
 
 def test_serve_reports_a_busy_port():
-    with serve(FakeSwitch(), 0) as server:
-        with pytest.raises(OSError):
-            serve(FakeSwitch(), server.port)
+    with serve(FakeSwitch(), 0) as server, pytest.raises(OSError):
+        serve(FakeSwitch(), server.port)
 
 
 def test_a_primary_that_vanishes_without_closing_is_noticed():

@@ -231,7 +231,7 @@ def test_control_api_errors_and_reads() -> None:
 def test_two_levels_aggregate_each_contribution_once() -> None:
     """Two racks of two workers: level-0 ToRs aggregate racks, the level-1 ToR aggregates racks."""
     tors = [SoftwareSwitch(4, V), SoftwareSwitch(4, V)]
-    for r, t in enumerate(tors):
+    for t in tors:
         t.set_port(1, ("h", 1)), t.set_port(2, ("h", 2)), t.set_port(PS, ("l1", 9))
         t.insert_mcast_group(MulticastGroup(1, (1, 2)))
         t.insert_job(JobEntry(1, 2, PS, 1, level=0))

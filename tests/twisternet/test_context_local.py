@@ -75,12 +75,12 @@ def test_try_send_and_timeout():
             ctx.register(1, lambda s, o: False)
             ctx.wait_until(lambda: False, timeout=1.5, on_timeout=lambda: TimeoutError("done"))
         refused = 0
-        for i in range(10_000):
+        for _ in range(10_000):
             if not ctx.try_send(1, 1, b"y" * 500):
                 refused += 1
                 break
         with pytest.raises(BackPressureTimeout, match="edge=1"):
-            for i in range(10_000):
+            for _ in range(10_000):
                 ctx.send(1, 1, b"y" * 500, timeout=0.2)
         return refused
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from .. import leftovers
 from ..channel import CONTROL_EDGE_BASE, MAX_EDGE, Channel
@@ -171,7 +172,7 @@ class Context(Outbound, OwnSend, ProgressEngine, Inbound, PeerLoss, Lifecycle):
                     self._in_dirty.add(key)
         self.channel.wakeup()
 
-    def tag_edges(self, edges: "range | list[int]", epoch: int, fingerprint: str,
+    def tag_edges(self, edges: range | list[int], epoch: int, fingerprint: str,
                   on_error: Callable[[BaseException], None] | None = None) -> None:
         """Tag ``edges`` for what uses them now: incarnation ``epoch`` (counted alike on every rank) of an
         operation described by ``fingerprint``. Sends on them carry the tag; handlers registered after
@@ -186,7 +187,7 @@ class Context(Outbound, OwnSend, ProgressEngine, Inbound, PeerLoss, Lifecycle):
                 else:
                     self._tag_errors.pop(e, None)
 
-    def untag_edges(self, edges: "range | list[int]") -> None:
+    def untag_edges(self, edges: range | list[int]) -> None:
         """Forget the tags of ``edges`` (their user is gone); the next user tags them again."""
         with self._lock:
             for e in edges:
@@ -210,7 +211,7 @@ class Context(Outbound, OwnSend, ProgressEngine, Inbound, PeerLoss, Lifecycle):
         """Send ``obj`` to ``dst_rank`` on ``edge``; blocks under back pressure (see module doc)."""
         self._send(dst_rank, edge, obj, block=True, timeout=timeout)
 
-    def isend(self, dst_rank: int, edge: int, obj: Any, *, timeout: float | None = None) -> "SendHandle":
+    def isend(self, dst_rank: int, edge: int, obj: Any, *, timeout: float | None = None) -> SendHandle:
         """Start a send and return at once with its :class:`SendHandle` (still blocks under back pressure).
 
         Arrays of at least ``zero_copy_threshold`` bytes go out without a copy, so the caller must not
@@ -313,7 +314,7 @@ class Context(Outbound, OwnSend, ProgressEngine, Inbound, PeerLoss, Lifecycle):
         with self._lock:
             return dict(self._lost)
 
-    def __enter__(self) -> "Context":
+    def __enter__(self) -> Context:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:

@@ -35,8 +35,9 @@ class Outbound:
         if not isinstance(edge, int) or isinstance(edge, bool) or not 0 <= edge < CONTROL_EDGE_BASE:
             raise TwisternetError(f"edge must be an int in [0, {CONTROL_EDGE_BASE}), got {edge!r}")
 
-    def _send(self: Context, dst: int, edge: int, obj: Any, *, block: bool, timeout: float | None,
-              closing: bool = False, wait_sent: bool = True, force: bool = False) -> "bool | SendHandle":
+    # Complexity accepted: the one send path: checks, packing, credit.
+    def _send(self: Context, dst: int, edge: int, obj: Any, *, block: bool, timeout: float | None,  # noqa: C901
+              closing: bool = False, wait_sent: bool = True, force: bool = False) -> bool | SendHandle:
         if not isinstance(dst, int) or not 0 <= dst < self.world:
             raise TwisternetError(f"destination rank must be in [0, {self.world}), got {dst!r}")
         if edge < CONTROL_EDGE_BASE:

@@ -27,7 +27,7 @@ class SendHandle:
 
     __slots__ = ("_ctx", "_done", "_dst", "_edge", "_deadline", "_limit")
 
-    def __init__(self, ctx: "Context", done: _Sent | None, dst: int, edge: int,
+    def __init__(self, ctx: Context, done: _Sent | None, dst: int, edge: int,
                  deadline: float, limit: float) -> None:
         self._ctx, self._done, self._dst, self._edge = ctx, done, dst, edge
         self._deadline, self._limit = deadline, limit
@@ -167,6 +167,4 @@ class OwnSend:
             late = bool(self._in_dirty)
         if late:
             self.channel.wakeup()    # what arrived meanwhile is delivered by the engine thread
-        if time.monotonic() >= deadline:
-            return False             # _blocked raises the timeout
-        return True
+        return time.monotonic() < deadline   # False: _blocked raises the timeout

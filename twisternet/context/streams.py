@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import struct
 from collections import deque
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
 
 from ..channel import CONTROL_EDGE_BASE
 from ..framing import BufferPool, Packer, Unpacker
@@ -126,7 +127,7 @@ class _LocalRef(_MsgRef):
 
     __slots__ = ("ctx", "edge", "nbytes")
 
-    def __init__(self, ctx: "Context", edge: int, nbytes: int) -> None:
+    def __init__(self, ctx: Context, edge: int, nbytes: int) -> None:
         super().__init__(self._free)
         self.ctx, self.edge, self.nbytes = ctx, edge, nbytes
         self.count = 1

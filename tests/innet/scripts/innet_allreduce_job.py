@@ -17,7 +17,7 @@ with tn.init(timeout=120) as ctx:
     ar = AllReduce(ctx, edge=3, op="sum", via="innet")
     path = None
     for i, size in enumerate(sizes):
-        def value(r: int) -> np.ndarray:
+        def value(r: int, size: int = size, i: int = i) -> np.ndarray:
             return (np.random.default_rng([r, size, i]).standard_normal(size) * 100).astype(np.float32)
         x = value(ctx.rank)
         got = ar.allreduce(x)

@@ -18,7 +18,7 @@ try:
                   for r in range(world)]
         outs: list = [None] * world
 
-        def run(r: int) -> None:
+        def run(r: int, outs: list = outs, inputs: list = inputs) -> None:
             try:
                 outs[r] = jobs[r].allreduce(inputs[r])
             except BaseException as e:  # noqa: BLE001 - reported below

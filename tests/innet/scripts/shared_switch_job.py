@@ -15,7 +15,7 @@ with tn.init(timeout=120) as ctx:
     ops = [AllReduce(ctx, edge=10 + i, op="sum", via="innet") for i in range(2)]
     for i, ar in enumerate(ops):
         for size in (5, 30_000):
-            def value(r: int) -> np.ndarray:
+            def value(r: int, size: int = size, i: int = i) -> np.ndarray:
                 return (np.random.default_rng([r, size, i]).standard_normal(size) * 50).astype(np.float32)
             got = ar.allreduce(value(ctx.rank))
             ref = sum(value(r).astype(np.float64) for r in range(ctx.world))
