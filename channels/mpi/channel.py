@@ -27,16 +27,20 @@ from .preposted import PrepostedMixin
 from .receive import ReceiveMixin
 from .records import _CtrlRecv, _DataRecv, _Incoming, _PreRecv, _Release, _Send
 from .rendezvous import RendezvousMixin
-from .requests import RequestsMixin, RequestTable
+from .requests import _MAX_POSTED_SENDS, RequestsMixin, RequestTable
 from .slots import SlotsMixin
 from .wire import (
+    _CREDIT_ENTRY,
     _CTRL_BUF_SIZE,
+    _FLAG_CREDIT,
+    _PIGGY_MAX,
     _HDR,
     _KIND_BYE,
     _KIND_EAGER,
     _U32,
     TAG_DATA,
     _byte_view,
+    _encode_piggy,
     _segments,
 )
 
@@ -47,6 +51,8 @@ log = logging.getLogger(__name__)
 
 
 _CTRL_RECVS_PER_PEER = 2
+#: Bytes the most credit entries an eager message can carry take (see wire._FLAG_CREDIT).
+_PIGGY_ROOM = _U32.size + _PIGGY_MAX * _CREDIT_ENTRY.size
 
 
 class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, RequestsMixin,
@@ -174,7 +180,7 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Requ
         #: Counters for tests and benchmarks.
         self.stats: dict[str, int] = {"msgs_sent": 0, "bytes_sent": 0, "msgs_received": 0,
                                       "bytes_received": 0, "eager_sent": 0, "rendezvous_sent": 0,
-                                      "credit_msgs_sent": 0, "send_refused": 0,
+                                      "credit_msgs_sent": 0, "credit_piggybacked": 0, "send_refused": 0,
                                       "rndv_buffers_reused": 0, "noncontiguous_sent": 0,
                                       "pre_sent": 0, "pre_skips": 0, "pre_received": 0,
                                       "slot_sent": 0, "slot_received": 0, "slot_offers": 0,
@@ -272,7 +278,17 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Requ
         MPI = self._MPI
         try:
             if size <= self._eager_limit:
-                wire = b"".join((_HDR.pack(_KIND_EAGER, 0, 0, edge, size), *views))
+                items = None
+                if (self._credit_returns and not self._sendq[peer] and self._posted_sends[peer] < _MAX_POSTED_SENDS
+                        and size + _PIGGY_ROOM <= self._eager_limit):
+                    # credit we owe the peer rides along (sent now: no queue to wait behind)
+                    items = self._credit_returns.take(peer, _PIGGY_MAX)
+                if items:
+                    wire = b"".join((_HDR.pack(_KIND_EAGER, _FLAG_CREDIT, 0, edge, size), _encode_piggy(items),
+                                     *views))
+                    self.stats["credit_piggybacked"] += 1
+                else:
+                    wire = b"".join((_HDR.pack(_KIND_EAGER, 0, 0, edge, size), *views))
                 self._submit(wire, TAG_DATA, _Send(peer, wire, nbytes=size))
                 if token is not None:  # the parts were copied: reusable now (reported by progress)
                     self._events.append((self._handler.on_sent, (token,)))  # type: ignore[union-attr]
