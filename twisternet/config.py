@@ -79,6 +79,10 @@ class Config:
     #: Seconds a waiting caller keeps polling the engine (when it is free) before it sleeps: waking a
     #: sleeping process costs ~150 µs on a VM, more than a short busy poll (MPI does the same).
     spin_time: float = 0.0002
+    #: Microseconds a channel keeps polling back to back after its last activity before it sleeps
+    #: (a reply often follows within a round trip; waking a sleeping thread costs more). 0: never
+    #: busy-poll. Bounded, so an idle process does not burn a core.
+    busy_poll_us: int = 1000
     #: Seconds a partly filled buffer may wait for more records before it is sent (batching small
     #: records); ``flush()`` and any blocking wait send at once.
     flush_delay: float = 0.0005
@@ -211,6 +215,8 @@ def _validate(c: Config) -> None:
     positive("memory_limit", 1024)
     if not 0 <= c.spin_time <= 1:
         raise ConfigError("spin_time", f"must be between 0 and 1 second, got {c.spin_time!r}")
+    if not 0 <= c.busy_poll_us <= 1_000_000:
+        raise ConfigError("busy_poll_us", f"must be between 0 and 1000000 microseconds, got {c.busy_poll_us!r}")
     if not 0 <= c.flush_delay <= 1:
         raise ConfigError("flush_delay", f"must be between 0 and 1 second, got {c.flush_delay!r}")
     positive("socket_buffer", 0)

@@ -101,6 +101,11 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Requ
         self._closed = False
         self._owner_thread: int | None = None
         self._in_poll = False
+        # Whoever polls or sends holds this (see RequestsMixin.progress), so any thread may drive the
+        # channel; ``_poll_owner``: the thread holding it (0: none).
+        self._poll_lock = threading.Lock()
+        self._poll_owner = 0
+        self._busy_poll = config.busy_poll_us / 1e6
 
         self._requests = RequestTable(MPI)
 
@@ -249,7 +254,19 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Requ
                   self.rank, self.world, _level_name(MPI, self.thread_level), self._recvs_per_peer)
 
     def send(self, peer: int, edge: int, parts: Sequence[Buffer], token: object = None) -> bool:
-        """Post one message for ``peer`` on ``edge``; False (nothing queued) when it lacks credit."""
+        """Post one message for ``peer`` on ``edge``; False (nothing queued) when it lacks credit.
+        Thread-safe: waits for a poll of another thread to finish (one poll, never its wait)."""
+        me = threading.get_ident()
+        if self._poll_owner == me:
+            return self._send(peer, edge, parts, token)
+        with self._poll_lock:
+            self._poll_owner = me
+            try:
+                return self._send(peer, edge, parts, token)
+            finally:
+                self._poll_owner = 0
+
+    def _send(self, peer: int, edge: int, parts: Sequence[Buffer], token: object) -> bool:
         self._check_usable()
         if not isinstance(peer, int) or not 0 <= peer < self.world or peer == self.rank:
             raise ValueError(f"peer must be a rank in [0, {self.world}) other than {self.rank}, got {peer!r}")
@@ -311,7 +328,17 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Requ
         be waiting for one); credit joins the usual batches."""
         if self._released and not self._in_poll and self._started and not self._closed:
             self._check_thread()
-            self._drain_released()
+            me = threading.get_ident()
+            if self._poll_owner == me:
+                self._drain_released()
+                return
+            with self._poll_lock:
+                self._poll_owner = me
+                try:
+                    if not self._closed:
+                        self._drain_released()
+                finally:
+                    self._poll_owner = 0
 
     def wakeup(self) -> None:
         """Cut a waiting :meth:`progress` short. Thread-safe; never calls MPI."""

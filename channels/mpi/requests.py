@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from typing import Any
 
@@ -28,8 +29,6 @@ log = logging.getLogger(__name__)
 #: Sends per peer handed to MPI at once; later ones wait in the channel's queue for that peer.
 _MAX_POSTED_SENDS = 32
 
-#: Seconds of polling back to back after the last activity (a reply often follows quickly).
-_SPIN = 1e-3
 #: Seconds of polling back to back while sends or rendezvous payloads are outstanding, before the
 #: usual backoff applies (a peer that does not receive must not make us burn a core).
 _BUSY_SPIN = 0.05
@@ -153,30 +152,39 @@ class RequestsMixin:
     poll loop is the hottest path of the channel, where an extra indirection per request shows."""
 
     def progress(self, timeout: float = 0.0) -> bool:
-        """Complete requests, deliver messages, return credit; wait up to ``timeout`` s for work."""
-        self._check_usable()
-        did = self._poll()
+        """Complete requests, deliver messages, return credit; wait up to ``timeout`` s for work.
+
+        Thread-safe and cheap with ``timeout=0`` (one poll: the oldest receive of each peer and the
+        other outstanding requests, no wait). Each poll holds the channel's poll lock and a wait
+        releases it between polls, so a thread that drives the channel itself (a caller waiting for
+        a reply) never waits for another thread's ``progress(timeout)``: if another thread is inside
+        a poll right now, ``progress(0)`` returns False at once (that poll delivers what arrived).
+        Waiting polls back to back for ``busy_poll_us`` after the last activity, then sleeps."""
+        if self._closed or not self._started or self._owner_thread is not None:
+            self._check_usable()
+        did = self._poll_locked()
         if did or timeout <= 0:
             return did
         deadline = time.monotonic() + timeout
         wake = self._wake
+        spin = self._busy_poll
         while True:
             now = time.monotonic()
             remaining = deadline - now
             if remaining <= 0:
                 return False
             idle = now - self._last_activity
-            if idle < _SPIN or self._slot_deferred or (
+            if idle < spin or self._slot_deferred or (
                     (self._bulk_active or self._pending_total or self._slots_in.lent) and idle < _BUSY_SPIN):
                 # Just after activity, or while sends / rendezvous payloads are moving (MPI over
                 # shared memory, or a NIC without offload, advances them only while we poll): poll
                 # back to back, giving the CPU away between polls once the first burst is over.
-                if idle >= _SPIN:
+                if idle >= spin:
                     os.sched_yield()
                 if wake.is_set():
                     wake.clear()
-                    return self._poll()
-                if self._poll():
+                    return self._poll_locked()
+                if self._poll_locked():
                     return True
                 continue
             delay = self._backoff(idle)
@@ -184,9 +192,25 @@ class RequestsMixin:
                 delay = min(delay, _CREDIT_MAX_DELAY / 2)
             if wake.wait(min(delay, remaining)):
                 wake.clear()
-                return self._poll()
-            if self._poll():
+                return self._poll_locked()
+            if self._poll_locked():
                 return True
+
+    def _poll_locked(self) -> bool:
+        """One poll holding the poll lock; False at once if another thread holds it. A thread that
+        holds it already (progress called inside ``send``) just polls."""
+        me = threading.get_ident()
+        if self._poll_owner == me:
+            return self._poll()
+        lock = self._poll_lock
+        if not lock.acquire(False):
+            return False
+        self._poll_owner = me
+        try:
+            return self._poll()
+        finally:
+            self._poll_owner = 0
+            lock.release()
 
     def _post(self, req: Any, op: Any) -> None:
         self._requests.add(req, op)
@@ -294,10 +318,9 @@ class RequestsMixin:
 
     # --- the progress engine ------------------------------------------------------------------------
 
-    @staticmethod
-    def _backoff(idle: float) -> float:
+    def _backoff(self, idle: float) -> float:
         """Seconds to sleep between polls after ``idle`` seconds without work."""
-        if idle < _SPIN:
+        if idle < self._busy_poll:
             return 0.0
         if idle < 0.01:
             return 5e-5

@@ -209,3 +209,8 @@ def test_small_messages_carry_credit_back_and_poll_only_the_oldest_receives() ->
     ranks = assert_all_ok(2, "small_pingpong")
     for r in ranks.values():
         assert json.loads(r)["piggybacked"] >= 200
+
+
+@pytest.mark.timeout(120)
+def test_two_threads_may_drive_the_channel_at_once() -> None:
+    assert_all_ok(2, "two_drivers")

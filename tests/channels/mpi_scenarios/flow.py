@@ -183,3 +183,49 @@ def scenario_small_pingpong() -> None:
     check(piggy >= n // 2, f"only {piggy} of {n} replies carried their credit back")
     ch.close(10)
     ok(ch.rank, piggybacked=piggy, credit_msgs=ctrl)
+
+
+def scenario_two_drivers() -> None:
+    """Any thread may drive the channel: a background thread waits in ``progress(timeout)`` while
+    the main thread sends and polls with ``progress(0)`` (as a caller waiting for its reply does);
+    every message arrives intact and in order, and neither thread sees an error."""
+    import threading
+    ch, rec = make_channel()
+    peer = 1 - ch.rank
+    n, size = 300, 700
+    got: list[bytes] = []
+    rec.on_message_hook = lambda p, e, d, r: (got.append(bytes(d)), r())
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def background() -> None:
+        try:
+            while not stop.is_set():
+                ch.progress(0.002)
+        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+            errors.append(e)
+
+    t = threading.Thread(target=background, daemon=True)
+    t.start()
+    try:
+        for i in range(n):
+            def have() -> bool:
+                return len(got) > i or bool(errors)
+            if ch.rank == 0:
+                check(ch.send(peer, 5, [payload(0, 1, 5, i, size)]), "ping refused")
+            end = min(time.monotonic() + 30, DEADLINE)
+            while not have():
+                ch.progress(0)
+                check(time.monotonic() < end, f"rank {ch.rank}: message {i} never came")
+            check(not errors, f"rank {ch.rank}: the background driver failed: {errors!r}")
+            want = payload(1 - ch.rank, ch.rank, 5, i, size)
+            check(got[i] == want, f"rank {ch.rank}: message {i} corrupt or out of order")
+            if ch.rank == 1:
+                check(ch.send(peer, 5, [payload(1, 0, 5, i, size)]), "reply refused")
+    finally:
+        stop.set()
+        t.join(10)
+    check(not errors, f"rank {ch.rank}: the background driver failed: {errors!r}")
+    spin(ch, lambda: not ch.has_pending(), "sends to complete")
+    ch.close(10)
+    ok(ch.rank, received=len(got))
