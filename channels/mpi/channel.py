@@ -61,6 +61,8 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Requ
     and per (peer, edge) byte credits. Build it with :func:`create_channel`."""
 
     name = "mpi"
+    #: progress/send/flush_released hold the channel's poll lock (see RequestsMixin.progress).
+    thread_safe_progress = True
 
     def __init__(self, config: "Config", comm: Any, MPI: Any) -> None:
         super().__init__(comm.Get_rank(), comm.Get_size(), config)
