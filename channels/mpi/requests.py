@@ -233,7 +233,14 @@ class RequestsMixin:
         if not urgent and (q or self._posted_sends[peer] >= _MAX_POSTED_SENDS):
             q.append((spec, tag, op))
             return
-        self._post(self._comm.Isend(spec, peer, tag), op)
+        req = self._comm.Isend(spec, peer, tag)
+        if op.token is None and not op.bulk and type(op) is _Send and req.Test():
+            # A small send MPI finished at once (copied into its shared-memory cell or socket): done,
+            # without a slot in the request table, a Testsome completion and a "pending" that keeps
+            # the next progress calls busy-polling for it.
+            self._unaccount_send(op, False)
+            return
+        self._post(req, op)
         self._posted_sends[peer] += 1
 
     def _drain_sendq(self, peer: int) -> None:
