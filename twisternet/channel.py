@@ -112,6 +112,13 @@ class Channel(ABC):
         ``timeout`` seconds; moves no bytes. Only called if :attr:`can_wait_unlocked`."""
         raise NotImplementedError(f"{type(self).__name__} cannot wait outside progress()")
 
+    #: True if ``progress``, ``send`` and ``flush_released`` may be called from several threads at once
+    #: (the channel serialises them itself, and a waiting ``progress(timeout)`` lets another thread's
+    #: ``progress(0)`` or ``send`` in between its polls): a waiting caller can then drive the channel
+    #: without taking the core's engine from the progress thread. Handler callbacks run on whichever
+    #: thread polled. The default (False) keeps the contract above: one thread at a time.
+    thread_safe_progress: bool = False
+
     #: True if a thread may write its own messages with :meth:`push`, :meth:`wait_writable` and
     #: :meth:`end_push` (the core lets a thread that sends a large message and waits for it move the
     #: bytes itself, with no hand-off to the progress thread). Only used with a progress thread.

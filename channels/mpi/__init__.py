@@ -63,12 +63,17 @@ Flow control follows the interface docstring exactly: per (peer, edge) the sende
 ``buffer_size * buffer_count`` bytes (and a sixteenth, :func:`twisternet.channel.fits_credit`) in
 flight, a lone larger message may travel when nothing else is in flight, and the receiver returns the
 bytes of a message when the core calls its ``release``. (An empty message is charged one byte, so a
-flood of empty messages is flow-controlled too.) Returns are batched per peer: sent once one edge has
-a quarter of its credit pending, when a poll finds nothing else to do, or after at most one
-millisecond.
+flood of empty messages is flow-controlled too.) Returns ride on the next eager message to that peer
+when one goes out first (up to 8 ``(edge, bytes)`` entries after its header, flag ``_FLAG_CREDIT``:
+in request/reply traffic no control message per message); otherwise they are batched per peer and
+sent once one edge has a quarter of its credit pending, when a poll finds nothing else to do, or
+after at most one millisecond.
 
 Threads. The channel asks for ``MPI_THREAD_MULTIPLE`` if it has to initialise MPI itself, and works with
-``THREAD_SERIALIZED`` (the core calls it from one thread at a time). Under ``THREAD_FUNNELED`` or
+``THREAD_SERIALIZED``: every poll and every ``send`` holds the channel's poll lock, and a waiting
+``progress(timeout)`` releases it between polls, so any thread may drive the channel (a caller
+waiting for its reply calls ``progress(0)``, which returns False at once while another thread is
+inside a poll, and never waits for another thread's timeout). Under ``THREAD_FUNNELED`` or
 ``THREAD_SINGLE`` (:attr:`MPIChannel.requires_main_thread_progress`) it insists on manual progress from
 the thread that initialised MPI. :meth:`MPIChannel.wakeup` and the ``release`` callables only touch
 a deque and an Event, never MPI, so any thread may call them.
@@ -81,8 +86,13 @@ buffer (so ``on_sent`` is reported at the next progress call), and so are messag
 shared-memory slot; rendezvous payloads are not copied and ``on_sent`` waits until MPI has finished
 with every segment.
 
-Waiting. MPI has no file descriptor to wait on, so :meth:`MPIChannel.progress` polls ``Testsome``:
-back to back for 1 ms after the last activity; then, while sends or rendezvous payloads are moving
+Waiting. MPI has no file descriptor to wait on, so :meth:`MPIChannel.progress` polls ``Testsome``
+over the outstanding sends and payload receives and the *oldest* data and control receive of each
+peer (the others stay posted, untested: MPI matches a peer's messages in posting order, so they
+cannot complete first as far as delivery goes; each is tested with ``Test`` when it becomes the
+oldest, so a burst is taken in one poll, and ``Testsome`` over 34 receives per peer cost ~20 us per
+poll): back to back for ``busy_poll_us`` (auto: 1 ms) after the last activity; then, while sends or rendezvous
+payloads are moving
 (MPI over shared memory advances them only while somebody polls), back to back with a
 ``sched_yield`` between polls for up to 50 ms; otherwise with sleeps of 50 us (idle < 10 ms), 0.5 ms
 (idle < 1 s) and 2 ms beyond, on an Event that :meth:`MPIChannel.wakeup` sets. A sender filling one of

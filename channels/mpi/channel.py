@@ -27,16 +27,20 @@ from .preposted import PrepostedMixin
 from .receive import ReceiveMixin
 from .records import _CtrlRecv, _DataRecv, _Incoming, _PreRecv, _Release, _Send
 from .rendezvous import RendezvousMixin
-from .requests import RequestsMixin, RequestTable
+from .requests import _MAX_POSTED_SENDS, RequestsMixin, RequestTable
 from .slots import SlotsMixin
 from .wire import (
+    _CREDIT_ENTRY,
     _CTRL_BUF_SIZE,
+    _FLAG_CREDIT,
+    _PIGGY_MAX,
     _HDR,
     _KIND_BYE,
     _KIND_EAGER,
     _U32,
     TAG_DATA,
     _byte_view,
+    _encode_piggy,
     _segments,
 )
 
@@ -47,6 +51,8 @@ log = logging.getLogger(__name__)
 
 
 _CTRL_RECVS_PER_PEER = 2
+#: Bytes the most credit entries an eager message can carry take (see wire._FLAG_CREDIT).
+_PIGGY_ROOM = _U32.size + _PIGGY_MAX * _CREDIT_ENTRY.size
 
 
 class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, RequestsMixin,
@@ -55,6 +61,8 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Requ
     and per (peer, edge) byte credits. Build it with :func:`create_channel`."""
 
     name = "mpi"
+    #: progress/send/flush_released hold the channel's poll lock (see RequestsMixin.progress).
+    thread_safe_progress = True
 
     def __init__(self, config: "Config", comm: Any, MPI: Any) -> None:
         super().__init__(comm.Get_rank(), comm.Get_size(), config)
@@ -95,6 +103,12 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Requ
         self._closed = False
         self._owner_thread: int | None = None
         self._in_poll = False
+        # Whoever polls or sends holds this (see RequestsMixin.progress), so any thread may drive the
+        # channel; ``_poll_owner``: the thread holding it (0: none).
+        self._poll_lock = threading.Lock()
+        self._poll_owner = 0
+        # busy_poll_us -1 (auto): the 1 ms window this channel has always polled after activity
+        self._busy_poll = (config.busy_poll_us if config.busy_poll_us >= 0 else 1000) / 1e6
 
         self._requests = RequestTable(MPI)
 
@@ -174,7 +188,7 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Requ
         #: Counters for tests and benchmarks.
         self.stats: dict[str, int] = {"msgs_sent": 0, "bytes_sent": 0, "msgs_received": 0,
                                       "bytes_received": 0, "eager_sent": 0, "rendezvous_sent": 0,
-                                      "credit_msgs_sent": 0, "send_refused": 0,
+                                      "credit_msgs_sent": 0, "credit_piggybacked": 0, "send_refused": 0,
                                       "rndv_buffers_reused": 0, "noncontiguous_sent": 0,
                                       "pre_sent": 0, "pre_skips": 0, "pre_received": 0,
                                       "slot_sent": 0, "slot_received": 0, "slot_offers": 0,
@@ -243,7 +257,19 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Requ
                   self.rank, self.world, _level_name(MPI, self.thread_level), self._recvs_per_peer)
 
     def send(self, peer: int, edge: int, parts: Sequence[Buffer], token: object = None) -> bool:
-        """Post one message for ``peer`` on ``edge``; False (nothing queued) when it lacks credit."""
+        """Post one message for ``peer`` on ``edge``; False (nothing queued) when it lacks credit.
+        Thread-safe: waits for a poll of another thread to finish (one poll, never its wait)."""
+        me = threading.get_ident()
+        if self._poll_owner == me:
+            return self._send(peer, edge, parts, token)
+        with self._poll_lock:
+            self._poll_owner = me
+            try:
+                return self._send(peer, edge, parts, token)
+            finally:
+                self._poll_owner = 0
+
+    def _send(self, peer: int, edge: int, parts: Sequence[Buffer], token: object) -> bool:
         self._check_usable()
         if not isinstance(peer, int) or not 0 <= peer < self.world or peer == self.rank:
             raise ValueError(f"peer must be a rank in [0, {self.world}) other than {self.rank}, got {peer!r}")
@@ -272,7 +298,17 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Requ
         MPI = self._MPI
         try:
             if size <= self._eager_limit:
-                wire = b"".join((_HDR.pack(_KIND_EAGER, 0, 0, edge, size), *views))
+                items = None
+                if (self._credit_returns and not self._sendq[peer] and self._posted_sends[peer] < _MAX_POSTED_SENDS
+                        and size + _PIGGY_ROOM <= self._eager_limit):
+                    # credit we owe the peer rides along (sent now: no queue to wait behind)
+                    items = self._credit_returns.take(peer, _PIGGY_MAX)
+                if items:
+                    wire = b"".join((_HDR.pack(_KIND_EAGER, _FLAG_CREDIT, 0, edge, size), _encode_piggy(items),
+                                     *views))
+                    self.stats["credit_piggybacked"] += 1
+                else:
+                    wire = b"".join((_HDR.pack(_KIND_EAGER, 0, 0, edge, size), *views))
                 self._submit(wire, TAG_DATA, _Send(peer, wire, nbytes=size))
                 if token is not None:  # the parts were copied: reusable now (reported by progress)
                     self._events.append((self._handler.on_sent, (token,)))  # type: ignore[union-attr]
@@ -295,7 +331,17 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Requ
         be waiting for one); credit joins the usual batches."""
         if self._released and not self._in_poll and self._started and not self._closed:
             self._check_thread()
-            self._drain_released()
+            me = threading.get_ident()
+            if self._poll_owner == me:
+                self._drain_released()
+                return
+            with self._poll_lock:
+                self._poll_owner = me
+                try:
+                    if not self._closed:
+                        self._drain_released()
+                finally:
+                    self._poll_owner = 0
 
     def wakeup(self) -> None:
         """Cut a waiting :meth:`progress` short. Thread-safe; never calls MPI."""

@@ -82,6 +82,21 @@ class CreditReturns:
         self._out.pop(peer, None)
         self._since.pop(peer, None)
 
+    def take(self, peer: int, most: int) -> list[tuple[int, int]]:
+        """Take up to ``most`` of ``peer``'s pending returns, ``[(edge, bytes), ...]``, to send now
+        along with a message to it (piggybacked); [] if it has none."""
+        per_edge = self._out.get(peer)
+        if per_edge is None:
+            return []
+        if len(per_edge) <= most:
+            del self._out[peer]
+            del self._since[peer]
+            return list(per_edge.items())
+        items = []
+        for edge in list(per_edge)[:most]:
+            items.append((edge, per_edge.pop(edge)))
+        return items
+
     def due(self, quiet: bool) -> list[tuple[int, list[tuple[int, int]]]]:
         """Take the returns to send now, ``(peer, [(edge, bytes), ...])``: all of them when ``quiet``,
         else only full or old batches."""

@@ -138,7 +138,7 @@ class LivenessMixin:
             while q:
                 self._unaccount_send(q.popleft()[2], False)
         cancelled = []
-        for req, op in self._requests.outstanding():
+        for req, op in self._requests.outstanding() + self._untracked_recvs():
             if isinstance(op, _Send):
                 try:
                     req.Free()  # completes in the background (or never, if the peer is gone)

@@ -14,6 +14,7 @@ from .records import _CtrlRecv, _DataRecv, _Incoming, _Release
 from .wire import (
     _ANSWERS,
     _HDR,
+    _FLAG_CREDIT,
     _KIND_ABORT,
     _KIND_BYE,
     _KIND_EAGER,
@@ -26,6 +27,7 @@ from .wire import (
     _KIND_SLOT_OFFER,
     _KIND_SLOT_RETIRE,
     _decode_ctrl,
+    _decode_piggy,
 )
 
 log = logging.getLogger(__name__)
@@ -52,12 +54,16 @@ class ReceiveMixin:
             if size > self._eager_limit:
                 raise ProtocolError(f"eager message of {size} bytes from rank {peer} exceeds {self._eager_limit}")
             cost = size or 1
+            off = _HDR.size
+            if flags & _FLAG_CREDIT:
+                off, items = _decode_piggy(buf, size, peer)
+                self._credit_back(peer, items)
             if size <= self._copy_limit:
-                data = memoryview(bytes(memoryview(buf)[_HDR.size:_HDR.size + size]))
+                data = memoryview(bytes(memoryview(buf)[off:off + size]))
                 self._post_data_recv(peer, buf)
                 rel = _Release(self, peer, edge, cost, None, True)
             else:
-                data = memoryview(buf)[_HDR.size:_HDR.size + size]
+                data = memoryview(buf)[off:off + size]
                 self._post_data_recv(peer, self._spares.pop() if self._spares else bytearray(self._pool_buf_size))
                 rel = _Release(self, peer, edge, cost, buf, True)
             self.stats["msgs_received"] += 1
@@ -115,9 +121,15 @@ class ReceiveMixin:
             if peer not in self._bye_from:
                 self._slot_control(peer, kind, body)
             body = ()
+        self._credit_back(peer, body)
+        if peer not in self._lost and not self._closed:
+            self._post_ctrl_recv(peer, buf)
+
+    def _credit_back(self, peer: int, items: Any) -> None:
+        """``peer`` returned credit ``[(edge, bytes), ...]`` (in a control message or piggybacked)."""
         on_credit = self._handler.on_credit  # type: ignore[union-attr]
         ledger = self._credit_ledger
-        for edge, nbytes in body:
+        for edge, nbytes in items:
             key = (peer, edge)
             unblocked, excess = ledger.returned(key, nbytes)
             if excess:
@@ -125,8 +137,6 @@ class ReceiveMixin:
                           self.rank, peer, nbytes, edge)
             if unblocked:
                 self._events.append((on_credit, (peer, edge)))
-        if peer not in self._lost and not self._closed:
-            self._post_ctrl_recv(peer, buf)
 
     def _drain_released(self) -> None:
         released = self._released

@@ -16,24 +16,31 @@ if TYPE_CHECKING:  # pragma: no cover
 # --- bookkeeping objects (one per outstanding MPI request) ------------------------------------------
 
 class _DataRecv:
-    """A pre-posted TAG_DATA receive into a pool buffer; completes strictly in posting order per peer."""
-    __slots__ = ("peer", "buf", "done")
+    """A pre-posted TAG_DATA receive into a pool buffer; completes strictly in posting order per peer.
+    ``req``: its MPI request; ``tracked``: whether it is in the request table (only the oldest
+    receive of each peer is, see :meth:`RequestsMixin._advance_recvs`)."""
+    __slots__ = ("peer", "buf", "done", "req", "tracked")
 
     def __init__(self, peer: int, buf: bytearray) -> None:
         self.peer = peer
         self.buf = buf
         self.done = False
+        self.req: Any = None
+        self.tracked = False
 
 
 class _CtrlRecv:
     """A pre-posted TAG_CTRL receive; like data receives, handled strictly in posting order per peer
-    (MPI matches a peer's messages to them in that order; Testsome reports them by request slot)."""
-    __slots__ = ("peer", "buf", "done")
+    (MPI matches a peer's messages to them in that order; Testsome reports them by request slot).
+    ``req`` and ``tracked`` as for :class:`_DataRecv`."""
+    __slots__ = ("peer", "buf", "done", "req", "tracked")
 
     def __init__(self, peer: int, buf: bytearray) -> None:
         self.peer = peer
         self.buf = buf
         self.done = False
+        self.req: Any = None
+        self.tracked = False
 
 
 class _Incoming:

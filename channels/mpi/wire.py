@@ -37,6 +37,13 @@ _KIND_EAGER = 1
 _FLAG_INLINE = 1
 _INLINE_MAX = 4096
 _KIND_RNDV = 2
+#: Eager flag: credit returns ride along (piggybacked): after the header come a u32 count and that
+#: many ``(edge, bytes)`` entries (_CREDIT_ENTRY), then the payload. Saves a control message (an
+#: Isend, a completion and a reposted receive on each side) per small message in request/reply
+#: traffic. Only when header, entries and payload fit one pool buffer.
+_FLAG_CREDIT = 16
+#: Most credit entries one eager message carries.
+_PIGGY_MAX = 8
 _KIND_BYE = 3
 #: Rendezvous flag: the payload's one segment goes to the receiver's next pre-posted receive (TAG_PRE).
 _FLAG_PRE = 2
@@ -106,6 +113,23 @@ def _encode_credit(items: Sequence[tuple[int, int]]) -> list[bytes]:
         out.append(b"".join([_CTRL_HDR.pack(_KIND_CREDIT, len(chunk)),
                              *(_CREDIT_ENTRY.pack(edge, nbytes) for edge, nbytes in chunk)]))
     return out
+
+
+def _encode_piggy(items: Sequence[tuple[int, int]]) -> bytes:
+    """The credit entries an eager message flagged _FLAG_CREDIT carries after its header."""
+    return b"".join([_U32.pack(len(items)), *(_CREDIT_ENTRY.pack(edge, nbytes) for edge, nbytes in items)])
+
+
+def _decode_piggy(buf: Buffer, size: int, peer: int) -> tuple[int, list[tuple[int, int]]]:
+    """``(offset of the payload, [(edge, bytes), ...])`` of an eager message flagged _FLAG_CREDIT
+    whose payload has ``size`` bytes (validated: a malformed one raises ProtocolError)."""
+    mv = memoryview(buf)
+    (n,) = _U32.unpack_from(mv, _HDR.size)
+    start = _HDR.size + _U32.size
+    off = start + n * _CREDIT_ENTRY.size
+    if not 0 < n <= _PIGGY_MAX or off + size > mv.nbytes:
+        raise ProtocolError(f"eager message from rank {peer} with {n} piggybacked credit entries")
+    return off, [_CREDIT_ENTRY.unpack_from(mv, start + i * _CREDIT_ENTRY.size) for i in range(n)]
 
 
 def _encode_abort(reason: str) -> bytes:

@@ -202,3 +202,15 @@ def test_pending_bytes_counts_payload_bytes_until_mpi_completes_the_send() -> No
     stays pending while its receiver does not take it, and the count drops to 0 once sent."""
     ranks = assert_all_ok(2, "pending_bytes")
     assert json.loads(ranks[0])["pending_after_send"] >= 4 << 20
+
+
+@pytest.mark.timeout(120)
+def test_small_messages_carry_credit_back_and_poll_only_the_oldest_receives() -> None:
+    ranks = assert_all_ok(2, "small_pingpong")
+    for r in ranks.values():
+        assert json.loads(r)["piggybacked"] >= 200
+
+
+@pytest.mark.timeout(120)
+def test_two_threads_may_drive_the_channel_at_once() -> None:
+    assert_all_ok(2, "two_drivers")

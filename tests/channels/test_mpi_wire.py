@@ -205,3 +205,23 @@ def test_byte_view_flattens_and_rejects_non_contiguous() -> None:
     assert v.nbytes == 96 and v.format == "B" and bytes(v) == a.tobytes()
     with pytest.raises(TypeError, match="contiguous"):
         wire._byte_view(a[:, ::2])
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2**31 - 1), st.integers(1, 2**40)), min_size=1,
+                max_size=wire._PIGGY_MAX), st.binary(max_size=64))
+def test_piggybacked_credit_roundtrip(items: list[tuple[int, int]], body: bytes) -> None:
+    """Credit riding on an eager message: entries come back, and the payload starts right after them."""
+    msg = (wire._HDR.pack(wire._KIND_EAGER, wire._FLAG_CREDIT, 0, 3, len(body)) + wire._encode_piggy(items)
+           + body)
+    off, got = wire._decode_piggy(msg, len(body), peer=1)
+    assert got == items
+    assert msg[off:off + len(body)] == body
+
+
+@pytest.mark.parametrize("count", [0, wire._PIGGY_MAX + 1, 3])
+def test_malformed_piggybacked_credit_is_a_protocol_error(count: int) -> None:
+    """A count of 0, above the limit, or more entries than the message holds is refused."""
+    msg = wire._HDR.pack(wire._KIND_EAGER, wire._FLAG_CREDIT, 0, 3, 10) + wire._U32.pack(count) + b"\0" * 20
+    with pytest.raises(ProtocolError):
+        wire._decode_piggy(msg, 10, peer=1)

@@ -118,6 +118,11 @@ def scenario_keep_views() -> None:
             spin(ch, lambda: ch.send(1, 1, [payload(0, 1, 1, i, n)]), f"credit for message {i}")
         spin(ch, lambda: not ch.has_pending(), "sends to complete")
         check(ch.send(1, 2, [b"phase 2"]), "send refused")
+        # phase 2 starts once the receiver has checked phase 1 (its messages would otherwise land
+        # among the views it checks: a poll delivers every message that has arrived)
+        ready = []
+        rec.on_message_hook = lambda p, e, d, r: (ready.append(bytes(d)), r())
+        spin(ch, lambda: bool(ready), "the receiver to be ready for phase 2")
         for i, n in enumerate(sizes):  # phase 2: the receiver keeps nothing
             spin(ch, lambda: ch.send(1, 3, [payload(0, 1, 3, i, n)]), f"credit for message {i}")
         ok(0)
@@ -130,6 +135,7 @@ def scenario_keep_views() -> None:
         reused_before = ch.stats["rndv_buffers_reused"]
         kept.clear()
         rec.on_message_hook = lambda p, e, d, r: (kept.append(bytes(d[:1])), r())
+        check(ch.send(0, 4, [b"ready"]), "send refused")
         spin(ch, lambda: len(kept) == len(sizes), "phase 2")
         check(ch.stats["rndv_buffers_reused"] > reused_before, "released, unviewed buffers were not recycled")
         ok(1, reused=ch.stats["rndv_buffers_reused"])
