@@ -559,3 +559,26 @@ def test_user_metadata_may_differ_but_key_choice_may_not():
                     kg.result_table()
         return rows
     assert run_local(2, body, timeout=60)[0] == 6
+
+
+@pytest.mark.parametrize("width", [4, 8, 10, 17])
+@pytest.mark.parametrize("distinct", [3, 256])
+def test_fixed_size_binary_keys_sort_with_numpy_like_arrow(monkeypatch, width, distinct):
+    """A single fixed-size binary key (TeraSort's) is sorted on its bytes with numpy, not Arrow's
+    per-value comparison sort: same stable order, nulls first, on slices too, ties and all."""
+    rng = np.random.default_rng(width * distinct)
+    n = 3000
+    raw = rng.integers(0, distinct, (n, width), dtype=np.uint8)
+    nulls = rng.random(n) < 0.05
+    keys = pa.array([None if m else bytes(r) for r, m in zip(raw, nulls)], pa.binary(width))
+    table = pa.table({"k": keys, "i": np.arange(n)})
+    expected = {}
+    for name, t in (("whole", table), ("slice", table.slice(7, n - 20))):
+        idx = pc.sort_indices(t, sort_keys=[("k", "ascending", "at_start"), ("i", "ascending")])
+        expected[name] = t.take(idx)
+
+    def no_arrow_sort(*a, **k):
+        raise AssertionError("Arrow's sort_indices used for a fixed-size binary key")
+    monkeypatch.setattr(pc, "sort_indices", no_arrow_sort)
+    assert sort_by_keys(table, ["k"]).equals(expected["whole"])
+    assert sort_by_keys(table.slice(7, n - 20), ["k"]).equals(expected["slice"])
