@@ -441,6 +441,40 @@ def _schema_diff(a: Any, b: Any) -> str:
     return "; ".join(parts)
 
 
+def rechunk(batches: Iterable[Any], target_bytes: int) -> Iterator[Any]:
+    """``batches`` (one schema) in the same row order, consecutive ones smaller than ``target_bytes``
+    concatenated into batches of about ``target_bytes`` (a batch at least that large passes as it is,
+    without a copy): many small pieces reach the reader as few large batches."""
+    pa = require_pyarrow()
+    held: list[Any] = []
+    size = 0
+
+    def joined() -> Any:
+        if len(held) == 1:
+            return held[0]
+        if hasattr(pa, "concat_batches"):
+            return pa.concat_batches(held)
+        return pa.Table.from_batches(held).combine_chunks().to_batches()[0]
+
+    for batch in batches:
+        nbytes = batch.nbytes
+        if nbytes >= target_bytes:
+            if held:
+                yield joined()
+                held, size = [], 0
+            yield batch
+            continue
+        if batch.num_rows == 0:
+            continue
+        held.append(batch)
+        size += nbytes
+        if size >= target_bytes:
+            yield joined()
+            held, size = [], 0
+    if held:
+        yield joined()
+
+
 # ------------------------------------------------------------------------------------------- the mixins
 class _TableOps:
     """What every operation's table path shares (mixed into the operation classes)."""
@@ -563,20 +597,47 @@ class _TableOps:
 
     def result_table(self, task: int | None = None, *, timeout: float | None = None) -> Any:
         """Batch: the rows local destination ``task`` received, as one ``pyarrow.Table`` (see the
-        module docstring for each operation's order)."""
+        module docstring for each operation's order); small pieces are re-chunked into batches of
+        about ``config.table_batch_bytes``."""
+        pa = require_pyarrow()
         task = self._check_table_results(task)
-        return self._collect(task, timeout, self._table_pairs(task, timeout))
+        seen: list[Any] = []
+        batches = list(self._received_batches(task, timeout, seen))
+        if not seen:
+            return pa.table({})
+        return pa.Table.from_batches(batches, schema=seen[0])
 
     def result_batches(self, task: int | None = None, *, timeout: float | None = None) -> Iterator[Any]:
-        """Batch: :meth:`result_table`'s rows as ``pyarrow.RecordBatch``es, yielded as the received
-        pieces are read (spilled pieces come back from disk one at a time), not gathered in memory."""
+        """:meth:`result_table`'s rows as ``pyarrow.RecordBatch``es, yielded as the received pieces
+        are read (spilled pieces come back from disk one at a time), not gathered in memory. In batch
+        mode, consecutive pieces smaller than ``config.table_batch_bytes`` are concatenated into one
+        batch of about that size (one copy of the small pieces; large ones pass as they are); in
+        streaming mode each piece is yielded as it arrives."""
         task = self._check_table_results(task)
+        yield from self._received_batches(task, timeout)
+
+    def _received_batches(self, task: int, timeout: float | None, seen: list | None = None) -> Iterator[Any]:
+        """The checked pieces of ``task`` as record batches, re-chunked in batch mode (the first
+        piece's schema is appended to ``seen``)."""
         first = first_src = None
-        for src, t in self._table_pairs(task, timeout):
-            t = self._checked_piece(first, first_src, src, t)
-            if first is None:
-                first, first_src = t.schema, src
-            yield from t.to_batches()
+
+        def pieces() -> Iterator[Any]:
+            nonlocal first, first_src
+            for src, t in self._table_pairs(task, timeout):
+                t = self._checked_piece(first, first_src, src, t)
+                if first is None:
+                    first, first_src = t.schema, src
+                    if seen is not None:
+                        seen.append(first)
+                else:
+                    t = t.replace_schema_metadata(first.metadata)   # the first table's metadata is kept
+                yield from t.to_batches()
+
+        target = int(getattr(self.ctx.config, "table_batch_bytes", 0) or 0)
+        if self.mode != "batch" or target <= 0:
+            yield from pieces()
+        else:
+            yield from rechunk(pieces(), target)
 
     def _check_table_results(self, task: int | None) -> int:
         if self.mode != "batch" and not self._streams_tables:
@@ -874,7 +935,7 @@ def _same(value: Any) -> Any:  # noqa: D103 - identity "copy" for pieces kept as
     return value
 
 
-__all__ = ["to_table", "row_hashes", "destination_index", "split_rows", "range_index", "splitters_from_sample",
+__all__ = ["to_table", "rechunk", "row_hashes", "destination_index", "split_rows", "range_index", "splitters_from_sample",
            "sort_by_keys", "key_names",
            "partial_aggregate", "merge_aggregates", "AGGREGATIONS", "INSTALL_HINT",
            "PartitionTables", "BroadcastTables", "GatherTables", "KeyedGatherTables", "KeyedReduceTables"]

@@ -582,3 +582,36 @@ def test_fixed_size_binary_keys_sort_with_numpy_like_arrow(monkeypatch, width, d
     monkeypatch.setattr(pc, "sort_indices", no_arrow_sort)
     assert sort_by_keys(table, ["k"]).equals(expected["whole"])
     assert sort_by_keys(table.slice(7, n - 20), ["k"]).equals(expected["slice"])
+
+
+def _small_gathers(ctx, batch_bytes):
+    import collectives as C
+    out = {}
+    for edge in (5, 6):            # results are read once: batches from one Gather, a table from another
+        with C.Gather(ctx, edge=edge) as op:
+            for task in op.local_sources:
+                for i in range(200):
+                    op.send_table(task, pa.table({"src": [task] * 10, "i": np.arange(i * 10, i * 10 + 10)}))
+                op.finish(task)
+            for d in op.local_destinations:
+                if edge == 5:
+                    out[d] = [b.num_rows for b in op.result_batches(d)]
+                else:
+                    out[f"table{d}"] = op.result_table(d)
+    return out
+
+
+@pytest.mark.parametrize("batch_bytes", [0, 64 << 10])
+def test_many_small_pieces_reach_the_reader_as_few_large_batches(batch_bytes):
+    """config.table_batch_bytes re-chunks a batch destination's small pieces (400 sends of 10 rows
+    here) into batches of about that size, keeping every row and its order; 0 keeps them as sent."""
+    res = run_local(2, _small_gathers, batch_bytes, timeout=120, table_batch_bytes=batch_bytes)
+    got = next(r for r in res if 0 in r)
+    expected = pa.concat_tables([pa.table({"src": [s] * 2000, "i": np.arange(2000)}) for s in (0, 1)])
+    assert got["table0"].equals(expected)
+    assert sum(got[0]) == 4000
+    if batch_bytes:
+        # 4000 rows x 16 bytes = 64000 bytes: under one target, so one batch
+        assert len(got[0]) == 1 and got["table0"].column(0).num_chunks == 1
+    else:
+        assert len(got[0]) == 400
