@@ -697,7 +697,16 @@ class BroadcastTables(_TableOps):
         """Send ``table`` from the source ``task`` to every destination."""
         table = self._table_in(task, table, [])
         for piece in self._pieces(table):
-            self.send(task, piece, timeout=timeout, copy=False)
+            self._send_piece_down(task, piece, timeout)
+
+    def _send_piece_down(self, task: int, piece: Any, timeout: float | None) -> None:
+        """Deliver ``piece`` to this rank's destinations, then send it to each child rank of the tree
+        with a blocking Context send from this thread: its buffers go out as they are, not copied."""
+        from .edges import DOWN
+        if self.local_destinations or not self._down_children:
+            self._input(task, self._down_room, lambda: self._down_local([piece]), timeout=timeout)
+        for c in list(self._down_children):
+            self._send_direct(task, c, DOWN, ("v", [piece]), timeout)
 
     def _table_pairs(self, task: int, timeout: float | None) -> Iterable[tuple[int, Any]]:
         """The source's rows, in send order."""
@@ -709,10 +718,38 @@ class GatherTables(_TableOps):
     """``send_table`` / ``result_table`` of Gather and AllGather."""
 
     def send_table(self, task: int, table: Any, *, timeout: float | None = None) -> None:
-        """Send ``table``'s rows from local source ``task`` to the destination(s)."""
+        """Send ``table``'s rows from local source ``task`` to the destination(s): pieces bound for other
+        ranks go out as their Arrow buffers, without a copy at the sender."""
         table = self._table_in(task, table, [])
         for piece in self._pieces(table):
-            self.send(task, piece, timeout=timeout, copy=False)
+            if not self._send_piece_direct(task, piece, timeout):
+                self.send(task, piece, timeout=timeout, copy=False)
+
+    def _send_piece_direct(self, task: int, piece: Any, timeout: float | None) -> bool:
+        """Send ``piece`` on with blocking Context sends from this thread (so the Context sends its
+        buffers as they are, see :meth:`_send_direct`); False where the record path keeps it on this
+        rank instead (this rank holds the tree's root, or batch AllGather on one rank)."""
+        from .edges import DIRECT, UP_BASE
+        if self.mode == "batch" and hasattr(self, "_emit_direct"):       # batch AllGather: direct exchange
+            peers = list(self._peers)
+            if not peers:
+                return False
+            chunk = [piece]
+
+            def keep() -> None:
+                self._flush_direct()
+                if self._store is not None:
+                    self._store.add_chunk(task, list(chunk))
+            for i, r in enumerate(peers):
+                self._send_direct(task, r, DIRECT, ("d", [task], [chunk]), timeout,
+                                  before=keep if i == 0 else None)
+            return True
+        node = next(iter(self._nodes.values()))
+        if node.parent is None:
+            return False
+        self._send_direct(task, node.parent, UP_BASE + node.level - 1, ("d", node.tid, [[task], [[piece]]]),
+                          timeout, before=lambda: self._flush_node(node))
+        return True
 
     def _table_pairs(self, task: int, timeout: float | None) -> Iterable[tuple[int, Any]]:
         """Every source's rows, by source task then send order."""
