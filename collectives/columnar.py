@@ -893,14 +893,32 @@ def partial_aggregate(table: Any, keys: list[str], spec: list[tuple[str, str]]) 
 
 def merge_aggregates(partials: Any, keys: list[str], spec: list[tuple[str, str]]) -> Any:
     """The final one-row-per-key table from concatenated partial states, sorted by key."""
+    return _final_aggregates(merge_states(partials, keys, spec), keys, spec)
+
+
+def merge_states(partials: Any, keys: list[str], spec: list[tuple[str, str]], extra: Sequence[str] = ()) -> Any:
+    """One row per key of ``partials`` (partial-state rows, e.g. several sources' for one key) with
+    the merged states, named as in the partials (sums of sums and counts, min of mins, ...); the
+    ``extra`` columns are merged with ``max``."""
     pa = require_pyarrow()
-    import pyarrow.compute as pc
     states = _states(spec)
     partials = partials.unify_dictionaries()     # pieces from several sources: one dictionary per column
     merged = partials.group_by(keys, use_threads=False).aggregate(
-        [(_state_name(c, s), "sum" if s in ("sum", "count") else s) for c, s in states])
-    got = {(c, s): merged.column(f"{_state_name(c, s)}_{'sum' if s in ('sum', 'count') else s}")
-           for c, s in states}
+        [(_state_name(c, s), "sum" if s in ("sum", "count") else s) for c, s in states]
+        + [(e, "max") for e in extra])
+    cols = {k: merged.column(k) for k in keys}
+    for c, s in states:
+        cols[_state_name(c, s)] = merged.column(f"{_state_name(c, s)}_{'sum' if s in ('sum', 'count') else s}")
+    for e in extra:
+        cols[e] = merged.column(f"{e}_max")
+    return pa.table(cols).replace_schema_metadata(partials.schema.metadata)
+
+
+def _final_aggregates(merged: Any, keys: list[str], spec: list[tuple[str, str]]) -> Any:
+    """The ``{column}_{fn}`` columns of merged states, sorted by key."""
+    pa = require_pyarrow()
+    import pyarrow.compute as pc
+    got = {(c, s): merged.column(_state_name(c, s)) for c, s in _states(spec)}
     cols = {k: merged.column(k) for k in keys}
     for c, fn in spec:
         if fn == "mean":
@@ -916,9 +934,9 @@ def merge_aggregates(partials: Any, keys: list[str], spec: list[tuple[str, str]]
 
 
 class KeyedReduceTables(_TableOps):
-    """``send_table`` / ``result_table`` of KeyedReduce: Arrow aggregations, one row per key."""
-
-    _streams_tables = False
+    """``send_table`` / ``result_table`` of KeyedReduce: Arrow aggregations, one row per key. Streaming:
+    each source's ``send_table`` call travels as its partial aggregates, and ``result_batches`` yields,
+    per received piece, the updated aggregates of the keys that piece touched."""
 
     def send_table(self, task: int, table: Any, key: str | Sequence[str], *,
                    aggregate: Mapping[str, str | Sequence[str]], timeout: float | None = None) -> None:
@@ -951,14 +969,67 @@ class KeyedReduceTables(_TableOps):
         """The partial-aggregate pieces that reached this destination."""
         return ((tag[0], t) for tag, t in self.results(task, timeout=timeout))
 
+    def _streamed_table_pieces(self, node: Any, pairs: list) -> bool:
+        """Streaming root of ``node``: deliver received ``(tag, table piece)`` pairs as they are (the
+        reader merges them, see :meth:`result_batches`) instead of keeping them as running values;
+        False when ``pairs`` are records."""
+        if not pairs or not is_arrow_data(pairs[0][1]):
+            return False
+        from .reduction import own
+        self._deliver_many(node.tid, [(tag, own(piece)) for tag, piece in pairs])
+        return True
+
     def result_batches(self, task: int | None = None, *, timeout: float | None = None) -> Iterator[Any]:
         """Batch: :meth:`result_table` as record batches (the merged aggregates are formed in memory:
-        one row per key)."""
-        yield from self.result_table(task, timeout=timeout).to_batches()
+        one row per key). Streaming: per received piece (one source's ``send_table`` call, its keys
+        for this destination), a batch of the updated aggregates of the keys it holds, sorted by key;
+        the running states (one row per key seen) are kept by this reader."""
+        if self.mode == "batch":
+            yield from self.result_table(task, timeout=timeout).to_batches()
+            return
+        for updated in self._running_aggregates(task, timeout, updates=True):
+            yield from updated.to_batches()
+
+    def _running_aggregates(self, task: int | None, timeout: float | None, *, updates: bool) -> Iterator[Any]:
+        """Streaming: fold each received piece into the running states; yields the updated keys'
+        aggregates per piece (``updates``) or, at the end, every key's."""
+        pa = require_pyarrow()
+        import pyarrow.compute as pc
+        task = self._check_table_results(task)
+        first = first_src = state = None
+        keys: list[str] = []
+        spec: list[tuple[str, str]] = []
+        mark = "\x1ftouched"
+        for src, piece in self._table_pairs(task, timeout):
+            piece = self._checked_piece(first, first_src, src, piece)
+            if first is None:
+                first, first_src = piece.schema, src
+                info = json.loads((first.metadata or {}).get(_META_AGG, b"{}"))
+                keys, spec = info.get("keys", []), [tuple(x) for x in info.get("spec", [])]
+            if piece.num_rows == 0:
+                continue
+            piece = piece.append_column(mark, pa.array(np.ones(piece.num_rows, dtype=np.int8)))
+            both = piece if state is None else pa.concat_tables([state, piece.cast(state.schema)])
+            state = merge_states(both, keys, spec, extra=[mark])
+            if updates:
+                touched = state.filter(pc.equal(state.column(mark), 1)).drop_columns([mark])
+                yield _final_aggregates(touched, keys, spec)
+            state = state.set_column(state.schema.get_field_index(mark), mark,
+                                     pa.array(np.zeros(state.num_rows, dtype=np.int8)))
+        if not updates:
+            if state is not None:
+                yield _final_aggregates(state.drop_columns([mark]), keys, spec)
+            elif first is not None:
+                yield _final_aggregates(merge_states(pa.Table.from_batches([], schema=first), keys, spec),
+                                        keys, spec)
+            else:
+                yield pa.table({})
 
     def result_table(self, task: int | None = None, *, timeout: float | None = None) -> Any:
-        """Batch: one row per key of this destination: key columns, then ``{column}_{fn}`` per
-        aggregation, sorted by key (nulls first)."""
+        """One row per key of this destination: key columns, then ``{column}_{fn}`` per aggregation,
+        sorted by key (nulls first). Streaming: once every source finished."""
+        if self.mode != "batch":
+            return next(iter(self._running_aggregates(task, timeout, updates=False)))
         task = self._check_table_results(task)
         partials = self._collect(task, timeout, self._table_pairs(task, timeout))
         if partials.num_columns == 0:
@@ -974,5 +1045,5 @@ def _same(value: Any) -> Any:  # noqa: D103 - identity "copy" for pieces kept as
 
 __all__ = ["to_table", "rechunk", "row_hashes", "destination_index", "split_rows", "range_index", "splitters_from_sample",
            "sort_by_keys", "key_names",
-           "partial_aggregate", "merge_aggregates", "AGGREGATIONS", "INSTALL_HINT",
+           "partial_aggregate", "merge_aggregates", "merge_states", "AGGREGATIONS", "INSTALL_HINT",
            "PartitionTables", "BroadcastTables", "GatherTables", "KeyedGatherTables", "KeyedReduceTables"]
