@@ -109,5 +109,5 @@ def test_table_leaves_the_sender_without_a_copy(op, tmp_path):
     peak = next(r["peak"] for r in res if r["peak"] is not None)
     assert peak < 2 << 20, f"{op}: the sender allocated {peak} bytes while sending"
     got = {int(d): n for r in res for d, n in r["rows"].items()}
-    want = (4 << 20) * (1 if op == "broadcast" else 2)
+    want = 4 << 20
     assert got and all(n == want for n in got.values()), got

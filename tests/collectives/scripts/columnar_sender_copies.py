@@ -25,9 +25,11 @@ def main() -> None:
     rows = 4 << 20
     with tn.init(timeout=240) as ctx:
         task = ctx.my_tasks[0]
-        table = pa.table({"v": np.arange(rows, dtype=np.int64) + ctx.rank})     # 32 MB
         cls = {"gather": C.Gather, "allgather": C.AllGather, "broadcast": C.Broadcast}[op_name]
         sender = 0 if op_name == "broadcast" else 1
+        # only the measured rank sends rows (32 MB): receiving another rank's table meanwhile would
+        # allocate receive buffers in this process and blur the measurement
+        table = pa.table({"v": np.arange(rows if ctx.rank == sender else 0, dtype=np.int64)})
         with cls(ctx, edge=1) as op:
             if task in op.local_sources:
                 tracemalloc.start()
