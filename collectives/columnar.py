@@ -47,9 +47,11 @@ sent each variant (each source sends every new schema it uses to every destinati
 destination sees every variant). A key column missing at the sender raises it at ``send_table``. An
 operation carries either records (``send``) or tables (``send_table``), not both.
 
-Streaming operations (all but KeyedReduce) take tables too: ``result_batches`` then yields each piece
-as it arrives (send order per source, none between sources; KeyedGather's unsorted), and
-``result_table`` gathers them once every source finished (KeyedGather's sorted).
+Streaming operations take tables too: ``result_batches`` then yields each piece as it arrives (send
+order per source, none between sources; KeyedGather's unsorted; KeyedReduce's as the updated aggregates
+of the keys the piece touched), and ``result_table`` gathers them once every source finished
+(KeyedGather's sorted, KeyedReduce's final aggregates). Batch destinations re-chunk small received pieces
+into batches of about ``config.table_batch_bytes`` (:func:`rechunk`).
 """
 
 from __future__ import annotations
