@@ -47,9 +47,11 @@ sent each variant (each source sends every new schema it uses to every destinati
 destination sees every variant). A key column missing at the sender raises it at ``send_table``. An
 operation carries either records (``send``) or tables (``send_table``), not both.
 
-Streaming operations (all but KeyedReduce) take tables too: ``result_batches`` then yields each piece
-as it arrives (send order per source, none between sources; KeyedGather's unsorted), and
-``result_table`` gathers them once every source finished (KeyedGather's sorted).
+Streaming operations take tables too: ``result_batches`` then yields each piece as it arrives (send
+order per source, none between sources; KeyedGather's unsorted; KeyedReduce's as the updated aggregates
+of the keys the piece touched), and ``result_table`` gathers them once every source finished
+(KeyedGather's sorted, KeyedReduce's final aggregates). Batch destinations re-chunk small received pieces
+into batches of about ``config.table_batch_bytes`` (:func:`rechunk`).
 """
 
 from __future__ import annotations
@@ -328,12 +330,70 @@ def sort_by_keys(table: Any, keys: Sequence[str]) -> Any:
     if any(c.num_chunks > 1 for c in table.columns):
         # Arrow sorts and takes contiguous columns several times faster (one dictionary per column first)
         table = table.unify_dictionaries().combine_chunks()
+    fast = _binary_key_order(table, keys)
+    if fast is not None:
+        return table.take(fast)
     by = _sortable(table, keys)
     try:       # pyarrow >= 25: null placement per sort key
         idx = pc.sort_indices(by, sort_keys=[(k, "ascending", "at_start") for k in keys])
     except (TypeError, ValueError):
         idx = pc.sort_indices(by, sort_keys=[(k, "ascending") for k in keys], null_placement="at_start")
     return table.take(idx)
+
+
+def _word_columns(raw: np.ndarray, n: int, width: int) -> list[np.ndarray]:
+    """The fixed-size keys of ``raw`` (``n`` keys of ``width`` bytes) as native uint64 words, most
+    significant first, each holding 8 of the key's bytes big-endian (the last zero-padded): comparing
+    the word tuples compares the keys as bytes (memcmp)."""
+    words = []
+    for w in range(0, width, 8):
+        take = min(8, width - w)
+        if take == 8:
+            view = np.ndarray(shape=(n,), dtype=">u8", buffer=raw, offset=w, strides=(width,))
+            words.append(view.astype(np.uint64))
+        else:
+            part = np.zeros((n, 8), dtype=np.uint8)
+            part[:, :take] = raw.reshape(n, width)[:, w:w + take]
+            words.append(part.view(">u8").ravel().astype(np.uint64))
+    return words
+
+
+def _binary_key_order(table: Any, keys: Sequence[str]) -> np.ndarray | None:
+    """Stable sort indices (nulls first) of ``table`` by a single fixed-size binary key, computed with
+    numpy on the key's bytes as big-endian 64-bit words; None for other keys. Arrow compares
+    fixed-size binary values one by one, several times slower: this is the TeraSort key. When the
+    first word already orders the rows with no ties (random keys), one unstable argsort of it is the
+    stable order; else a stable lexsort of every word."""
+    pa = require_pyarrow()
+    if len(keys) != 1:
+        return None
+    col = table.column(keys[0])
+    if not pa.types.is_fixed_size_binary(col.type) or col.num_chunks != 1:
+        return None
+    arr = col.chunk(0)
+    n, width = len(arr), col.type.byte_width
+    if width == 0 or arr.buffers()[1] is None:
+        return None
+    raw = np.frombuffer(arr.buffers()[1], dtype=np.uint8)[arr.offset * width:(arr.offset + n) * width]
+    valid = _valid(arr)
+    rows = None if arr.null_count == 0 else np.flatnonzero(valid)
+    if rows is not None:
+        raw = raw.reshape(n, width)[rows].ravel()
+    m = n if rows is None else len(rows)
+    if m == 0:
+        return np.flatnonzero(~valid)
+    words = _word_columns(raw, m, width)
+    order = None
+    if len(words) > 1 and m > 1:
+        order = np.argsort(words[0])
+        first = words[0][order]
+        if bool(np.any(first[1:] == first[:-1])):
+            order = None
+    if order is None:
+        order = np.lexsort(words[::-1]) if len(words) > 1 else np.argsort(words[0], kind="stable")
+    if rows is None:
+        return order
+    return np.concatenate([np.flatnonzero(~valid), rows[order]])
 
 
 def _sortable(table: Any, keys: Sequence[str]) -> Any:
@@ -381,6 +441,40 @@ def _schema_diff(a: Any, b: Any) -> str:
     if not parts:
         parts.append("field metadata differs")
     return "; ".join(parts)
+
+
+def rechunk(batches: Iterable[Any], target_bytes: int) -> Iterator[Any]:
+    """``batches`` (one schema) in the same row order, consecutive ones smaller than ``target_bytes``
+    concatenated into batches of about ``target_bytes`` (a batch at least that large passes as it is,
+    without a copy): many small pieces reach the reader as few large batches."""
+    pa = require_pyarrow()
+    held: list[Any] = []
+    size = 0
+
+    def joined() -> Any:
+        if len(held) == 1:
+            return held[0]
+        if hasattr(pa, "concat_batches"):
+            return pa.concat_batches(held)
+        return pa.Table.from_batches(held).combine_chunks().to_batches()[0]
+
+    for batch in batches:
+        nbytes = batch.nbytes
+        if nbytes >= target_bytes:
+            if held:
+                yield joined()
+                held, size = [], 0
+            yield batch
+            continue
+        if batch.num_rows == 0:
+            continue
+        held.append(batch)
+        size += nbytes
+        if size >= target_bytes:
+            yield joined()
+            held, size = [], 0
+    if held:
+        yield joined()
 
 
 # ------------------------------------------------------------------------------------------- the mixins
@@ -505,20 +599,47 @@ class _TableOps:
 
     def result_table(self, task: int | None = None, *, timeout: float | None = None) -> Any:
         """Batch: the rows local destination ``task`` received, as one ``pyarrow.Table`` (see the
-        module docstring for each operation's order)."""
+        module docstring for each operation's order); small pieces are re-chunked into batches of
+        about ``config.table_batch_bytes``."""
+        pa = require_pyarrow()
         task = self._check_table_results(task)
-        return self._collect(task, timeout, self._table_pairs(task, timeout))
+        seen: list[Any] = []
+        batches = list(self._received_batches(task, timeout, seen))
+        if not seen:
+            return pa.table({})
+        return pa.Table.from_batches(batches, schema=seen[0])
 
     def result_batches(self, task: int | None = None, *, timeout: float | None = None) -> Iterator[Any]:
-        """Batch: :meth:`result_table`'s rows as ``pyarrow.RecordBatch``es, yielded as the received
-        pieces are read (spilled pieces come back from disk one at a time), not gathered in memory."""
+        """:meth:`result_table`'s rows as ``pyarrow.RecordBatch``es, yielded as the received pieces
+        are read (spilled pieces come back from disk one at a time), not gathered in memory. In batch
+        mode, consecutive pieces smaller than ``config.table_batch_bytes`` are concatenated into one
+        batch of about that size (one copy of the small pieces; large ones pass as they are); in
+        streaming mode each piece is yielded as it arrives."""
         task = self._check_table_results(task)
+        yield from self._received_batches(task, timeout)
+
+    def _received_batches(self, task: int, timeout: float | None, seen: list | None = None) -> Iterator[Any]:
+        """The checked pieces of ``task`` as record batches, re-chunked in batch mode (the first
+        piece's schema is appended to ``seen``)."""
         first = first_src = None
-        for src, t in self._table_pairs(task, timeout):
-            t = self._checked_piece(first, first_src, src, t)
-            if first is None:
-                first, first_src = t.schema, src
-            yield from t.to_batches()
+
+        def pieces() -> Iterator[Any]:
+            nonlocal first, first_src
+            for src, t in self._table_pairs(task, timeout):
+                t = self._checked_piece(first, first_src, src, t)
+                if first is None:
+                    first, first_src = t.schema, src
+                    if seen is not None:
+                        seen.append(first)
+                else:
+                    t = t.replace_schema_metadata(first.metadata)   # the first table's metadata is kept
+                yield from t.to_batches()
+
+        target = int(getattr(self.ctx.config, "table_batch_bytes", 0) or 0)
+        if self.mode != "batch" or target <= 0:
+            yield from pieces()
+        else:
+            yield from rechunk(pieces(), target)
 
     def _check_table_results(self, task: int | None) -> int:
         if self.mode != "batch" and not self._streams_tables:
@@ -578,7 +699,16 @@ class BroadcastTables(_TableOps):
         """Send ``table`` from the source ``task`` to every destination."""
         table = self._table_in(task, table, [])
         for piece in self._pieces(table):
-            self.send(task, piece, timeout=timeout, copy=False)
+            self._send_piece_down(task, piece, timeout)
+
+    def _send_piece_down(self, task: int, piece: Any, timeout: float | None) -> None:
+        """Deliver ``piece`` to this rank's destinations, then send it to each child rank of the tree
+        with a blocking Context send from this thread: its buffers go out as they are, not copied."""
+        from .edges import DOWN
+        if self.local_destinations or not self._down_children:
+            self._input(task, self._down_room, lambda: self._down_local([piece]), timeout=timeout)
+        for c in list(self._down_children):
+            self._send_direct(task, c, DOWN, ("v", [piece]), timeout)
 
     def _table_pairs(self, task: int, timeout: float | None) -> Iterable[tuple[int, Any]]:
         """The source's rows, in send order."""
@@ -590,10 +720,38 @@ class GatherTables(_TableOps):
     """``send_table`` / ``result_table`` of Gather and AllGather."""
 
     def send_table(self, task: int, table: Any, *, timeout: float | None = None) -> None:
-        """Send ``table``'s rows from local source ``task`` to the destination(s)."""
+        """Send ``table``'s rows from local source ``task`` to the destination(s): pieces bound for other
+        ranks go out as their Arrow buffers, without a copy at the sender."""
         table = self._table_in(task, table, [])
         for piece in self._pieces(table):
-            self.send(task, piece, timeout=timeout, copy=False)
+            if not self._send_piece_direct(task, piece, timeout):
+                self.send(task, piece, timeout=timeout, copy=False)
+
+    def _send_piece_direct(self, task: int, piece: Any, timeout: float | None) -> bool:
+        """Send ``piece`` on with blocking Context sends from this thread (so the Context sends its
+        buffers as they are, see :meth:`_send_direct`); False where the record path keeps it on this
+        rank instead (this rank holds the tree's root, or batch AllGather on one rank)."""
+        from .edges import DIRECT, UP_BASE
+        if self.mode == "batch" and hasattr(self, "_emit_direct"):       # batch AllGather: direct exchange
+            peers = list(self._peers)
+            if not peers:
+                return False
+            chunk = [piece]
+
+            def keep() -> None:
+                self._flush_direct()
+                if self._store is not None:
+                    self._store.add_chunk(task, list(chunk))
+            for i, r in enumerate(peers):
+                self._send_direct(task, r, DIRECT, ("d", [task], [chunk]), timeout,
+                                  before=keep if i == 0 else None)
+            return True
+        node = next(iter(self._nodes.values()))
+        if node.parent is None:
+            return False
+        self._send_direct(task, node.parent, UP_BASE + node.level - 1, ("d", node.tid, [[task], [[piece]]]),
+                          timeout, before=lambda: self._flush_node(node))
+        return True
 
     def _table_pairs(self, task: int, timeout: float | None) -> Iterable[tuple[int, Any]]:
         """Every source's rows, by source task then send order."""
@@ -737,14 +895,32 @@ def partial_aggregate(table: Any, keys: list[str], spec: list[tuple[str, str]]) 
 
 def merge_aggregates(partials: Any, keys: list[str], spec: list[tuple[str, str]]) -> Any:
     """The final one-row-per-key table from concatenated partial states, sorted by key."""
+    return _final_aggregates(merge_states(partials, keys, spec), keys, spec)
+
+
+def merge_states(partials: Any, keys: list[str], spec: list[tuple[str, str]], extra: Sequence[str] = ()) -> Any:
+    """One row per key of ``partials`` (partial-state rows, e.g. several sources' for one key) with
+    the merged states, named as in the partials (sums of sums and counts, min of mins, ...); the
+    ``extra`` columns are merged with ``max``."""
     pa = require_pyarrow()
-    import pyarrow.compute as pc
     states = _states(spec)
     partials = partials.unify_dictionaries()     # pieces from several sources: one dictionary per column
     merged = partials.group_by(keys, use_threads=False).aggregate(
-        [(_state_name(c, s), "sum" if s in ("sum", "count") else s) for c, s in states])
-    got = {(c, s): merged.column(f"{_state_name(c, s)}_{'sum' if s in ('sum', 'count') else s}")
-           for c, s in states}
+        [(_state_name(c, s), "sum" if s in ("sum", "count") else s) for c, s in states]
+        + [(e, "max") for e in extra])
+    cols = {k: merged.column(k) for k in keys}
+    for c, s in states:
+        cols[_state_name(c, s)] = merged.column(f"{_state_name(c, s)}_{'sum' if s in ('sum', 'count') else s}")
+    for e in extra:
+        cols[e] = merged.column(f"{e}_max")
+    return pa.table(cols).replace_schema_metadata(partials.schema.metadata)
+
+
+def _final_aggregates(merged: Any, keys: list[str], spec: list[tuple[str, str]]) -> Any:
+    """The ``{column}_{fn}`` columns of merged states, sorted by key."""
+    pa = require_pyarrow()
+    import pyarrow.compute as pc
+    got = {(c, s): merged.column(_state_name(c, s)) for c, s in _states(spec)}
     cols = {k: merged.column(k) for k in keys}
     for c, fn in spec:
         if fn == "mean":
@@ -760,9 +936,9 @@ def merge_aggregates(partials: Any, keys: list[str], spec: list[tuple[str, str]]
 
 
 class KeyedReduceTables(_TableOps):
-    """``send_table`` / ``result_table`` of KeyedReduce: Arrow aggregations, one row per key."""
-
-    _streams_tables = False
+    """``send_table`` / ``result_table`` of KeyedReduce: Arrow aggregations, one row per key. Streaming:
+    each source's ``send_table`` call travels as its partial aggregates, and ``result_batches`` yields,
+    per received piece, the updated aggregates of the keys that piece touched."""
 
     def send_table(self, task: int, table: Any, key: str | Sequence[str], *,
                    aggregate: Mapping[str, str | Sequence[str]], timeout: float | None = None) -> None:
@@ -795,14 +971,67 @@ class KeyedReduceTables(_TableOps):
         """The partial-aggregate pieces that reached this destination."""
         return ((tag[0], t) for tag, t in self.results(task, timeout=timeout))
 
+    def _streamed_table_pieces(self, node: Any, pairs: list) -> bool:
+        """Streaming root of ``node``: deliver received ``(tag, table piece)`` pairs as they are (the
+        reader merges them, see :meth:`result_batches`) instead of keeping them as running values;
+        False when ``pairs`` are records."""
+        if not pairs or not is_arrow_data(pairs[0][1]):
+            return False
+        from .reduction import own
+        self._deliver_many(node.tid, [(tag, own(piece)) for tag, piece in pairs])
+        return True
+
     def result_batches(self, task: int | None = None, *, timeout: float | None = None) -> Iterator[Any]:
         """Batch: :meth:`result_table` as record batches (the merged aggregates are formed in memory:
-        one row per key)."""
-        yield from self.result_table(task, timeout=timeout).to_batches()
+        one row per key). Streaming: per received piece (one source's ``send_table`` call, its keys
+        for this destination), a batch of the updated aggregates of the keys it holds, sorted by key;
+        the running states (one row per key seen) are kept by this reader."""
+        if self.mode == "batch":
+            yield from self.result_table(task, timeout=timeout).to_batches()
+            return
+        for updated in self._running_aggregates(task, timeout, updates=True):
+            yield from updated.to_batches()
+
+    def _running_aggregates(self, task: int | None, timeout: float | None, *, updates: bool) -> Iterator[Any]:
+        """Streaming: fold each received piece into the running states; yields the updated keys'
+        aggregates per piece (``updates``) or, at the end, every key's."""
+        pa = require_pyarrow()
+        import pyarrow.compute as pc
+        task = self._check_table_results(task)
+        first = first_src = state = None
+        keys: list[str] = []
+        spec: list[tuple[str, str]] = []
+        mark = "\x1ftouched"
+        for src, piece in self._table_pairs(task, timeout):
+            piece = self._checked_piece(first, first_src, src, piece)
+            if first is None:
+                first, first_src = piece.schema, src
+                info = json.loads((first.metadata or {}).get(_META_AGG, b"{}"))
+                keys, spec = info.get("keys", []), [tuple(x) for x in info.get("spec", [])]
+            if piece.num_rows == 0:
+                continue
+            piece = piece.append_column(mark, pa.array(np.ones(piece.num_rows, dtype=np.int8)))
+            both = piece if state is None else pa.concat_tables([state, piece.cast(state.schema)])
+            state = merge_states(both, keys, spec, extra=[mark])
+            if updates:
+                touched = state.filter(pc.equal(state.column(mark), 1)).drop_columns([mark])
+                yield _final_aggregates(touched, keys, spec)
+            state = state.set_column(state.schema.get_field_index(mark), mark,
+                                     pa.array(np.zeros(state.num_rows, dtype=np.int8)))
+        if not updates:
+            if state is not None:
+                yield _final_aggregates(state.drop_columns([mark]), keys, spec)
+            elif first is not None:
+                yield _final_aggregates(merge_states(pa.Table.from_batches([], schema=first), keys, spec),
+                                        keys, spec)
+            else:
+                yield pa.table({})
 
     def result_table(self, task: int | None = None, *, timeout: float | None = None) -> Any:
-        """Batch: one row per key of this destination: key columns, then ``{column}_{fn}`` per
-        aggregation, sorted by key (nulls first)."""
+        """One row per key of this destination: key columns, then ``{column}_{fn}`` per aggregation,
+        sorted by key (nulls first). Streaming: once every source finished."""
+        if self.mode != "batch":
+            return next(iter(self._running_aggregates(task, timeout, updates=False)))
         task = self._check_table_results(task)
         partials = self._collect(task, timeout, self._table_pairs(task, timeout))
         if partials.num_columns == 0:
@@ -816,7 +1045,7 @@ def _same(value: Any) -> Any:  # noqa: D103 - identity "copy" for pieces kept as
     return value
 
 
-__all__ = ["to_table", "row_hashes", "destination_index", "split_rows", "range_index", "splitters_from_sample",
+__all__ = ["to_table", "rechunk", "row_hashes", "destination_index", "split_rows", "range_index", "splitters_from_sample",
            "sort_by_keys", "key_names",
-           "partial_aggregate", "merge_aggregates", "AGGREGATIONS", "INSTALL_HINT",
+           "partial_aggregate", "merge_aggregates", "merge_states", "AGGREGATIONS", "INSTALL_HINT",
            "PartitionTables", "BroadcastTables", "GatherTables", "KeyedGatherTables", "KeyedReduceTables"]

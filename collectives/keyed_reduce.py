@@ -157,7 +157,9 @@ class KeyedReduce(KeyedReduceTables, UpTreeOperation):
             if self.mode == "batch":
                 self._combine(table, pairs, copy)
             else:
-                self._deliver_many(node.tid, self._running(table, pairs, copy))
+                pairs = list(pairs)
+                if not self._streamed_table_pieces(node, pairs):      # tables: merged by the reader
+                    self._deliver_many(node.tid, self._running(table, pairs, copy))
         elif self.mode == "batch":
             taken = self._combine(node.state, pairs, copy)
             if taken:

@@ -97,6 +97,10 @@ class Config:
     memory_limit: int = 256 << 20
     #: Directory for spill files (default: the system temp directory).
     spill_dir: str | None = None
+    #: Arrow table pieces smaller than this that a batch destination received are concatenated into
+    #: record batches of about this many bytes before ``result_batches`` / ``result_table`` deliver
+    #: them (0: as received), so many small sends still reach the reader as a few large batches.
+    table_batch_bytes: int = 4 << 20
     #: When a Context starts, remove the /dev/shm segments and the spill directories (in ``spill_dir``)
     #: that this user's twisternet processes left behind when they were killed (see twisternet.leftovers).
     sweep_stale: bool = True
@@ -202,7 +206,7 @@ class Config:
 
 
 _FIELDS = {f.name: f for f in fields(Config)}
-_SIZE_KEYS = {"buffer_size", "zero_copy_threshold", "memory_limit", "socket_buffer", "coflow_inflight",
+_SIZE_KEYS = {"buffer_size", "zero_copy_threshold", "memory_limit", "table_batch_bytes", "socket_buffer", "coflow_inflight",
               "coflow_slice_limit", "receive_pending_bytes"}
 _BUILTIN_COFLOW_POLICIES = ("none", "fifo", "fair", "sebf", "deadline", "dag")
 _CHOICES = {"progress": ("thread", "manual"), "channel": ("auto", "tcp", "mpi", "local")}
@@ -223,6 +227,7 @@ def _validate(c: Config) -> None:
     positive("memory_limit", 1024)
     if not -1 <= c.busy_poll_us <= 1_000_000:
         raise ConfigError("busy_poll_us", f"must be -1 (auto) or between 0 and 1000000, got {c.busy_poll_us!r}")
+    positive("table_batch_bytes", 0)
     if not 0 <= c.spin_time <= 1:
         raise ConfigError("spin_time", f"must be between 0 and 1 second, got {c.spin_time!r}")
     if not 0 <= c.flush_delay <= 1:

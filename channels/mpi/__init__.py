@@ -86,18 +86,16 @@ buffer (so ``on_sent`` is reported at the next progress call), and so are messag
 shared-memory slot; rendezvous payloads are not copied and ``on_sent`` waits until MPI has finished
 with every segment.
 
-Waiting. MPI has no file descriptor to wait on, so :meth:`MPIChannel.progress` polls ``Testsome``
-over the outstanding sends and payload receives and the *oldest* data and control receive of each
-peer (the others stay posted, untested: MPI matches a peer's messages in posting order, so they
-cannot complete first as far as delivery goes; each is tested with ``Test`` when it becomes the
-oldest, so a burst is taken in one poll, and ``Testsome`` over 34 receives per peer cost ~20 us per
-poll): back to back for ``busy_poll_us`` (auto: 1 ms) after the last activity; then, while sends or rendezvous
-payloads are moving
-(MPI over shared memory advances them only while somebody polls), back to back with a
-``sched_yield`` between polls for up to 50 ms; otherwise with sleeps of 50 us (idle < 10 ms), 0.5 ms
-(idle < 1 s) and 2 ms beyond, on an Event that :meth:`MPIChannel.wakeup` sets. A sender filling one of
-our shared-memory slots counts as a payload moving (its header may come any moment). An idle process
-uses a few percent of a core.
+Waiting. MPI has no file descriptor to wait on, so :meth:`MPIChannel.progress` polls ``Testsome`` over the
+outstanding sends and payload receives and the *oldest* data and control receive of each peer (the others stay
+posted, untested: MPI matches a peer's messages in posting order, so they cannot complete first as far as
+delivery goes; each is tested with ``Test`` when it becomes the oldest, so a burst is taken in one poll, and
+``Testsome`` over 34 receives per peer cost ~20 us per poll): back to back for ``busy_poll_us`` (auto: 1 ms)
+after the last activity; then, while sends or rendezvous payloads are moving (MPI over shared memory advances
+them only while somebody polls), back to back with a ``sched_yield`` between polls for up to 50 ms; otherwise
+with sleeps of 50 us (idle < 10 ms), 0.5 ms (idle < 1 s) and 2 ms beyond, on an Event that
+:meth:`MPIChannel.wakeup` sets. A sender filling one of our shared-memory slots counts as a payload moving
+(its header may come any moment). An idle process uses a few percent of a core.
 
 Failure. The dup'ed communicator uses ``MPI.ERRORS_RETURN``; an MPI error on a request that involves a
 peer is reported once as ``handler.on_peer_lost(peer, reason)`` and later sends to it raise

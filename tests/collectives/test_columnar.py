@@ -484,20 +484,6 @@ def test_streaming_tables_arrive_whole_and_in_send_order_per_source(op):
             assert rows == sorted(rows)
 
 
-def test_keyed_reduce_tables_refuse_streaming():
-    import collectives as C
-
-    def body(ctx):
-        with C.KeyedReduce(ctx, edge=17, op="sum", mode="streaming") as o:
-            with pytest.raises(TwisternetError, match="batch operations"):
-                o.send_table(o.local_sources[0], pa.table({"k": [1], "v": [1]}), key="k", aggregate={"v": "sum"})
-            for t in o.local_sources:
-                o.finish(t)
-            list(o.results())
-        return True
-    assert run_local(2, body, timeout=60) == [True, True]
-
-
 @pytest.mark.parametrize("key", ["d", "dec", "b", ["d", "b"]])
 def test_dictionary_decimal_and_boolean_keys(key):
     """Keys Arrow cannot sort a table by directly (dictionary) and other less common key types."""
@@ -559,3 +545,107 @@ def test_user_metadata_may_differ_but_key_choice_may_not():
                     kg.result_table()
         return rows
     assert run_local(2, body, timeout=60)[0] == 6
+
+
+@pytest.mark.parametrize("width", [4, 8, 10, 17])
+@pytest.mark.parametrize("distinct", [3, 256])
+def test_fixed_size_binary_keys_sort_with_numpy_like_arrow(monkeypatch, width, distinct):
+    """A single fixed-size binary key (TeraSort's) is sorted on its bytes with numpy, not Arrow's
+    per-value comparison sort: same stable order, nulls first, on slices too, ties and all."""
+    rng = np.random.default_rng(width * distinct)
+    n = 3000
+    raw = rng.integers(0, distinct, (n, width), dtype=np.uint8)
+    nulls = rng.random(n) < 0.05
+    keys = pa.array([None if m else bytes(r) for r, m in zip(raw, nulls)], pa.binary(width))
+    table = pa.table({"k": keys, "i": np.arange(n)})
+    expected = {}
+    for name, t in (("whole", table), ("slice", table.slice(7, n - 20))):
+        idx = pc.sort_indices(t, sort_keys=[("k", "ascending", "at_start"), ("i", "ascending")])
+        expected[name] = t.take(idx)
+
+    def no_arrow_sort(*a, **k):
+        raise AssertionError("Arrow's sort_indices used for a fixed-size binary key")
+    monkeypatch.setattr(pc, "sort_indices", no_arrow_sort)
+    assert sort_by_keys(table, ["k"]).equals(expected["whole"])
+    assert sort_by_keys(table.slice(7, n - 20), ["k"]).equals(expected["slice"])
+
+
+def _small_gathers(ctx, batch_bytes):
+    import collectives as C
+    out = {}
+    for edge in (5, 6):            # results are read once: batches from one Gather, a table from another
+        with C.Gather(ctx, edge=edge) as op:
+            for task in op.local_sources:
+                for i in range(200):
+                    op.send_table(task, pa.table({"src": [task] * 10, "i": np.arange(i * 10, i * 10 + 10)}))
+                op.finish(task)
+            for d in op.local_destinations:
+                if edge == 5:
+                    out[d] = [b.num_rows for b in op.result_batches(d)]
+                else:
+                    out[f"table{d}"] = op.result_table(d)
+    return out
+
+
+@pytest.mark.parametrize("batch_bytes", [0, 64 << 10])
+def test_many_small_pieces_reach_the_reader_as_few_large_batches(batch_bytes):
+    """config.table_batch_bytes re-chunks a batch destination's small pieces (400 sends of 10 rows
+    here) into batches of about that size, keeping every row and its order; 0 keeps them as sent."""
+    res = run_local(2, _small_gathers, batch_bytes, timeout=120, table_batch_bytes=batch_bytes)
+    got = next(r for r in res if 0 in r)
+    expected = pa.concat_tables([pa.table({"src": [s] * 2000, "i": np.arange(2000)}) for s in (0, 1)])
+    assert got["table0"].equals(expected)
+    assert sum(got[0]) == 4000
+    if batch_bytes:
+        # 4000 rows x 16 bytes = 64000 bytes: under one target, so one batch
+        assert len(got[0]) == 1 and got["table0"].column(0).num_chunks == 1
+    else:
+        assert len(got[0]) == 400
+
+
+def _streaming_reduce(ctx, _):
+    import collectives as C
+    out = {}
+    for edge, how in ((7, "batches"), (8, "table")):
+        with C.KeyedReduce(ctx, edge=edge, mode="streaming") as op:
+            for task in op.local_sources:
+                for call in range(3):
+                    k = (np.arange(40) * (task + 1) + call) % 13
+                    op.send_table(task, pa.table({"k": k, "v": np.arange(40, dtype=np.float64) + call}),
+                                  key="k", aggregate={"v": ["sum", "count", "mean", "max"]})
+                op.finish(task)
+            for d in op.local_destinations:
+                if how == "batches":
+                    out[d] = [pa.Table.from_batches([b]) for b in op.result_batches(d)]
+                else:
+                    out[f"table{d}"] = op.result_table(d)
+    return out
+
+
+def test_streaming_keyed_reduce_of_tables_yields_updated_aggregates():
+    """Streaming KeyedReduce takes tables: each received piece yields the updated aggregates of the
+    keys it touched (so a key's last update is its final aggregate), and result_table, once every
+    source finished, equals the batch answer."""
+    res = run_local(2, _streaming_reduce, None, timeout=120)
+    rows = []
+    for task in (0, 1):
+        for call in range(3):
+            k = (np.arange(40) * (task + 1) + call) % 13
+            rows.append(pa.table({"k": k, "v": np.arange(40, dtype=np.float64) + call}))
+    whole = pa.concat_tables(rows)
+    ref = whole.group_by("k").aggregate([("v", "sum"), ("v", "count"), ("v", "mean"), ("v", "max")])
+    ref = ref.select(["k", "v_sum", "v_count", "v_mean", "v_max"]).sort_by("k")
+    n_dest = 2
+    for j, r in enumerate(res):
+        mine = ref.filter(pa.array(destination_index(ref, ["k"], n_dest) == j))
+        assert r[f"table{j}"].equals(mine)
+        updates = r[j]
+        assert 1 <= len(updates) <= 6                # one per non-empty piece (3 calls x 2 sources)
+        last = {}
+        for u in updates:
+            assert u.column_names == ["k", "v_sum", "v_count", "v_mean", "v_max"]
+            assert u.column("k").to_pylist() == sorted(u.column("k").to_pylist())
+            for row in u.to_pylist():
+                assert row["v_count"] >= last.get(row["k"], {}).get("v_count", 0)
+                last[row["k"]] = row
+        assert sorted(last.values(), key=lambda x: x["k"]) == mine.to_pylist()
