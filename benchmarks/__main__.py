@@ -245,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         ap.error(f"--set names unknown suite(s): {', '.join(bad)}")
     command = "python -m benchmarks " + " ".join(shlex.quote(x) for x in argv)
-    started = _dt.datetime.now(_dt.UTC)
+    started = _dt.datetime.now(_dt.timezone.utc)
 
     if a.render:
         try:

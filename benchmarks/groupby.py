@@ -26,7 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 from statistics import median
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -160,7 +161,7 @@ def run(opts: Any) -> Any:
     bar = opts.bar(NAME)
     bar.set_total(5 * len(opts.workers))
     for w in opts.workers:
-        times, skipped = measure(rows, distinct, w, repeat, lambda what: bar.step(f"{what} x{w}"))
+        times, skipped = measure(rows, distinct, w, repeat, lambda what, w=w: bar.step(f"{what} x{w}"))
         res.skipped += [f"{s} ({w} workers)" for s in skipped]
         base = times["twisternet"]
         res.tables.append(Table(f"Group-by-sum of {rows:,} rows, {distinct:,} keys, {w} workers (median of {repeat})",
@@ -191,7 +192,7 @@ def main() -> None:
     for s in skipped:
         print(f"  skipped: {s}")
     base = times["twisternet"]
-    print(f"| implementation | seconds | Mrows/s | time / twisternet's |\n|---|---|---|---|")
+    print("| implementation | seconds | Mrows/s | time / twisternet's |\n|---|---|---|---|")
     for name, dt in times.items():
         print(f"| {name} | {dt:.3f} | {args.rows / dt / 1e6:.1f} | {dt / base:.2f}x |")
 

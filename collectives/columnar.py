@@ -58,7 +58,8 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -1045,7 +1046,8 @@ def _same(value: Any) -> Any:  # noqa: D103 - identity "copy" for pieces kept as
     return value
 
 
-__all__ = ["to_table", "rechunk", "row_hashes", "destination_index", "split_rows", "range_index", "splitters_from_sample",
+__all__ = ["to_table", "rechunk", "row_hashes", "destination_index", "split_rows", "range_index",
+           "splitters_from_sample",
            "sort_by_keys", "key_names",
            "partial_aggregate", "merge_aggregates", "merge_states", "AGGREGATIONS", "INSTALL_HINT",
            "PartitionTables", "BroadcastTables", "GatherTables", "KeyedGatherTables", "KeyedReduceTables"]

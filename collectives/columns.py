@@ -7,7 +7,8 @@ msgpack's C loops instead (about 2x faster end to end for batches of small recor
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any
+from collections.abc import Iterable
 
 __all__ = ["to_columns", "from_columns", "is_columns"]
 

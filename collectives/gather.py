@@ -12,7 +12,8 @@ import logging
 import threading
 import time
 from itertools import islice
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any
+from collections.abc import Iterable, Iterator, Mapping
 
 from twisternet.errors import ConfigError
 
@@ -187,8 +188,9 @@ class Gather(GatherTables, _TreeGatherBase):
             direct = away and len(vals) >= self.batch_records
             if copy and (kept or not direct):
                 vals = [snapshot(v) for v in vals]
-            self._input(task, self._local_room, lambda: self._push_local(task, vals, direct), block=True,
-                        timeout=timeout)
+            self._input(task, self._local_room,
+                        lambda vals=vals, direct=direct: self._push_local(task, vals, direct),
+                        block=True, timeout=timeout)
 
     def _send(self, task: int, value: Any, block: bool, timeout: float | None, copy: bool = True) -> bool:
         return self._input(task, self._local_room,

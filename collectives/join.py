@@ -8,7 +8,8 @@ the outer sides of the result.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from typing import Any
+from collections.abc import Iterable, Sequence
 
 from twisternet.errors import ConfigError
 
@@ -100,7 +101,7 @@ class Join:
         self.left.abort()
         self.right.abort()
 
-    def __enter__(self) -> "Join":
+    def __enter__(self) -> Join:
         return self
 
     def __exit__(self, exc_type: Any, *exc: Any) -> None:

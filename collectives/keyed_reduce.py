@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import zlib
 from operator import itemgetter
-from typing import Any, Iterable
+from typing import Any
+from collections.abc import Iterable
 
 from twisternet.errors import ConfigError
 

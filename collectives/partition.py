@@ -6,7 +6,8 @@ marker goes to every destination rank, after the source's data on the same (orde
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 
 from .base import Callback, Mode, Operation

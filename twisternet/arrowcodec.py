@@ -25,7 +25,8 @@ table is a view of the record (see :func:`own_arrow` for keeping it past the rec
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 

@@ -7,7 +7,8 @@ import logging
 import threading
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
 
 from twisternet.channel import MAX_EDGE, Buffer, Channel, ChannelHandler
 from twisternet.errors import ClosedError, ConfigError, PeerLostError, TwisternetError
@@ -64,7 +65,7 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Requ
     #: progress/send/flush_released hold the channel's poll lock (see RequestsMixin.progress).
     thread_safe_progress = True
 
-    def __init__(self, config: "Config", comm: Any, MPI: Any) -> None:
+    def __init__(self, config: Config, comm: Any, MPI: Any) -> None:
         super().__init__(comm.Get_rank(), comm.Get_size(), config)
         self._MPI = MPI
         #: Thread level MPI granted (an ``MPI.THREAD_*`` constant).
@@ -418,7 +419,7 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Requ
                 "driven from the thread that initialised MPI")
 
 
-def create_channel(config: "Config", *, comm: Any = None, rank: int | None = None,
+def create_channel(config: Config, *, comm: Any = None, rank: int | None = None,
                    world: int | None = None, **_launch_info: Any) -> MPIChannel:
     """Build the MPI channel on ``comm`` (default ``MPI.COMM_WORLD``), initialising MPI if needed.
 

@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 
 #: Channels not yet closed. Holding them keeps their posted receive buffers alive: a channel dropped
 #: without close() must not let MPI write into freed memory. Torn down at interpreter exit.
-_OPEN_CHANNELS: set["MPIChannel"] = set()
+_OPEN_CHANNELS: set[MPIChannel] = set()
 _ATEXIT_REGISTERED = False
 
 
@@ -69,7 +69,7 @@ def _abort_if_peers_froze() -> None:
 #: matching receive happens (if ever), so they are kept for the life of the process.
 _ORPHANED_SENDS: list[Any] = []
 
-def _import_mpi() -> "_MPIModule":
+def _import_mpi() -> _MPIModule:
     """Import mpi4py's MPI module, initialising MPI (asking for THREAD_MULTIPLE) if nobody has."""
     try:
         from mpi4py import MPI

@@ -47,7 +47,7 @@ class _Incoming:
     """A rendezvous message whose payload is arriving; ``ready`` once it may be delivered."""
     __slots__ = ("peer", "edge", "data", "release", "ready", "left")
 
-    def __init__(self, peer: int, edge: int, data: Any, release: "_Release", ready: bool, left: int = 0) -> None:
+    def __init__(self, peer: int, edge: int, data: Any, release: _Release, ready: bool, left: int = 0) -> None:
         self.peer = peer
         self.edge = edge
         self.data = data
@@ -117,7 +117,7 @@ class _Release:
     pool buffer (``pool``) or a rendezvous buffer; ``slot``: the shared-memory slot it was delivered in."""
     __slots__ = ("channel", "peer", "edge", "cost", "buf", "pool", "slot", "done")
 
-    def __init__(self, channel: "MPIChannel", peer: int, edge: int, cost: int, buf: Any, pool: bool,
+    def __init__(self, channel: MPIChannel, peer: int, edge: int, cost: int, buf: Any, pool: bool,
                  slot: shm_slots.OwnedSlot | None = None) -> None:
         self.channel = channel
         self.peer = peer

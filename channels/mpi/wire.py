@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import logging
 import struct
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 from twisternet.channel import Buffer
 from twisternet.errors import ProtocolError

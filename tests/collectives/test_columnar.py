@@ -150,12 +150,12 @@ def test_to_table_converts_batches_structured_arrays_and_dataframes():
 AGG_COLUMNS = ["v_sum", "v_min", "v_count", "w_max", "w_mean"]
 
 
-def sources_tables(world: int, params: dict) -> list[tuple[int, int, "pa.Table"]]:
+def sources_tables(world: int, params: dict) -> list[tuple[int, int, pa.Table]]:
     rows, calls, seed = params.get("rows", 200), params.get("calls", 2), params.get("seed", 1)
     return [(t, c, J.make_table(t, c, rows, seed)) for t in range(world) for c in range(calls)]
 
 
-def expected(world: int, params: dict) -> dict[int, "pa.Table"]:
+def expected(world: int, params: dict) -> dict[int, pa.Table]:
     """Destination task -> the table it must get, computed with plain pyarrow in this process."""
     op, key = params["op"], params.get("key", "k")
     keys = [key] if isinstance(key, str) else list(key)
@@ -311,7 +311,7 @@ def test_bad_aggregation_is_refused():
     assert run_local(2, body, timeout=60) == [0, 0]
 
 
-def _fixed_keys(n: int, seed: int) -> "pa.Array":
+def _fixed_keys(n: int, seed: int) -> pa.Array:
     raw = np.random.default_rng(seed).integers(0, 4, (n, 10), dtype=np.uint8)   # many equal keys
     return pa.FixedSizeBinaryArray.from_buffers(pa.binary(10), n, [None, pa.py_buffer(raw.tobytes())])
 
@@ -437,7 +437,7 @@ def test_result_batches_stream_the_same_rows(op):
                                    if batches else out[len(out) // 2].slice(0, 0))
         half = len(out) // 2
         return all(a.equals(b) for a, b in zip(out[:half], out[half:])), half
-    for same, n in run_local(2, body, timeout=120):
+    for same, _n in run_local(2, body, timeout=120):
         assert same
 
 

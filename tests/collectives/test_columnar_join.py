@@ -13,14 +13,14 @@ from twisternet.errors import ConfigError  # noqa: E402
 from twisternet.testing import run_local  # noqa: E402
 
 
-def side(name: str, rank: int, n: int) -> "pa.Table":
+def side(name: str, rank: int, n: int) -> pa.Table:
     rng = np.random.default_rng([ord(name[0]), rank])
     return pa.table({"k": pa.array(rng.integers(0, 30, n), mask=rng.random(n) < 0.05),
                      "s": [f"g{x}" for x in rng.integers(0, 3, n)],
                      f"{name}_val": rng.integers(0, 1000, n), "common": rng.integers(0, 5, n)})
 
 
-def rows(t: "pa.Table") -> list:
+def rows(t: pa.Table) -> list:
     cols = sorted(t.column_names)
     return sorted(zip(*[t.column(c).to_pylist() for c in cols]), key=repr)
 

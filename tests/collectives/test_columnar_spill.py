@@ -97,14 +97,15 @@ def test_memory_does_not_grow_with_the_data():
     size), well under the data size."""
     code = textwrap.dedent("""
         import resource, sys, numpy as np, pyarrow as pa
-        sys.path.insert(0, %r)
+        sys.path.insert(0, ROOT_PATH)
         from collectives.columnar_spill import SortedRuns
         limit, total = int(sys.argv[1]), int(sys.argv[2])
         def chunk(i, rows=50_000):
             raw = np.random.default_rng(i).integers(0, 256, (rows, 10), dtype=np.uint8)
             val = np.full(rows * 90, 120, np.uint8)
-            return pa.table({"key": pa.FixedSizeBinaryArray.from_buffers(pa.binary(10), rows, [None, pa.py_buffer(raw)]),
-                             "value": pa.FixedSizeBinaryArray.from_buffers(pa.binary(90), rows, [None, pa.py_buffer(val)])})
+            fsb = pa.FixedSizeBinaryArray.from_buffers
+            return pa.table({"key": fsb(pa.binary(10), rows, [None, pa.py_buffer(raw)]),
+                             "value": fsb(pa.binary(90), rows, [None, pa.py_buffer(val)])})
         r = SortedRuns(["key"], limit, sys.argv[3])
         chunk(0); r.add(chunk(0)); r._mem = []; r._mem_bytes = 0
         base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -118,7 +119,7 @@ def test_memory_does_not_grow_with_the_data():
             last = k[-1]; rows += len(b)
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         print(peak - base, rows)
-    """ % ROOT)
+    """).replace("ROOT_PATH", repr(str(ROOT)))
     limit = 8 << 20
     growth = {}
     for factor in (4, 12):

@@ -38,7 +38,7 @@ _COLUMN_KINDS = {
 
 
 @st.composite
-def tables(draw: st.DrawFn) -> "pa.Table":
+def tables(draw: st.DrawFn) -> pa.Table:
     n = draw(st.integers(0, 40))
     kinds = draw(st.lists(st.sampled_from(sorted(_COLUMN_KINDS)), min_size=1, max_size=4))
     cols = {}

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from helpers import DEADLINE, check, digest, make_channel, ok, payload, spin
 
@@ -63,7 +64,7 @@ def scenario_backpressure() -> None:
             ch.progress(0.005)
         n1 = sum(1 for e, _, _ in held if e == 1)
         check(n1 == fit, f"rank 0 exceeded the credit: {n1} messages held, credit fits {fit}")
-        for e, d, r in [h for h in held if h[0] == 2]:
+        for _e, d, r in [h for h in held if h[0] == 2]:
             check(bytes(d) == b"other edge", "wrong message on edge 2")
             r()
         held = deque(h for h in held if h[0] == 1)
@@ -157,17 +158,17 @@ def scenario_small_pingpong() -> None:
     for i in range(n):
         if ch.rank == 0:
             check(ch.send(peer, 5, [payload(0, 1, 5, i, size)]), "ping refused")
-            spin(ch, lambda: len(got) == i + 1, f"reply {i}")
+            spin(ch, lambda i=i: len(got) == i + 1, f"reply {i}")
             check(got[i] == payload(1, 0, 5, i, size), f"reply {i} corrupt or out of order")
         else:
-            spin(ch, lambda: len(got) == i + 1, f"ping {i}")
+            spin(ch, lambda i=i: len(got) == i + 1, f"ping {i}")
             check(got[i] == payload(0, 1, 5, i, size), f"ping {i} corrupt or out of order")
             check(ch.send(peer, 5, [payload(1, 0, 5, i, size)]), "reply refused")
     # A burst of sends (more than MPI is handed at once per peer), then the table shrinks again.
     burst = 200
     if ch.rank == 0:
         for i in range(burst):
-            spin(ch, lambda: ch.send(peer, 6, [payload(0, 1, 6, i, 64)]), "credit for the burst")
+            spin(ch, lambda i=i: ch.send(peer, 6, [payload(0, 1, 6, i, 64)]), "credit for the burst")
         spin(ch, lambda: not ch.has_pending(), "the burst to complete")
     else:
         spin(ch, lambda: len(got) == n + burst, "the burst")
@@ -210,7 +211,7 @@ def scenario_two_drivers() -> None:
     t.start()
     try:
         for i in range(n):
-            def have() -> bool:
+            def have(i: int = i) -> bool:
                 return len(got) > i or bool(errors)
             if ch.rank == 0:
                 check(ch.send(peer, 5, [payload(0, 1, 5, i, size)]), "ping refused")

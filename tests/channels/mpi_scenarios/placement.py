@@ -3,7 +3,8 @@ pre-posted receives, and consumers that keep zero-copy views after release."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 from helpers import Traffic, check, make_channel, ok, payload, spin
@@ -23,7 +24,7 @@ def scenario_page_placement() -> None:
             part = big[skew:]
             offsets.append(part.ctypes.data % 4096)
             head = bytes(range(skew % 251)) + b"h"       # joined into a small segment of its own
-            spin(ch, lambda: ch.send(1, 2, [head, part]), "credit")
+            spin(ch, lambda head=head, part=part: ch.send(1, 2, [head, part]), "credit")
         huge = np.ones(40 << 20, np.uint8)
         for _ in range(2):
             spin(ch, lambda: ch.send(1, 3, [huge]), "credit")
@@ -34,7 +35,7 @@ def scenario_page_placement() -> None:
     offsets = []
     reused = []
     for i in range(len(skews) + 2):
-        spin(ch, lambda: len(rec.messages) > i, f"message {i}")
+        spin(ch, lambda i=i: len(rec.messages) > i, f"message {i}")
         _, edge, data, release = rec.messages[i]
         arr = np.frombuffer(data, np.uint8)
         if i < len(skews):
@@ -115,7 +116,7 @@ def scenario_keep_views() -> None:
     sizes = [bs - 100, 3 * bs, 2 << 20] * 6  # zero-copy eager, rendezvous, bigger rendezvous
     if ch.rank == 0:
         for i, n in enumerate(sizes):
-            spin(ch, lambda: ch.send(1, 1, [payload(0, 1, 1, i, n)]), f"credit for message {i}")
+            spin(ch, lambda i=i, n=n: ch.send(1, 1, [payload(0, 1, 1, i, n)]), f"credit for message {i}")
         spin(ch, lambda: not ch.has_pending(), "sends to complete")
         check(ch.send(1, 2, [b"phase 2"]), "send refused")
         # phase 2 starts once the receiver has checked phase 1 (its messages would otherwise land
@@ -124,7 +125,7 @@ def scenario_keep_views() -> None:
         rec.on_message_hook = lambda p, e, d, r: (ready.append(bytes(d)), r())
         spin(ch, lambda: bool(ready), "the receiver to be ready for phase 2")
         for i, n in enumerate(sizes):  # phase 2: the receiver keeps nothing
-            spin(ch, lambda: ch.send(1, 3, [payload(0, 1, 3, i, n)]), f"credit for message {i}")
+            spin(ch, lambda i=i, n=n: ch.send(1, 3, [payload(0, 1, 3, i, n)]), f"credit for message {i}")
         ok(0)
     else:
         kept = []

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 from helpers import (
@@ -48,10 +49,11 @@ class KeepTraffic(Traffic):
 
 def scenario_slots() -> None:
     """Large messages between ranks on one host go through shared-memory slots, both directions at
-    once: sizes that outgrow the slots (bigger ones offered, the old ones retired) and then the largest
-    size slots take (those go through MPI, in order with the rest), multi-part messages, eager messages on the same edge keeping their place behind slot
-    messages, a consumer holding messages (slots busy: some sends go through MPI meanwhile) and keeping
-    views after release (their slots are retired, never refilled); contents checked end to end and
+    once: sizes that outgrow the slots (bigger ones offered, the old ones retired) and then the largest size
+    slots take (those go through MPI, in order with the rest), multi-part messages, eager messages on the same
+    edge keeping their place behind slot messages, a consumer holding messages (slots busy: some sends go
+    through MPI meanwhile) and keeping views after release (their slots are retired, never refilled); contents
+    checked end to end and
     up to each release; close leaves no slot file behind."""
     ch, rec = make_channel()
     mb = 1 << 20
@@ -119,7 +121,7 @@ def scenario_slots_deferred_then_close() -> None:
     rec.on_message_hook = lambda p, e, d, r: got.append((e, d, r))
     if ch.rank == 0:
         for i in range(2):                        # through MPI, then the slots are offered
-            spin(ch, lambda: ch.send(1, 4, [payload(0, 1, 4, i, mb)]), f"message {i}")
+            spin(ch, lambda i=i: ch.send(1, 4, [payload(0, 1, 4, i, mb)]), f"message {i}")
         spin(ch, lambda: len(ch._slots_out.slots_of(1)) == 2 and got, "rank 1's slots")
         got.clear()
         check(ch.send(1, 4, [payload(0, 1, 4, 2, mb)], token="in-slot"), "message 2 refused")

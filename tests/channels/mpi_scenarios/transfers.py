@@ -3,7 +3,7 @@ messages of many parts (segments and the non-contiguous fallback)."""
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 from helpers import Traffic, check, make_channel, ok, payload, spin
@@ -94,7 +94,7 @@ def scenario_many_parts() -> None:
     rec.on_message_hook = on_message
     for i, sizes in enumerate(shapes):
         parts = [payload(ch.rank, peer, i, j, n) for j, n in enumerate(sizes)]
-        spin(ch, lambda: ch.send(peer, 5, parts, token=i), f"credit for message {i}")
+        spin(ch, lambda parts=parts, i=i: ch.send(peer, 5, parts, token=i), f"credit for message {i}")
     spin(ch, lambda: len(got) == len(shapes) and len(rec.sent) == len(shapes), "all messages")
     check(all(got), f"corrupt messages: {[i for i, g in enumerate(got) if not g]}")
     check(sorted(rec.sent) == list(range(len(shapes))), f"on_sent tokens {rec.sent}")
