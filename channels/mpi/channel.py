@@ -78,7 +78,11 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Requ
         self._comm.Set_name(f"twisternet-mpi<{comm.Get_name()}>")
         # Receive buffers and credits are sized from the config on both ends: all ranks must agree.
         mine = (config.buffer_size, config.buffer_count)
-        every = self._comm.allgather(mine)
+        # Each rank's host (MPI's processor name) rides along, so a lost peer's error can name it.
+        gathered = self._comm.allgather((mine, MPI.Get_processor_name()))
+        every = [g[0] for g in gathered]
+        #: Host of every rank of the communicator, by rank.
+        self.hosts: list[str] = [str(g[1]) for g in gathered]
         if any(v != mine for v in every):
             self._comm.Free()
             raise ConfigError("buffer_size", "every rank must use the same buffer_size and buffer_count; "

@@ -60,10 +60,21 @@ class LivenessMixin:
         log.warning("rank %d: channel aborted: %s", self.rank, reason)
         self._teardown()
 
+    def describe_ranks(self, ranks: list[int]) -> str:
+        """``ranks`` with the hosts they ran on, grouped by host: "ranks 2, 3 on host1"."""
+        by_host: dict[str, list[int]] = {}
+        for r in sorted(ranks):
+            by_host.setdefault(self.hosts[r], []).append(r)
+        return "; ".join(f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))} on host {h}"
+                         for h, rs in by_host.items())
+
     def _lose(self, peer: int, reason: str) -> None:
-        """Mark ``peer`` lost (once) and report it, unless it already left cleanly."""
+        """Mark ``peer`` lost (once) and report it, unless it already left cleanly. The reason gets
+        the peer's host unless it names it already."""
         if peer in self._lost or peer in self._bye_from:
             return
+        if f"host {self.hosts[peer]}" not in reason:
+            reason = f"{reason} (rank {peer} ran on host {self.hosts[peer]})"
         self._pending_total -= self._pending_sends[peer]
         self._lost[peer] = reason
         self._pre_drop(peer)
@@ -90,17 +101,30 @@ class LivenessMixin:
         send no more heartbeats (a peer may free its communicator right after it has all goodbyes)
         and check nobody (close() bounds that wait itself)."""
         self._next_liveness = now + min(self._hb_interval, _LIVENESS_TICK)
-        for peer in range(self.world):
-            if peer == self.rank or peer in self._lost or peer in self._bye_from:
-                continue
-            if self._bye_sent:
-                continue
-            silent = now - self._heard[peer]
-            if silent > self._peer_timeout:
-                self._lose(peer, f"no message or heartbeat for {silent:.1f}s (peer_timeout "
-                                 f"{self._peer_timeout:g}s): the process is stopped, hung or unreachable")
+        if self._bye_sent:
+            return
+        watched = [p for p in range(self.world)
+                   if p != self.rank and p not in self._lost and p not in self._bye_from]
+        silent = [p for p in watched if now - self._heard[p] > self._peer_timeout]
+        if silent:
+            # Peers that fall silent together (a host whose link went down) are named together, so
+            # whichever loss reaches the user first names every rank and host that went.
+            # Peers a tick or two from the timeout are named too (not yet lost): when a link drops,
+            # its host's ranks time out one tick apart, and the first error should name them all.
+            quiet = now - max(self._heard[p] for p in silent)
+            reason = (f"no message or heartbeat for {quiet:.1f}s from {self.describe_ranks(silent)} "
+                      f"(peer_timeout {self._peer_timeout:g}s): stopped, hung or unreachable")
+            near = min(self._peer_timeout / 2, 2 * _LIVENESS_TICK + self._hb_interval)
+            also = [p for p in watched if p not in silent and now - self._heard[p] > self._peer_timeout - near]
+            if also:
+                reason += (f"; also silent for {now - max(self._heard[p] for p in also):.1f}s: "
+                           f"{self.describe_ranks(also)}")
+            for peer in silent:
+                self._lose(peer, reason)
                 if self.config.mpi_abort_on_error:
                     _SILENT_LOST[self._world_rank(peer)] = self._lost.get(peer, "silent")
+        for peer in watched:
+            if peer in self._lost:
                 continue
             if not self._beat_busy[peer] and now - self._beat_sent[peer] >= self._hb_interval:
                 try:
