@@ -1,7 +1,6 @@
 """Partial barriers across a real job: coordinator in rank 0 (local/MPI) or the bootstrap master (TCP)."""
 
 import importlib.util
-import re
 import threading
 from pathlib import Path
 
@@ -18,33 +17,35 @@ spec.loader.exec_module(straggler)
 
 
 def check(outs, late):
+    """The fast workers fired among themselves; the straggler, which entered only after their release
+    (see the script), was late."""
     fast = [o for o in outs if not o.startswith("rank=3 ")]
     slow = [o for o in outs if o.startswith("rank=3 ")][0]
     for o in fast:
         assert "status=FIRE" in o and "passed=task0,task1,task2 " in o, outs
-        assert float(re.search(r"waited=([\d.]+)", o).group(1)) < 1.5, outs   # not held for the slow one
     assert ("status=LATE_FIRE" if late == "pass" else "status=CATCHUP") in slow, outs
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("late", ["pass", "catch_up"])
-def test_knee_releases_fast_workers_local(late, monkeypatch):
+def test_knee_releases_fast_workers_local(late, monkeypatch, tmp_path):
     monkeypatch.setattr(straggler, "LATE", late)
-    check(run_local(4, straggler.main, timeout=60), late)
+    monkeypatch.setattr(straggler, "SIGNAL_DIR", str(tmp_path))
+    check(run_local(4, straggler.main, timeout=90), late)
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("late", ["pass", "catch_up"])
-def test_knee_releases_fast_workers_tcp(late):
-    p = run_tcp(4, SCRIPT, late, timeout=100)
+def test_knee_releases_fast_workers_tcp(late, tmp_path):
+    p = run_tcp(4, SCRIPT, late, str(tmp_path), timeout=100)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     check([l[3:] for l in lines(p, "PB ")], late)
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("late", ["pass", "catch_up"])
-def test_knee_releases_fast_workers_mpi(late):
-    p = run_mpi(4, SCRIPT, late, timeout=100)          # coordinator: rank 0, over control edges
+def test_knee_releases_fast_workers_mpi(late, tmp_path):
+    p = run_mpi(4, SCRIPT, late, str(tmp_path), timeout=100)          # coordinator: rank 0, over control edges
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     check([l[3:] for l in lines(p, "PB ")], late)
 
