@@ -102,3 +102,14 @@ def test_checker_catches_a_broken_link_and_path(tmp_path: Path) -> None:
     assert len(problems) == 3, problems
     assert any("#nope" in p for p in problems) and any("missing.md" in p for p in problems)
     assert any("channels/tcp/nothere.py" in p for p in problems)
+
+
+def test_docs_pages_named_in_the_code_exist() -> None:
+    """Docstrings and comments point readers at docs/*.md pages: those pages exist."""
+    missing = set()
+    for package in ("twisternet", "channels", "collectives", "innet", "benchmarks", "examples"):
+        for source in (ROOT / package).rglob("*.py"):
+            for page in re.findall(r"docs/[\w./-]+?\.md", source.read_text()):
+                if not (ROOT / page).exists():
+                    missing.add(f"{source.relative_to(ROOT)}: {page}")
+    assert not missing, "names a docs page that does not exist:\n  " + "\n  ".join(sorted(missing))
