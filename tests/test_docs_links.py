@@ -113,3 +113,17 @@ def test_docs_pages_named_in_the_code_exist() -> None:
                 if not (ROOT / page).exists():
                     missing.add(f"{source.relative_to(ROOT)}: {page}")
     assert not missing, "names a docs page that does not exist:\n  " + "\n  ".join(sorted(missing))
+
+
+def test_every_docs_page_is_linked() -> None:
+    """No page under docs/ is an orphan: README.md or another page links to it."""
+    linked = set()
+    for page in PAGES:
+        for target in LINK.findall(page.read_text()):
+            file = target.partition("#")[0]
+            if file and not re.match(r"[a-z][a-z0-9+.-]*:", file):
+                dest = (page.parent / file).resolve()
+                if dest != page.resolve():
+                    linked.add(dest)
+    orphans = [p.relative_to(ROOT) for p in PAGES[1:] if p.resolve() not in linked]
+    assert not orphans, f"docs pages nothing links to (add them to the README's documentation index): {orphans}"
