@@ -47,7 +47,7 @@ class Quantizer:
         """Quantize a (n, V) float32 or float64 matrix of fragments: (int32 matrix, bool[n] overflow).
 
         float64 values are quantized from their own value (never rounded to float32 first, which would
-        add up to 2**-25 |x| per worker, outside the bound). Overflowing rows of the int32 matrix hold
+        add up to ``2**-25 |x|`` per worker, outside the bound). Overflowing rows of the int32 matrix hold
         the float32 bit patterns of the input instead.
         """
         frags = np.asarray(frags)
@@ -69,9 +69,9 @@ class Quantizer:
 
 def error_bound(reference: np.ndarray, scale: float, world: int,
                 overflow_abs_sum: np.ndarray | float = 0.0) -> np.ndarray:
-    """Per-element bound on |innet result - exact sum| (see the module doc); ``reference`` is the exact sum.
+    """Per-element bound on ``|innet result - exact sum|`` (see the module doc); ``reference`` is the exact sum.
 
-    ``overflow_abs_sum``: for float64 inputs beyond the int32 range only, the sum over workers of |x_i|
+    ``overflow_abs_sum``: for float64 inputs beyond the int32 range only, the sum over workers of ``|x_i|``
     of those elements (they travel as float32)."""
     ref = np.abs(np.asarray(reference, dtype=np.float64))
     return (world * 0.5 / scale + ref * 2.0**-24 + 1e-12 * (1.0 + ref)

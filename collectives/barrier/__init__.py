@@ -22,23 +22,8 @@ Pure use::
     out = b.enter("t2", 2, now=1.0)        # 3/4 entered, but min_wait not yet elapsed: waits
     released = b.tick(2.0)                 # min_wait elapsed: t0, t1, t2 pass (FireReason.EARLY)
 
-Distributed use (the harness stands in for the transport)::
-
-    from collectives.barrier import BarrierSpec, LocalBarrierCluster, CatchUp
-    spec = BarrierSpec(max=4, percent=75, knee=True, late="catch_up")
-    with LocalBarrierCluster(4) as cluster:       # a real job has one client per rank instead
-        client = cluster.clients[rank]            # each rank calls enter on its own thread
-        try:
-            rel = client.enter("phase", f"task{rank}", spec, timeout=30)   # rel.fire.passed: label -> rank
-        except CatchUp as cu:
-            ...                             # skip ahead; the next enter goes to cu.next_round
-
-Wiring into a real transport: on the coordinator, for every barrier message from rank ``src`` call
-``service.handle(src, msg, now)`` and send each returned ``(rank, reply)``; run ``service.tick(now)`` when
-``service.next_deadline()`` comes. On every rank build ``BarrierClient(send_to_coordinator, clock)`` and feed
-it the coordinator's replies with ``deliver``. Enter- and release-callbacks are Python callables: they run
-in the service's process and are installed there (``BarrierService.set_enter_callback`` /
-``set_release_callback``); a client accepts them only when built with ``service=`` in the same process.
+The distributed use through ``LocalBarrierCluster`` and how to wire the service and client into a
+transport: docs/collectives.md, section "Partial barriers".
 """
 
 from .client import BarrierClient
