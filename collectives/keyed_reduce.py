@@ -152,7 +152,7 @@ class KeyedReduce(KeyedReduceTables, UpTreeOperation):
                 table[key] = value if type(value) in atoms else copy(value)
         return nbytes
 
-    def _take(self, node: Node, pairs: list, copy: Any) -> None:
+    def _take(self, node: Node, pairs: Iterable[Any], copy: Any) -> None:
         if node.parent is None:
             table = node.state
             if self.mode == "batch":
@@ -182,7 +182,7 @@ class KeyedReduce(KeyedReduceTables, UpTreeOperation):
         comb = self.reduction.combine
         scalar = self.reduction.scalar
         atoms = _ATOMS
-        out = []
+        out: list[Any] = []
         append = out.append
         for key, value in pairs:
             if key in table:

@@ -166,7 +166,7 @@ class Partition(PartitionTables, Operation):
         self._completed = True
         for t in self.local_destinations:
             if self.mode == "batch":
-                self._complete(t, lambda t=t: self._batch_items(self._stores[t]))
+                self._complete(t, lambda t=t: self._batch_items(self._stores[t]))  # type: ignore[misc]  # bound default
             else:
                 self._end(t)
 

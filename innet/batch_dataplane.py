@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import struct
 from itertools import chain
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 from collections.abc import Sequence
 
 import numpy as np
@@ -96,8 +96,9 @@ def process_batch(sw: SoftwareSwitch, rows: np.ndarray, lengths: Sequence[int], 
         member_ports: dict[int, set[int]] = {}
         for j, p in sw._members:
             member_ports.setdefault(j, set()).add(p)
-        jinfo = {j: (e.fan_in, e.ps_port, e.level, e.mcast_group, member_ports.get(j, frozenset()),
-                     e.ps_port in ports) for j, e in sw._jobs.items()}
+        jinfo: dict[int, tuple[Any, ...]] = {
+            j: (e.fan_in, e.ps_port, e.level, e.mcast_group, member_ports.get(j, frozenset()), e.ps_port in ports)
+            for j, e in sw._jobs.items()}
         IDX = (heads["agg_index"].astype(np.int64) % nagg)
         # the touched aggregators' registers, fetched at once: [job_seq, bitmap, counter, ecn,
         # timestamp, epoch (-1: the register's own), meta index, meta bitmap1, meta fan word]
@@ -303,7 +304,7 @@ def process_batch(sw: SoftwareSwitch, rows: np.ndarray, lengths: Sequence[int], 
                 result.append((port, data))
             else:
                 e, resend, bitmap, ecn, level, job_seq, meta_idx, meta_b1, meta_fan, held = what
-                vals = held if e < 0 else sums_be[e].tobytes()
+                vals = held if e < 0 else cast(np.ndarray, sums_be)[e].tobytes()   # e >= 0: there are sums
                 fan_word = meta_fan | FLAG_EDGE | (FLAG_ECN if ecn else 0) | (FLAG_RESEND if resend else 0)
                 b0, b1 = (bitmap, meta_b1) if level == 0 else (0, bitmap)
                 result.append((port, _HEAD.pack(b0, b1, fan_word, meta_idx, job_seq) + vals))
