@@ -126,7 +126,7 @@ def _open_store(info: LaunchInfo, timeout: float) -> Any:
     try:
         from datetime import timedelta
 
-        from torch.distributed import TCPStore  # type: ignore[attr-defined]  # re-exported, no __all__
+        from torch.distributed import TCPStore
     except ImportError:
         log.warning("torchrun's agent store is there but torch cannot be imported: the bootstrap master "
                     "falls back to MASTER_PORT + 1")
