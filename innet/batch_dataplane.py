@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import struct
 from itertools import chain
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 from collections.abc import Sequence
 
 import numpy as np
@@ -288,7 +288,8 @@ def process_batch(sw: SoftwareSwitch, rows: np.ndarray, lengths: Sequence[int], 
         result: list[tuple[int, bytes]] = []
         if not out:
             return result
-        sums_be = sums.astype(">i4") if sums is not None else None
+        # big-endian sums (None without sums, when every output below is a held packet: e < 0)
+        sums_be: Any = sums.astype(">i4") if sums is not None else None
         cache: dict[int, bytes] = {}
         for port, what in out:
             if what.__class__ is int:
@@ -304,7 +305,7 @@ def process_batch(sw: SoftwareSwitch, rows: np.ndarray, lengths: Sequence[int], 
                 result.append((port, data))
             else:
                 e, resend, bitmap, ecn, level, job_seq, meta_idx, meta_b1, meta_fan, held = what
-                vals = held if e < 0 else cast(np.ndarray, sums_be)[e].tobytes()   # e >= 0: there are sums
+                vals = held if e < 0 else sums_be[e].tobytes()
                 fan_word = meta_fan | FLAG_EDGE | (FLAG_ECN if ecn else 0) | (FLAG_RESEND if resend else 0)
                 b0, b1 = (bitmap, meta_b1) if level == 0 else (0, bitmap)
                 result.append((port, _HEAD.pack(b0, b1, fan_word, meta_idx, job_seq) + vals))
