@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from collections.abc import Iterable
 
 from twisternet.errors import ConfigError
@@ -12,6 +12,9 @@ from .columnar import BroadcastTables
 from .downtree import DownTreeMixin
 from .reduce import _need_edge
 from .reduction import snapshot
+
+if TYPE_CHECKING:
+    from twisternet.context import Context
 
 
 class Broadcast(BroadcastTables, DownTreeMixin):
@@ -24,7 +27,7 @@ class Broadcast(BroadcastTables, DownTreeMixin):
 
     operation = "Broadcast"
 
-    def __init__(self, ctx: Any, sources: int | Iterable[int] | None = None,
+    def __init__(self, ctx: Context, sources: int | Iterable[int] | None = None,
                  destinations: int | Iterable[int] | None = None, edge: int | None = None, *,
                  mode: Mode = "batch", callback: Callback | None = None, limit: int | None = None,
                  timeout: float | None = None, fanout: int = 2, source: int | None = None,

@@ -26,10 +26,13 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from twisternet.channel import CONTROL_EDGE_BASE
 from twisternet.errors import ConfigError
+
+if TYPE_CHECKING:
+    from twisternet.context import Context
 
 #: Channel edges owned by one user edge.
 EDGE_SPAN = 64
@@ -65,7 +68,7 @@ def check_user_edge(edge: object) -> int:
     return edge
 
 
-def next_auto_edge(ctx: Any, stream: int = 0) -> int:
+def next_auto_edge(ctx: Context, stream: int = 0) -> int:
     """The next automatic edge of ``stream`` in ``ctx`` (the same on every rank that makes the same calls);
     an operation may then be created on it once."""
     if not 0 <= stream < AUTO_STREAMS:
@@ -86,7 +89,7 @@ def channel_edge(edge: int, offset: int) -> int:
     return edge * EDGE_SPAN + offset
 
 
-def claim_edge(ctx: Any, edge: int, owner: str) -> int:
+def claim_edge(ctx: Context, edge: int, owner: str) -> int:
     """Reserve user edge ``edge`` in ``ctx`` for ``owner``; raises ConfigError if a live op holds it.
 
     Returns the edge's incarnation (epoch): 0 for the first operation on it in this process, 1 for the
@@ -119,7 +122,7 @@ def channel_edges(edge: int) -> range:
     return range(edge * EDGE_SPAN, (edge + 1) * EDGE_SPAN)
 
 
-def release_edge(ctx: Any, edge: int) -> None:
+def release_edge(ctx: Context, edge: int) -> None:
     """Give user edge ``edge`` back (idempotent)."""
     with _lock:
         table = _claims.get(ctx)

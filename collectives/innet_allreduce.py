@@ -67,7 +67,7 @@ __all__ = ["InnetAllReduce"]
 _EXCLUSIVE_ECN = 1 << 20
 
 
-def _window_for(values: int) -> dict[str, int]:
+def _window_for(values: int) -> dict[str, Any]:
     """Worker window options for ``values``-wide packets: about 2 MB in flight per worker (the
     bandwidth-delay product of a loopback or LAN path with a loaded Python switch's millisecond RTTs),
     at least ATP's 128 fragments, at most 1024 (the switch's 4096 aggregators are shared by jobs)."""

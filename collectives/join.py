@@ -8,13 +8,16 @@ the outer sides of the result.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from collections.abc import Iterable, Sequence
 
 from twisternet.errors import ConfigError
 
 from .columnar import key_names, require_pyarrow, sort_by_keys
 from .partition import KeyedPartition
+
+if TYPE_CHECKING:
+    from twisternet.context import Context
 
 #: How to join -> pyarrow's join_type.
 HOWS = {"inner": "inner", "left": "left outer", "right": "right outer", "outer": "full outer"}
@@ -35,7 +38,7 @@ class Join:
 
     operation = "Join"
 
-    def __init__(self, ctx: Any, sources: int | Iterable[int] | None = None,
+    def __init__(self, ctx: Context, sources: int | Iterable[int] | None = None,
                  destinations: int | Iterable[int] | None = None, edge: int | None = None, *,
                  key: str | Sequence[str], right_key: str | Sequence[str] | None = None, how: str = "inner",
                  left_suffix: str = "_left", right_suffix: str = "_right",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import zlib
 from operator import itemgetter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from collections.abc import Iterable
 
 from twisternet.errors import ConfigError
@@ -16,6 +16,9 @@ from .reduce import _need_edge, _pick_op
 from .reduction import _ATOMS, ReduceFn, Reduction, _flat, own, snapshot
 from .routing import Selector, check_key_type, hash_selector, normalize_key
 from .uptree import Node, UpTreeOperation
+
+if TYPE_CHECKING:
+    from twisternet.context import Context
 
 
 class KeyedReduce(KeyedReduceTables, UpTreeOperation):
@@ -30,7 +33,7 @@ class KeyedReduce(KeyedReduceTables, UpTreeOperation):
 
     operation = "KeyedReduce"
 
-    def __init__(self, ctx: Any, sources: int | Iterable[int] | None = None,
+    def __init__(self, ctx: Context, sources: int | Iterable[int] | None = None,
                  destinations: int | Iterable[int] | None = None, edge: int | None = None, *,
                  op: str | ReduceFn | None = None, reduce: str | ReduceFn | None = None,
                  key_type: str = "object", selector: Selector | None = None, mode: Mode = "batch",
@@ -152,7 +155,7 @@ class KeyedReduce(KeyedReduceTables, UpTreeOperation):
                 table[key] = value if type(value) in atoms else copy(value)
         return nbytes
 
-    def _take(self, node: Node, pairs: list, copy: Any) -> None:
+    def _take(self, node: Node, pairs: Iterable[Any], copy: Any) -> None:
         if node.parent is None:
             table = node.state
             if self.mode == "batch":
@@ -182,7 +185,7 @@ class KeyedReduce(KeyedReduceTables, UpTreeOperation):
         comb = self.reduction.combine
         scalar = self.reduction.scalar
         atoms = _ATOMS
-        out = []
+        out: list[Any] = []
         append = out.append
         for key, value in pairs:
             if key in table:

@@ -6,7 +6,7 @@ marker goes to every destination rank, after the source's data on the same (orde
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
 
@@ -17,6 +17,9 @@ from .reduce import _need_edge
 from .reduction import snapshot
 from .routing import Selector, check_key_type, hash_selector, normalize_key
 from .spill import SpillStore
+
+if TYPE_CHECKING:
+    from twisternet.context import Context
 
 #: ``selector(value, destinations) -> destination task`` for unkeyed Partition.
 ValueSelector = Callable[[Any, Sequence[int]], int]
@@ -33,7 +36,7 @@ class Partition(PartitionTables, Operation):
 
     operation = "Partition"
 
-    def __init__(self, ctx: Any, sources: int | Iterable[int] | None = None,
+    def __init__(self, ctx: Context, sources: int | Iterable[int] | None = None,
                  destinations: int | Iterable[int] | None = None, edge: int | None = None, *,
                  selector: ValueSelector | None = None, mode: Mode = "batch", callback: Callback | None = None,
                  limit: int | None = None, timeout: float | None = None) -> None:
@@ -166,7 +169,7 @@ class Partition(PartitionTables, Operation):
         self._completed = True
         for t in self.local_destinations:
             if self.mode == "batch":
-                self._complete(t, lambda t=t: self._batch_items(self._stores[t]))
+                self._complete(t, lambda t=t: self._batch_items(self._stores[t]))  # type: ignore[misc]  # bound default
             else:
                 self._end(t)
 
@@ -191,7 +194,7 @@ class KeyedPartition(Partition):
 
     operation = "KeyedPartition"
 
-    def __init__(self, ctx: Any, sources: int | Iterable[int] | None = None,
+    def __init__(self, ctx: Context, sources: int | Iterable[int] | None = None,
                  destinations: int | Iterable[int] | None = None, edge: int | None = None, *,
                  key_type: str = "object", selector: Selector | None = None, mode: Mode = "batch",
                  callback: Callback | None = None, limit: int | None = None, timeout: float | None = None) -> None:

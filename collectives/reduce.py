@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from collections.abc import Callable, Iterable
 
 import numpy as np
@@ -14,6 +14,9 @@ from .base import Callback, Mode, pick_alias, record_nbytes
 from .downtree import DownTreeMixin
 from .reduction import ReduceFn, Reduction, own, snapshot
 from .uptree import Node, UpTreeOperation
+
+if TYPE_CHECKING:
+    from twisternet.context import Context
 
 
 def _pick_op(op: str | ReduceFn | None, reduce: str | ReduceFn | None) -> str | ReduceFn:
@@ -70,7 +73,7 @@ class Reduce(UpTreeOperation):
 
     operation = "Reduce"
 
-    def __init__(self, ctx: Any, sources: int | Iterable[int] | None = None,
+    def __init__(self, ctx: Context, sources: int | Iterable[int] | None = None,
                  destinations: int | Iterable[int] | None = None, edge: int | None = None, *,
                  op: str | ReduceFn | None = None, reduce: str | ReduceFn | None = None,
                  mode: Mode = "batch", callback: Callback | None = None, limit: int | None = None,
@@ -232,7 +235,7 @@ class AllReduce(DownTreeMixin, Reduce):
 
     operation = "AllReduce"
 
-    def __init__(self, ctx: Any, sources: int | Iterable[int] | None = None,
+    def __init__(self, ctx: Context, sources: int | Iterable[int] | None = None,
                  destinations: int | Iterable[int] | None = None, edge: int | None = None, *,
                  op: str | ReduceFn | None = None, reduce: str | ReduceFn | None = None,
                  mode: Mode = "batch", callback: Callback | None = None, limit: int | None = None,

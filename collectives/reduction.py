@@ -175,7 +175,7 @@ class Reduction:
                 return value
             return np.true_divide(value, count)
         if isinstance(value, (np.generic, int, float, complex)):
-            return value / count
+            return value / count  # type: ignore[operator]  # numeric scalars divide; the stubs lack it
         raise TypeError(f"cannot average a value of type {type(value).__qualname__}; "
                         "use numbers or numpy arrays with op='avg'")
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import struct
 import zlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
@@ -24,6 +24,9 @@ import numpy as np
 from twisternet.errors import ConfigError
 
 from .edges import MAX_LEVELS
+
+if TYPE_CHECKING:
+    from twisternet.context import Context
 
 #: Whether :func:`tree_for` may build host-aware trees (a switch for benchmarks comparing the two).
 HOST_TREES = True
@@ -150,7 +153,7 @@ class HostTree(KaryTree):
         return f"HostTree(root={self.root}, parent={self._parent})"
 
 
-def tree_for(ctx: Any, root: int, members: Iterable[int], fanout: int = 2) -> KaryTree:
+def tree_for(ctx: Context, root: int, members: Iterable[int], fanout: int = 2) -> KaryTree:
     """The tree an operation of ``ctx`` uses over ``members`` rooted at ``root``: a :class:`HostTree`
     when the task plan knows every rank's host (from the TCP bootstrap table, or an earlier exchange)
     and the members span several hosts with more than one member on some host; else a KaryTree."""

@@ -12,7 +12,7 @@ A child at depth ``L + 1`` sends on channel edge ``UP_BASE + L`` (see :mod:`coll
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from .base import Operation
 from .edges import UP_BASE
@@ -95,7 +95,7 @@ class UpTreeOperation(Operation):
 
     # ------------------------------------------------------------------ helpers
     def _up_send(self, node: Node, kind: str, payload: Any) -> None:
-        self._emit(node.parent, UP_BASE + node.level - 1, (kind, node.tid, payload))
+        self._emit(cast(int, node.parent), UP_BASE + node.level - 1, (kind, node.tid, payload))  # not the root
 
     def _out_room(self, node: Node) -> bool:
         """Whether output of ``node`` can move on now (parent has credit, or the root has room)."""

@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import struct
 from itertools import chain
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from collections.abc import Sequence
 
 import numpy as np
@@ -96,8 +96,9 @@ def process_batch(sw: SoftwareSwitch, rows: np.ndarray, lengths: Sequence[int], 
         member_ports: dict[int, set[int]] = {}
         for j, p in sw._members:
             member_ports.setdefault(j, set()).add(p)
-        jinfo = {j: (e.fan_in, e.ps_port, e.level, e.mcast_group, member_ports.get(j, frozenset()),
-                     e.ps_port in ports) for j, e in sw._jobs.items()}
+        jinfo: dict[int, tuple[Any, ...]] = {
+            j: (e.fan_in, e.ps_port, e.level, e.mcast_group, member_ports.get(j, frozenset()), e.ps_port in ports)
+            for j, e in sw._jobs.items()}
         IDX = (heads["agg_index"].astype(np.int64) % nagg)
         # the touched aggregators' registers, fetched at once: [job_seq, bitmap, counter, ecn,
         # timestamp, epoch (-1: the register's own), meta index, meta bitmap1, meta fan word]
@@ -287,7 +288,8 @@ def process_batch(sw: SoftwareSwitch, rows: np.ndarray, lengths: Sequence[int], 
         result: list[tuple[int, bytes]] = []
         if not out:
             return result
-        sums_be = sums.astype(">i4") if sums is not None else None
+        # big-endian sums (None without sums, when every output below is a held packet: e < 0)
+        sums_be: Any = sums.astype(">i4") if sums is not None else None
         cache: dict[int, bytes] = {}
         for port, what in out:
             if what.__class__ is int:

@@ -23,6 +23,8 @@ its values lose up to ``2**-24 |x_i|`` each, so for float64 values beyond ``limi
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 
 __all__ = ["INT32_MAX", "Quantizer", "error_bound"]
@@ -56,7 +58,7 @@ class Quantizer:
         scaled = frags.astype(np.float64) * self.scale
         with np.errstate(invalid="ignore"):
             bad = ~(np.abs(scaled) <= self.limit)          # also catches NaN and +-inf
-        overflow = bad.any(axis=1) if frags.ndim == 2 else bad.any(keepdims=True)
+        overflow = cast(np.ndarray, bad.any(axis=1) if frags.ndim == 2 else bad.any(keepdims=True))
         q = np.rint(np.where(bad, 0.0, scaled)).astype(np.int32)
         if overflow.any():
             q[overflow] = frags[overflow].astype(np.float32).view(np.int32)

@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import IO, Any, cast
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
@@ -186,7 +186,8 @@ def _start_cli(module: str, args: Sequence[str], timeout: float = 20.0, secret: 
 def _readline(proc: subprocess.Popen, timeout: float) -> str | None:
     """The next line of a child's stdout, or None if none came within ``timeout`` seconds."""
     holder: list[str] = []
-    t = threading.Thread(target=lambda: holder.append(proc.stdout.readline()), daemon=True)
+    out = cast(IO[str], proc.stdout)   # started with stdout=PIPE, text=True
+    t = threading.Thread(target=lambda: holder.append(out.readline()), daemon=True)
     t.start()
     t.join(timeout)
     return holder[0] if holder else None

@@ -400,7 +400,7 @@ class SoftwareSwitch(SwitchControl):
                 return out
 
             if job.level == 0:
-                eligible = not flags & (FLAG_EDGE | FLAG_OVERFLOW | FLAG_COLLISION)
+                eligible: bool | int = not flags & (FLAG_EDGE | FLAG_OVERFLOW | FLAG_COLLISION)
                 key = h.bitmap0
             else:
                 eligible = (flags & FLAG_EDGE and not flags & (FLAG_OVERFLOW | FLAG_COLLISION)

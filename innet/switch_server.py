@@ -168,7 +168,7 @@ class SwitchServer:
         sock = tr.sock
         width = sw.packet_size + 1              # one byte more: an oversize datagram shows as too long
         rows = np.zeros((self.batch_size, width), np.uint8)
-        flat = memoryview(rows.reshape(-1))
+        flat = memoryview(rows.reshape(-1))  # type: ignore[arg-type]  # numpy declares __buffer__ for >= 3.12 only
         views = [flat[i * width:(i + 1) * width] for i in range(self.batch_size)]
         recv = sock.recvfrom_into
         send = tr.send if tr.loss.active else None

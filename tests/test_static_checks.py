@@ -1,12 +1,15 @@
 """The repository passes its static checks: ruff (pyflakes, pycodestyle, bugbear, pyupgrade, simplify,
-complexity; configured in pyproject.toml). Part of the default test run, so CI and the README's test
-command check it too; `pre-commit install` runs the same check before each commit."""
+complexity) and mypy (strict on the core, mypy's defaults on the rest), both configured in
+pyproject.toml. Part of the default test run, so CI and the README's test command check them too;
+`pre-commit install` runs the same checks before each commit."""
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -21,3 +24,14 @@ def test_ruff_finds_nothing() -> None:
     p = subprocess.run([ruff, "check", "--no-cache", "--output-format", "concise", "."], cwd=ROOT,
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout[-6000:] + p.stderr[-2000:]
+
+
+@pytest.mark.timeout(900)
+def test_mypy_finds_nothing() -> None:
+    """mypy over the packages [tool.mypy] names. Its cache lives in the system temp dir, one per checkout
+    (a clean clone stays clean; a warm run takes seconds, a cold one ~10 s of CPU)."""
+    pytest.importorskip("mypy", reason="mypy is not installed (it is in the dev extra: pip install '.[dev]')")
+    cache = Path(tempfile.gettempdir()) / f"twisternet-mypy-{hashlib.sha1(str(ROOT).encode()).hexdigest()[:12]}"
+    p = subprocess.run([sys.executable, "-m", "mypy", "--cache-dir", str(cache)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=840)
+    assert p.returncode == 0, p.stdout[-8000:] + p.stderr[-2000:]

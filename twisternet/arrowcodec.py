@@ -69,7 +69,8 @@ def _flat_type(pa: Any, t: Any) -> bool:
     if pa.types.is_nested(t):
         return False
     try:
-        return t.bit_width > 0 and t.num_buffers == 2
+        flat: bool = t.bit_width > 0 and t.num_buffers == 2
+        return flat
     except ValueError:
         return False
 
@@ -90,7 +91,7 @@ def _bitmap(buf: Any, offset: int, length: int) -> Any:
     return buf.slice(lo, hi - lo)
 
 
-def _encode_array(pa: Any, arr: Any, put: Callable[[Any], Any]) -> list:
+def _encode_array(pa: Any, arr: Any, put: Callable[[Any], Any]) -> list[Any]:
     t = arr.type
     n, off = len(arr), arr.offset
     if pa.types.is_null(t):
@@ -137,7 +138,7 @@ def _encode_array(pa: Any, arr: Any, put: Callable[[Any], Any]) -> list:
     return [n, nulls, r, [put(validity), put(data)], None]
 
 
-def encode(obj: Any, put: Callable[[Any], Any]) -> list:
+def encode(obj: Any, put: Callable[[Any], Any]) -> list[Any]:
     """The extension body of a Table or RecordBatch; ``put(pyarrow.Buffer | None)`` returns the
     buffer's reference (None, an out-of-band index, or the bytes in band)."""
     pa = require_pyarrow()
@@ -157,7 +158,7 @@ def encode(obj: Any, put: Callable[[Any], Any]) -> list:
     return [kind, schema.serialize().to_pybytes(), mode, descs]
 
 
-def _decode_array(pa: Any, t: Any, desc: list, get: Callable[[Any], Any]) -> Any:
+def _decode_array(pa: Any, t: Any, desc: list[Any], get: Callable[[Any], Any]) -> Any:
     n, nulls, off, refs, dict_desc = desc
     bufs = [get(x) for x in refs]
     if pa.types.is_dictionary(t):

@@ -25,6 +25,7 @@ import os
 import socket
 import struct
 import time
+from typing import Any
 
 import msgpack
 
@@ -95,8 +96,8 @@ def _send_all(sock: socket.socket, data: bytes, deadline: float, what: str) -> N
         raise PeerClosedDuringHandshake(f"connection failed during the handshake ({what}): {e}") from None
 
 
-def handshake(sock: socket.socket, token: bytes, *, initiator: bool, hello: dict,
-              timeout: float) -> dict:
+def handshake(sock: socket.socket, token: bytes, *, initiator: bool, hello: dict[str, Any],
+              timeout: float) -> dict[str, Any]:
     """Mutual proof of the job token over a connected socket; returns the peer's (authenticated) hello.
 
     Raises AuthError on a wrong token, a bad MAC or when ``timeout`` seconds (in total) pass, and

@@ -79,10 +79,10 @@ def _token(token_file: str | None, *, create: bool) -> str:
             sys.stderr.write(f"twisternet: wrote a new job token to {token_file} (mode 0600); "
                              "give the workers the same file\n")
         return token
-    token = os.environ.get("TWISTERNET_TOKEN")
-    if not token:
+    env_token = os.environ.get("TWISTERNET_TOKEN")
+    if not env_token:
         raise TwisternetError("no job token: pass --token-file FILE or set TWISTERNET_TOKEN")
-    return check_token(token, "TWISTERNET_TOKEN")
+    return check_token(env_token, "TWISTERNET_TOKEN")
 
 
 def _key_value(text: str) -> tuple[str, str]:

@@ -93,7 +93,8 @@ def _torch_view(t: Any) -> np.ndarray:
     if t.is_neg():
         t = t.resolve_neg()
     try:
-        return t.numpy()
+        arr: np.ndarray = t.numpy()
+        return arr
     except (TypeError, RuntimeError) as e:   # e.g. bfloat16, which numpy has no dtype for
         raise CodecError(f"a torch tensor of dtype {t.dtype} has no numpy equivalent ({e}); convert it, e.g. "
                          "tensor.float()") from None
@@ -149,7 +150,8 @@ class _Encoder:
 
     def _sub(self, obj: Any) -> bytes:
         # Nested values are packed by a separate call: one Packer must not be re-entered.
-        return msgpack.packb(obj, default=self._default, strict_types=True, use_bin_type=True)
+        packed: bytes = msgpack.packb(obj, default=self._default, strict_types=True, use_bin_type=True)
+        return packed
 
     def _default(self, obj: Any) -> Any:
         t = type(obj)
@@ -254,7 +256,8 @@ class _Encoder:
             if t is dict:
                 return {conv(k): conv(v) for k, v in o.items()}
             return o
-        return self._packer.pack(conv(obj))
+        packed: bytes = self._packer.pack(conv(obj))
+        return packed
 
 
 class _Decoder:
@@ -299,7 +302,7 @@ class _Decoder:
             if code == _EXT_PICKLE:
                 return pickling.loads(data)
             data, indexes = self._unpack(data)
-            buffers = []
+            buffers: list[bytearray | memoryview] = []
             for idx in indexes:
                 buf = self._oob(idx)
                 if self.copy or buf.readonly:   # a writable copy, as for out-of-band arrays
@@ -334,9 +337,8 @@ class _Decoder:
 
 def _dtype(spec: Any) -> np.dtype:
     try:
-        if isinstance(spec, list):
-            return np.dtype([tuple(f) for f in spec])
-        return np.dtype(spec)
+        dt: np.dtype = np.dtype([tuple(f) for f in spec]) if isinstance(spec, list) else np.dtype(spec)
+        return dt
     except TypeError as e:
         raise CodecError(f"bad dtype in record: {spec!r}") from e
 
@@ -394,7 +396,7 @@ class Codec:
             if len(self._array_heads) >= _ARRAY_BODIES:
                 self._array_heads.clear()
             self._array_heads[key] = head
-        return [*head, memoryview(a).cast("B")]
+        return [*head, memoryview(a).cast("B")]  # type: ignore[arg-type]  # numpy declares __buffer__ for >= 3.12 only
 
     def _remember_array(self, body: bytes, a: np.ndarray) -> None:
         """Cache ``body`` -> (dtype, shape) if it is exactly the body of a lone array of ``a``'s kind."""

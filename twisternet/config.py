@@ -296,7 +296,7 @@ def _coerce(key: str, value: Any, source: str) -> Any:
         if default is None:
             return None
         raise ConfigError(key, f"may not be None (from {source})")
-    kind = type(default) if default is not None else None
+    kind: type[Any] | None = type(default) if default is not None else None
     if key in ("rank", "world"):
         kind = int
     elif key in ("spill_dir", "advertise_host", "token", "master", "bind_host"):

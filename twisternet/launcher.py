@@ -121,7 +121,7 @@ class _Output:
             t.join(max(0.0, deadline - time.monotonic()))
 
 
-def _binary(stream: IO | None, default: IO) -> IO[bytes]:
+def _binary(stream: IO[Any] | None, default: IO[Any]) -> IO[bytes]:
     stream = default if stream is None else stream
     return getattr(stream, "buffer", stream)
 
@@ -159,7 +159,7 @@ def _start_innet_switch(host: str, env: dict[str, str], token: str) -> Any:
 # One step per launcher option, in order (complexity accepted).
 def run(n: int, script: str, args: Sequence[str] = (), *, grace: float = 10.0, host: str = "127.0.0.1",  # noqa: C901
         port: int = 0, env: Mapping[str, str] | None = None, python: str | None = None,
-        stdout: IO | None = None, stderr: IO | None = None,
+        stdout: IO[Any] | None = None, stderr: IO[Any] | None = None,
         setup: Callable[[Master], None] | None = None, innet: bool = False) -> int:
     """Run ``n`` workers of ``script`` under a fresh bootstrap master; return the first non-zero exit
     status (128 + k for a death by signal k), or 0.
@@ -212,10 +212,10 @@ def run(n: int, script: str, args: Sequence[str] = (), *, grace: float = 10.0, h
             except (OSError, ValueError):
                 pass
 
-    procs: list[subprocess.Popen] = []
+    procs: list[subprocess.Popen[bytes]] = []
     output = _Output(lock)
     interrupted: list[int] = []
-    old_handlers: dict[int, object] = {}
+    old_handlers: dict[signal.Signals, Any] = {}
 
     def on_signal(signum: int, frame: object) -> None:
         interrupted.append(signum)
@@ -258,17 +258,17 @@ def run(n: int, script: str, args: Sequence[str] = (), *, grace: float = 10.0, h
         if switch is not None:
             switch.close()
         for sig, handler in old_handlers.items():
-            signal.signal(sig, handler)  # type: ignore[arg-type]
+            signal.signal(sig, handler)
 
 
-def _signal_group(p: subprocess.Popen, sig: int) -> None:
+def _signal_group(p: subprocess.Popen[bytes], sig: int) -> None:
     try:
         os.killpg(p.pid, sig)  # the worker leads its own group (start_new_session)
     except (ProcessLookupError, PermissionError):
         pass
 
 
-def _supervise(procs: list[subprocess.Popen], master: Master, grace: float,
+def _supervise(procs: list[subprocess.Popen[bytes]], master: Master, grace: float,
                say: Callable[[str], None], interrupted: list[int]) -> int:
     """Wait for the workers; on a failure report it, allow ``grace``, then terminate the rest."""
     status: int | None = None       # first non-zero exit status
@@ -283,7 +283,7 @@ def _supervise(procs: list[subprocess.Popen], master: Master, grace: float,
     # the failed rank's, the first to die, not the lowest rank's.
     died_at: dict[int, float] = {}
 
-    def watch(rank: int, p: subprocess.Popen) -> None:
+    def watch(rank: int, p: subprocess.Popen[bytes]) -> None:
         p.wait()
         died_at[rank] = time.monotonic()
     for rank, p in enumerate(procs):

@@ -77,10 +77,11 @@ def main_class(fingerprint: str, qualname: str, blob: bytes) -> type:
             obj = getattr(obj, part, None)
         if isinstance(obj, type) and obj.__module__ == "__main__" and obj.__qualname__ == qualname:
             return obj
-    return cloudpickle.loads(blob)
+    cls: type = cloudpickle.loads(blob)
+    return cls
 
 
-class _Pickler(cloudpickle.Pickler):
+class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]  # cloudpickle has no type information
     """cloudpickle's pickler writing ``__main__`` classes as :func:`main_class` calls."""
 
     def __init__(self, file: io.BytesIO, fingerprint: str | None,

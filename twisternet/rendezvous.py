@@ -23,7 +23,7 @@ import re
 import socket
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from collections.abc import Callable, Mapping
 
 from .config import Config
@@ -110,7 +110,7 @@ def _bind_host(host: str) -> str:
     except OSError:
         return "0.0.0.0"
     for *_, sockaddr in infos:
-        addr = sockaddr[0]
+        addr = cast(str, sockaddr[0])   # AF_INET: (host, port)
         try:
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
                 s.bind((addr, 0))

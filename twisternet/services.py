@@ -83,7 +83,7 @@ class ServiceHost:
         with self._lock:
             return list(self._services)
 
-    def handle(self, src: int, name: str, msg: dict) -> list[tuple[int, dict]]:
+    def handle(self, src: int, name: str, msg: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
         """Feed rank ``src``'s request to service ``name``; its replies, by rank."""
         with self._lock:
             return list(self.service(name).handle(src, msg, time.monotonic()) or ())
@@ -94,16 +94,16 @@ class ServiceHost:
             svc = self._services.get(name)
             return None if svc is None else svc.next_deadline()
 
-    def tick(self, name: str) -> list[tuple[int, dict]]:
+    def tick(self, name: str) -> list[tuple[int, dict[str, Any]]]:
         """Run service ``name``'s timers; its replies, by rank."""
         with self._lock:
             svc = self._services.get(name)
             return [] if svc is None else list(svc.tick(time.monotonic()) or ())
 
-    def peer_lost(self, rank: int) -> list[tuple[str, int, dict]]:
+    def peer_lost(self, rank: int) -> list[tuple[str, int, dict[str, Any]]]:
         """Tell every service that wants to know (``peer_lost(rank, now)``) that ``rank`` is gone;
         their replies as ``(service, rank, msg)``."""
-        out: list[tuple[str, int, dict]] = []
+        out: list[tuple[str, int, dict[str, Any]]] = []
         with self._lock:
             for name, svc in self._services.items():
                 hook = getattr(svc, "peer_lost", None)
@@ -116,14 +116,14 @@ class _RankZeroHost:
     """A :class:`ServiceHost` on rank 0 (MPI, local channel): replies go out through ``deliver`` and a
     thread runs the timers."""
 
-    def __init__(self, deliver: Callable[[int, str, dict], None]) -> None:
+    def __init__(self, deliver: Callable[[int, str, dict[str, Any]], None]) -> None:
         self.host = ServiceHost()
         self._deliver = deliver
         self._cond = threading.Condition()
         self._stop = False
         self._thread: threading.Thread | None = None
 
-    def handle(self, src: int, name: str, msg: dict) -> None:
+    def handle(self, src: int, name: str, msg: dict[str, Any]) -> None:
         replies = self.host.handle(src, name, msg)
         with self._cond:
             self._cond.notify()
@@ -139,7 +139,7 @@ class _RankZeroHost:
         for rank, reply in replies or ():
             self._deliver(rank, name, reply)
 
-    def _safe_deliver(self, name: str, rank: int, msg: dict) -> None:
+    def _safe_deliver(self, name: str, rank: int, msg: dict[str, Any]) -> None:
         try:
             self._deliver(rank, name, msg)
         except TwisternetError as e:
@@ -158,7 +158,7 @@ class _RankZeroHost:
                 if self._stop:
                     return
             now = time.monotonic()
-            due: list[tuple[str, list[tuple[int, dict]]]] = []
+            due: list[tuple[str, list[tuple[int, dict[str, Any]]]]] = []
             wait = 0.5
             for name in self.host.names():
                 d = self.host.next_deadline(name)
@@ -193,14 +193,14 @@ def install_on_master(master: Any, names: list[str] | None = None) -> ServiceHos
     return host
 
 
-def _master_handle(host: ServiceHost, name: str, src: int, msg: dict) -> list[tuple[int, dict]]:
+def _master_handle(host: ServiceHost, name: str, src: int, msg: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
     payload = msg.get("payload")
     if not isinstance(payload, dict):
         return [(src, {"error": "service message without a payload"})]
     return [(r, {"payload": m}) for r, m in host.handle(src, name, payload)]
 
 
-def _master_tick(host: ServiceHost, name: str) -> list[tuple[int, dict]]:
+def _master_tick(host: ServiceHost, name: str) -> list[tuple[int, dict[str, Any]]]:
     return [(r, {"payload": m}) for r, m in host.tick(name)]
 
 
@@ -209,7 +209,7 @@ class ServiceLink:
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
-        self._subs: dict[str, Callable[[dict], None]] = {}
+        self._subs: dict[str, Callable[[dict[str, Any]], None]] = {}
         self._session = getattr(ctx.channel, "session", None)
         self._host: _RankZeroHost | None = None
         self.cache: dict[str, Any] = {}   # per-context clients built on this link (e.g. the barrier client)
@@ -233,11 +233,11 @@ class ServiceLink:
             return None
         return self._host.host.service(name)
 
-    def subscribe(self, name: str, callback: Callable[[dict], None]) -> None:
+    def subscribe(self, name: str, callback: Callable[[dict[str, Any]], None]) -> None:
         """Deliver the replies of service ``name`` to ``callback`` (on the progress thread)."""
         self._subs[name] = callback
 
-    def send(self, name: str, msg: dict) -> None:
+    def send(self, name: str, msg: dict[str, Any]) -> None:
         """Send ``msg`` to service ``name`` on the coordinator."""
         if self._session is not None:
             self._session.send({"service": name, "payload": msg})
@@ -254,7 +254,7 @@ class ServiceLink:
             log.error("rank 0: service request %r from rank %d failed: %s", name, src, e)
         return True
 
-    def _reply(self, rank: int, name: str, msg: dict) -> None:
+    def _reply(self, rank: int, name: str, msg: dict[str, Any]) -> None:
         self.ctx.send(rank, REPLY_EDGE, (name, msg))
 
     # every rank
@@ -263,7 +263,7 @@ class ServiceLink:
         self._dispatch(name, msg)
         return True
 
-    def _dispatch(self, name: str, msg: dict) -> None:
+    def _dispatch(self, name: str, msg: dict[str, Any]) -> None:
         cb = self._subs.get(name)
         if cb is None:
             log.warning("rank %d: reply from service %r that nobody here subscribed to", self.ctx.rank, name)
@@ -275,15 +275,15 @@ class ServiceLink:
             self._host.stop()
 
 
-class _Router(dict):
+class _Router(dict[str, Any]):
     """What the TCP channel calls for service events from the master: unwraps the envelope."""
 
     def __init__(self, link: ServiceLink) -> None:
         super().__init__()
         self.link = link
 
-    def get(self, name: Any, default: Any = None) -> Callable[[dict], None]:  # type: ignore[override]
-        def route(ev: dict) -> None:
+    def get(self, name: Any, default: Any = None) -> Callable[[dict[str, Any]], None]:
+        def route(ev: dict[str, Any]) -> None:
             if "error" in ev:
                 log.error("rank %d: service %r on the master: %s", self.link.ctx.rank, name, ev["error"])
                 return

@@ -119,7 +119,7 @@ def from_channel(channel: Any) -> dict[int, str] | None:
     return out
 
 
-def _address_key(address: str) -> tuple:
+def _address_key(address: str) -> tuple[Any, ...]:
     host = address
     if address.startswith("["):
         host = address[1:].partition("]")[0]
@@ -142,7 +142,7 @@ def assign_ranks(workers: Sequence[tuple[int | None, str, str, int]], world: int
     """
     taken = {r for r, *_ in workers if r is not None}
     free = iter(r for r in range(world) if r not in taken)
-    host_key: dict[str, tuple] = {}
+    host_key: dict[str, tuple[Any, ...]] = {}
     for _, hid, addr, _pid in workers:
         k = _address_key(addr)
         if hid not in host_key or k < host_key[hid]:

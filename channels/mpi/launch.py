@@ -7,13 +7,12 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from twisternet.errors import ClosedError, ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover - typing only; importing mpi4py initialises MPI
-    from mpi4py import MPI as _MPIModule
-
     from .channel import MPIChannel
 
 log = logging.getLogger(__name__)
@@ -69,7 +68,7 @@ def _abort_if_peers_froze() -> None:
 #: matching receive happens (if ever), so they are kept for the life of the process.
 _ORPHANED_SENDS: list[Any] = []
 
-def _import_mpi() -> _MPIModule:
+def _import_mpi() -> ModuleType:
     """Import mpi4py's MPI module, initialising MPI (asking for THREAD_MULTIPLE) if nobody has."""
     try:
         from mpi4py import MPI
@@ -101,7 +100,7 @@ def _unlink_mpich_segments() -> list[str]:
     MPICH removes them in ``MPI_Finalize``; a job that ends by ``MPI_Abort`` (every rank killed) leaves
     them in /dev/shm for good, a few MB per job. Unlinking is safe right before the abort: the other
     ranks of the host keep their mappings until hydra kills them, and nobody attaches any more."""
-    removed = []
+    removed: list[str] = []
     try:
         with open("/proc/self/maps") as maps:
             paths = {line.split(None, 5)[5].strip() for line in maps if "/dev/shm/mpich_shm_" in line}

@@ -9,6 +9,7 @@ from collections import deque
 
 from .launch import _OPEN_CHANNELS, _ORPHANED_SENDS, _SILENT_LOST
 from .records import _Heartbeat, _Send
+from .state import MPIChannelState
 from .wire import _HEARTBEAT_MSG, TAG_CTRL, _encode_abort
 
 log = logging.getLogger(__name__)
@@ -18,7 +19,7 @@ log = logging.getLogger(__name__)
 _LIVENESS_TICK = 0.5
 
 
-class LivenessMixin:
+class LivenessMixin(MPIChannelState):
     """Heartbeats, lost peers, abort and teardown.
 
     A mixin of :class:`~channels.mpi.channel.MPIChannel`, not an object of its own: losing a peer or

@@ -10,6 +10,7 @@ from collections import deque
 from twisternet.errors import ProtocolError
 
 from .records import _Incoming, _PreRecv, _Release, _Send
+from .state import MPIChannelState
 from .wire import (
     _FLAG_INLINE,
     _FLAG_PRE,
@@ -34,7 +35,7 @@ log = logging.getLogger(__name__)
 _MAX_SKIPS = 2
 
 
-class PrepostedMixin:
+class PrepostedMixin(MPIChannelState):
     """Pre-posted payload receives, sender and receiver side (``_pre_*`` state).
 
     A mixin of :class:`~channels.mpi.channel.MPIChannel`, not an object of its own: a

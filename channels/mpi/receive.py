@@ -11,6 +11,7 @@ from typing import Any
 from twisternet.errors import ProtocolError
 
 from .records import _CtrlRecv, _DataRecv, _Incoming, _Release
+from .state import MPIChannelState
 from .wire import (
     _ANSWERS,
     _HDR,
@@ -33,7 +34,7 @@ from .wire import (
 log = logging.getLogger(__name__)
 
 
-class ReceiveMixin:
+class ReceiveMixin(MPIChannelState):
     """Arriving data and control messages, and released messages.
 
     A mixin of :class:`~channels.mpi.channel.MPIChannel`, not an object of its own: it is the

@@ -10,7 +10,7 @@ from twisternet.errors import TwisternetError
 from .. import shm_slots
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .channel import MPIChannel
+    from .state import MPIChannelState
 
 
 # --- bookkeeping objects (one per outstanding MPI request) ------------------------------------------
@@ -117,7 +117,7 @@ class _Release:
     pool buffer (``pool``) or a rendezvous buffer; ``slot``: the shared-memory slot it was delivered in."""
     __slots__ = ("channel", "peer", "edge", "cost", "buf", "pool", "slot", "done")
 
-    def __init__(self, channel: MPIChannel, peer: int, edge: int, cost: int, buf: Any, pool: bool,
+    def __init__(self, channel: MPIChannelState, peer: int, edge: int, cost: int, buf: Any, pool: bool,
                  slot: shm_slots.OwnedSlot | None = None) -> None:
         self.channel = channel
         self.peer = peer

@@ -11,6 +11,7 @@ from typing import Any
 from twisternet.channel import Buffer
 
 from .records import _BulkRecv, _Incoming, _Release, _Send, _SendGroup
+from .state import MPIChannelState
 from .wire import (
     _FLAG_INLINE,
     _FLAG_PRE,
@@ -31,7 +32,7 @@ from .wire import (
 log = logging.getLogger(__name__)
 
 
-class RendezvousMixin:
+class RendezvousMixin(MPIChannelState):
     """Rendezvous sends and the completion of their payload receives.
 
     A mixin of :class:`~channels.mpi.channel.MPIChannel`, not an object of its own: its

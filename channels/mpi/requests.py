@@ -21,6 +21,7 @@ from .records import (
     _Send,
     _SendGroup,
 )
+from .state import MPIChannelState
 from .wire import TAG_CTRL, TAG_DATA, _encode_credit
 
 log = logging.getLogger(__name__)
@@ -144,7 +145,7 @@ class RequestTable:
         self.active = 0
 
 
-class RequestsMixin:
+class RequestsMixin(MPIChannelState):
     """Posting requests and polling them.
 
     A mixin of :class:`~channels.mpi.channel.MPIChannel`, not an object of its own: every completion is

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -16,6 +16,7 @@ from twisternet.errors import ProtocolError
 
 from .. import shm_slots
 from .records import _BulkRecv, _Incoming, _Release, _Send, _SendGroup
+from .state import MPIChannelState
 from .wire import (
     _FLAG_SPLIT,
     _HDR,
@@ -61,7 +62,7 @@ _SLOT_PROBE = 64
 _WAIT = object()
 
 
-class SlotsMixin:
+class SlotsMixin(MPIChannelState):
     """The shared-memory slot protocol on both sides (sender: pick, fill, defer; receiver: grow,
     deliver, grant back).
 
@@ -155,7 +156,7 @@ class SlotsMixin:
         split: the header goes first, the part from the cut on (within the last segment) follows on
         TAG_BULK for the receiver to copy into the slot while we copy the part before it, and a done
         marker follows our part."""
-        dst = slot.payload
+        dst = cast(np.ndarray, slot.payload)   # mapped: closing it is what clears it
         hn = memoryview(head).nbytes
         need = size - hn
         cut = 0
@@ -316,7 +317,7 @@ class SlotsMixin:
         if head:
             target[:head] = mv[start:start + head]
         self._post_data_recv(peer, buf)
-        data = memoryview(target)
+        data = memoryview(target)  # type: ignore[arg-type]  # numpy declares __buffer__ for >= 3.12 only
         rel = _Release(self, peer, edge, size or 1, None, False, slot)
         self.stats["slot_received"] += 1
         key = (peer, edge)

@@ -13,7 +13,7 @@ import selectors
 import socket
 import threading
 import time
-from typing import Any
+from typing import Any, cast
 
 from twisternet.auth import handshake
 from twisternet.config import Config
@@ -130,7 +130,7 @@ def build_mesh(rank: int, world: int, table: list[dict], listeners: list[socket.
                 ok = isinstance(j, int) and j in expected and j not in peers
                 if ok:
                     tune(sock, config, tcp=kind == "tcp")
-                    peers[j] = Peer(j, sock, kind)
+                    peers[cast(int, j)] = Peer(cast(int, j), sock, kind)   # ok: j is an int
             if not ok:
                 noise.warning("refused", "rank %d: refused a connection claiming rank %r", rank, j)
                 sock.close()

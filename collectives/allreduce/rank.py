@@ -79,7 +79,8 @@ class RankAllReduce(TreePath, HierarchicalPath):
         self.hier: Any = None                # the hierarchical path's per-host state (see hierarchical.py)
         for offset in (AR_UP, AR_DOWN, RING):
             op._add_handler(offset, self._on_record)
-        op._defer_failure = self._defer_failure   # the operation's hook for failures of later calls
+        # the operation's hook for failures of later calls
+        op._defer_failure = self._defer_failure  # type: ignore[method-assign]
 
     def _defer_failure(self, call: int, err: BaseException) -> bool:
         """A failure of call ``call`` on another rank: kept until this rank makes that call (under the op lock)."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from . import protocol as P
 from .concurrency import AdaptiveConcurrency, ConcurrencyPolicy
@@ -67,7 +67,8 @@ class BarrierService:
         self._enter_cbs[name] = (callback, callback_timeout)
         named = self._objects.get(name)
         if named is not None and isinstance(named.obj, PartialBarrier):
-            fresh = PartialBarrier.from_spec(name, named.spec, callback, callback_timeout)  # validates
+            fresh = PartialBarrier.from_spec(name, cast(BarrierSpec, named.spec), callback,  # validates
+                                             callback_timeout)
             named.obj.callback, named.obj.callback_timeout = fresh.callback, fresh.callback_timeout
 
     def set_release_callback(self, name: str, callback: ReleaseCallback) -> None:
@@ -111,7 +112,7 @@ class BarrierService:
             ok_id = isinstance(rid, int) and not isinstance(rid, bool)
             reply = P.error_reply(rid if ok_id else None, name if isinstance(name, str) else None, exc)
             if ok_id:
-                self._remember((src_rank, rid), reply)
+                self._remember((src_rank, cast(int, rid)), reply)
             out.append((src_rank, reply))
         return out
 

@@ -167,10 +167,10 @@ class ThrottleSpec:
 
 
 AnySpec = BarrierSpec | SemaphoreSpec | ThrottleSpec
-_KINDS = {"barrier": BarrierSpec, "semaphore": SemaphoreSpec, "throttle": ThrottleSpec}
+_KINDS: dict[str, Any] = {"barrier": BarrierSpec, "semaphore": SemaphoreSpec, "throttle": ThrottleSpec}
 
 
-def _from_dict(cls: type, kind: str, d: Mapping[str, Any]) -> Any:
+def _from_dict(cls: Any, kind: str, d: Mapping[str, Any]) -> Any:
     if not isinstance(d, Mapping):
         raise BarrierSpecError("spec", f"must be a dict, got {type(d).__name__}")
     if d.get("kind", kind) != kind:

@@ -14,6 +14,7 @@ import logging
 import socket
 import threading
 from collections.abc import Iterator
+from typing import TypeAlias, cast
 
 from innet.control import (
     AggregatorState, ControlError, JobEntry, MulticastGroup, SwitchControl,
@@ -30,7 +31,7 @@ from .schema import AtpSchema, RegisterSpec, TableSpec
 logger = logging.getLogger(__name__)
 
 Update = p4runtime_pb2.Update
-Entity = p4runtime_pb2.Entity
+Entity: TypeAlias = p4runtime_pb2.Entity
 
 #: v1model multicast group ids are 16 bits; 0 means "no multicast" and is the wildcard in reads.
 MAX_MULTICAST_GROUP_ID = 0xFFFF
@@ -441,7 +442,7 @@ class EntityStore:
 
 
 def _aggregator_cell(state: AggregatorState, spec: RegisterSpec, lane: int) -> int:
-    field = spec.binding.field
+    field = cast(str, spec.binding.field)     # the caller handled a binding without a field
     if field == "values":
         return int(state.values[lane]) & 0xFFFFFFFF          # int32 as two's complement bit<32>
     if field == "timestamp":

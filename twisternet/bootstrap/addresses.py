@@ -65,7 +65,8 @@ def local_address_for(master: str) -> str:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_DGRAM) as s:
         s.connect((host, port))
-        return s.getsockname()[0]
+        addr: str = s.getsockname()[0]
+        return addr
 
 
 def hostport(address: tuple[str, int]) -> str:

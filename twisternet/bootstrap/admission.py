@@ -12,6 +12,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from twisternet.auth import PeerClosedDuringHandshake, handshake
 from twisternet.errors import AuthError, ProtocolError
@@ -35,7 +36,7 @@ class Admission:
     """
 
     def __init__(self, listener: socket.socket, sel: selectors.BaseSelector, token: bytes, world: int,
-                 handshake_timeout: float, admitted: Callable[[socket.socket, str, dict], None],
+                 handshake_timeout: float, admitted: Callable[[socket.socket, str, dict[str, Any]], None],
                  refused: Callable[[str, str], None]) -> None:
         #: The listening socket (watched while no ``accept`` error makes it rest).
         self.listener = listener

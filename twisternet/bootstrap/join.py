@@ -6,6 +6,7 @@ import logging
 import os
 import socket
 import time
+from typing import Any
 
 from twisternet.auth import PeerClosedDuringHandshake, handshake
 from twisternet.errors import (
@@ -34,7 +35,7 @@ def check_token(token: bytes) -> bytes:
 
 
 
-def join(master: str, token: bytes, *, listen: dict, rank: int | None = None, world: int | None = None,
+def join(master: str, token: bytes, *, listen: dict[str, Any], rank: int | None = None, world: int | None = None,
          timeout: float = 60.0, handshake_timeout: float = 5.0,
          heartbeat_interval: float = 1.0, peer_timeout: float = 15.0) -> MasterSession:
     """Join the job run by the bootstrap master at ``master`` (HOST:PORT); return the live session.
@@ -113,7 +114,7 @@ def join(master: str, token: bytes, *, listen: dict, rank: int | None = None, wo
 
 
 def _recv_messages(sock: socket.socket, frames: FrameReader, deadline: float, master: str,
-                   timeout: float) -> list[dict]:
+                   timeout: float) -> list[dict[str, Any]]:
     remaining = deadline - time.monotonic()
     silent = (f"the job did not start: not every worker joined the master at {master}, and it did not "
               f"say why (this worker: {socket.gethostname()})")
@@ -132,7 +133,7 @@ def _recv_messages(sock: socket.socket, frames: FrameReader, deadline: float, ma
     return frames.feed(data)
 
 
-def _join_error(msg: dict) -> TwisternetError:
+def _join_error(msg: dict[str, Any]) -> TwisternetError:
     message = str(msg.get("message", "join refused"))
     if isinstance(msg.get("timeout"), (int, float)) and not isinstance(msg.get("timeout"), bool):
         return OperationTimeout(f"the job did not start: {message}", operation="bootstrap join",
@@ -144,9 +145,9 @@ def _join_error(msg: dict) -> TwisternetError:
     return TwisternetError(f"the bootstrap master refused this worker: {message}")
 
 
-def _make_session(sock: socket.socket, frames: FrameReader, msg: dict, master: str,
+def _make_session(sock: socket.socket, frames: FrameReader, msg: dict[str, Any], master: str,
                   world: int | None, heartbeat_interval: float, peer_timeout: float,
-                  pending: list[dict]) -> MasterSession:
+                  pending: list[dict[str, Any]]) -> MasterSession:
     rank, n, table = msg.get("rank"), msg.get("world"), msg.get("table")
     if not isinstance(rank, int) or not isinstance(n, int) or not isinstance(table, list) \
             or len(table) != n or not 0 <= rank < n or not all(isinstance(e, dict) for e in table):

@@ -55,7 +55,7 @@ class _Conn:
         "sock",
     )
 
-    def __init__(self, sock: socket.socket, peer: str, hello: dict) -> None:
+    def __init__(self, sock: socket.socket, peer: str, hello: dict[str, Any]) -> None:
         self.sock = sock
         self.peer = peer
         self.hello = hello
@@ -203,7 +203,7 @@ class Master:
             raise ValueError("tick and next_deadline must be given together")
         self._post(lambda: self._services.add(name, handle, tick, next_deadline))
 
-    def on_peer_lost(self, hook: Callable[[int], Iterable[tuple[str, int, dict]]]) -> None:
+    def on_peer_lost(self, hook: Callable[[int], Iterable[tuple[str, int, dict[str, Any]]]]) -> None:
         """Call ``hook(rank)`` on the master's thread when a running worker is lost; it returns
         ``(service, rank, msg)`` replies to send (as :meth:`add_service` replies are), e.g. a barrier
         released without the lost rank."""
@@ -350,7 +350,7 @@ class Master:
         """A connection failed its handshake (handshake thread): remember it for the join report."""
         self._post_if_serving(lambda: self._note_refused(peer, "", why))
 
-    def _admitted(self, sock: socket.socket, peer: str, hello: dict) -> None:
+    def _admitted(self, sock: socket.socket, peer: str, hello: dict[str, Any]) -> None:
         """A connection proved the token (handshake thread): let the master's thread take it."""
         with self._lock:
             if self._serving:
@@ -392,7 +392,7 @@ class Master:
             return
         self._flush(conn)
 
-    def _send(self, conn: _Conn, msg: dict) -> None:
+    def _send(self, conn: _Conn, msg: dict[str, Any]) -> None:
         self._send_raw(conn, encode_message(msg))
 
     def _note_refused(self, peer: str, host: str, why: str) -> None:
@@ -466,7 +466,7 @@ class Master:
             log.debug("bootstrap master: connection from %s closed: %s", conn.peer, reason)
 
     # ---------------------------------------------------------------- join
-    def _on_join(self, sock: socket.socket, peer: str, hello: dict) -> None:
+    def _on_join(self, sock: socket.socket, peer: str, hello: dict[str, Any]) -> None:
         conn = _Conn(sock, peer, hello)
         if self._phase == "failed":
             fail = dict(self._fail or {})
@@ -514,7 +514,7 @@ class Master:
         self._roster.joining.clear()
 
     # ---------------------------------------------------------------- running
-    def _on_message(self, conn: _Conn, msg: dict) -> None:
+    def _on_message(self, conn: _Conn, msg: dict[str, Any]) -> None:
         if conn.rank is None or self._by_rank.get(conn.rank) is not conn:
             if conn in self._roster.joining and msg.get("type") == "hb":
                 return
@@ -570,9 +570,9 @@ class Master:
             return
         log.warning("bootstrap master: rank %d lost: %s: %s", rank, self._places[rank], reason)
         self._status[rank] = "lost"
-        conn = self._by_rank.pop(rank, None)
-        if conn is not None:
-            self._close(conn)
+        running = self._by_rank.pop(rank, None)
+        if running is not None:
+            self._close(running)
         # With where it ran (its host and the ranks on it): a survivor may hear of this loss first here.
         frame = encode_message({"type": "peer_lost", "rank": rank, "reason": reason, "place": self._places[rank]})
         for other in list(self._by_rank.values()):

@@ -21,7 +21,7 @@ class Joiner(Protocol):
     """What the roster reads of a joined worker's connection."""
 
     peer: str
-    hello: dict
+    hello: dict[str, Any]
     rank: int | None
 
 
@@ -37,7 +37,7 @@ class Roster(Generic[C]):
         #: (peer address, host id if known, why), newest last, at most MAX_REFUSED.
         self.refused: list[tuple[str, str, str]] = []
 
-    def refusal(self, hello: dict) -> tuple[str, dict[str, Any]] | None:
+    def refusal(self, hello: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
         """Why a worker with this (authenticated) ``hello`` cannot join, and the extra ``error`` keys;
         None if it may."""
         if hello.get("kind") != "worker":
@@ -82,7 +82,7 @@ class Roster(Generic[C]):
             text += "; no other worker reached it"
         return text
 
-    def assign(self) -> tuple[list[C], list[dict], list[str]]:
+    def assign(self) -> tuple[list[C], list[dict[str, Any]], list[str]]:
         """Give every joined worker a rank: ``(workers by rank, address table, place of each rank)``."""
         from ..topology import number_workers
         number_workers(self.joining, self.world)   # host-contiguous, deterministic (twisternet.topology)

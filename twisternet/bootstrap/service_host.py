@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
+from typing import Any
 
 log = logging.getLogger(__name__)
 
-ServiceHandle = Callable[[int, dict], "list[tuple[int, dict]]"]
-ServiceTick = Callable[[], "list[tuple[int, dict]]"]
+ServiceHandle = Callable[[int, dict[str, Any]], "list[tuple[int, dict[str, Any]]]"]
+ServiceTick = Callable[[], "list[tuple[int, dict[str, Any]]]"]
 ServiceDeadline = Callable[[], "float | None"]
-LostHook = Callable[[int], Iterable[tuple[str, int, dict]]]
+LostHook = Callable[[int], Iterable[tuple[str, int, dict[str, Any]]]]
 #: (service name, destination rank, reply body without "type"/"service").
-Reply = tuple[str, int, dict]
+Reply = tuple[str, int, dict[str, Any]]
 
 
 class _Service:
@@ -61,7 +62,7 @@ class ServiceHost:
                 out += self._call(svc, svc.tick)  # type: ignore[arg-type]
         return out
 
-    def handle(self, name: object, rank: int, msg: dict) -> list[Reply]:
+    def handle(self, name: object, rank: int, msg: dict[str, Any]) -> list[Reply]:
         """A request from ``rank``; the replies (an ``error`` to ``rank`` for an unknown service or a
         handler that raised)."""
         svc = self._services.get(name) if isinstance(name, str) else None
@@ -97,7 +98,7 @@ class ServiceHost:
             log.exception("bootstrap master: service %r next_deadline() failed", svc.name)
             return None
 
-    def _call(self, svc: _Service, call: Callable[[], Iterable[tuple[int, dict]]],
+    def _call(self, svc: _Service, call: Callable[[], Iterable[tuple[int, dict[str, Any]]]],
               src: int | None = None) -> list[Reply]:
         try:
             replies = list(call() or ())

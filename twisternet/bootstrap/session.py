@@ -26,8 +26,8 @@ class MasterSession:
     """
 
     def __init__(self, sock: socket.socket, frames: FrameReader, rank: int, world: int,
-                 table: list[dict], master: str, *, heartbeat_interval: float,
-                 peer_timeout: float, pending: Iterable[dict] = ()) -> None:
+                 table: list[dict[str, Any]], master: str, *, heartbeat_interval: float,
+                 peer_timeout: float, pending: Iterable[dict[str, Any]] = ()) -> None:
         self.rank = rank
         self.world = world
         #: Index = rank: the ``listen`` map that rank sent, plus ``"host_id"``.
@@ -44,8 +44,8 @@ class MasterSession:
         self._peer_timeout = peer_timeout
         self._send_lock = threading.Lock()
         self._cb_lock = threading.Lock()
-        self._callbacks: list[Callable[[dict], None]] = []
-        self._backlog: list[dict] = []
+        self._callbacks: list[Callable[[dict[str, Any]], None]] = []
+        self._backlog: list[dict[str, Any]] = []
         self._closing = False
         self._broken = False
         self._shutdown_seen = False
@@ -60,7 +60,7 @@ class MasterSession:
                                         daemon=True)
         self._thread.start()
 
-    def on_event(self, callback: Callable[[dict], None]) -> None:
+    def on_event(self, callback: Callable[[dict[str, Any]], None]) -> None:
         """Call ``callback(event)`` (on the link thread) for every master event; events that arrived
         before the first callback was registered are delivered to it at once."""
         with self._cb_lock:
@@ -69,7 +69,7 @@ class MasterSession:
         for event in backlog:
             self._call(callback, event)
 
-    def send(self, msg: dict) -> None:
+    def send(self, msg: dict[str, Any]) -> None:
         """Send ``msg`` (e.g. ``{"service": "barrier", ...}``) to the master. Thread-safe.
 
         Raises ClosedError once the session is closed or the master link is gone.
@@ -153,7 +153,7 @@ class MasterSession:
         self.close()
 
     # ---------------------------------------------------------------- link thread
-    def _emit(self, event: dict) -> None:
+    def _emit(self, event: dict[str, Any]) -> None:
         with self._cb_lock:
             callbacks = list(self._callbacks)
             if not callbacks:
@@ -163,7 +163,7 @@ class MasterSession:
             self._call(cb, event)
 
     @staticmethod
-    def _call(cb: Callable[[dict], None], event: dict) -> None:
+    def _call(cb: Callable[[dict[str, Any]], None], event: dict[str, Any]) -> None:
         try:
             cb(event)
         except Exception:
@@ -231,7 +231,7 @@ class MasterSession:
                         except OSError as e:
                             return f"heartbeat to the master failed: {e}"
 
-    def _dispatch(self, msg: dict) -> None:
+    def _dispatch(self, msg: dict[str, Any]) -> None:
         kind = msg.get("type")
         if kind == "hb":
             return

@@ -17,6 +17,7 @@ After the token handshake (:func:`twisternet.auth.handshake`; the worker's hello
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 import msgpack
 
@@ -29,12 +30,12 @@ MAX_REASON = 2000
 _LEN = struct.Struct("!I")
 
 
-def encode_message(msg: dict) -> bytes:
+def encode_message(msg: dict[str, Any]) -> bytes:
     """One frame of a master link: u32 length + msgpack map. Raises ValueError if too large."""
     if not isinstance(msg, dict):
         raise TypeError(f"a master-link message must be a dict, got {type(msg).__name__}")
     try:
-        body = msgpack.packb(msg, use_bin_type=True)
+        body: bytes = msgpack.packb(msg, use_bin_type=True)
     except (TypeError, ValueError, OverflowError) as e:
         raise TypeError(f"message is not msgpack-serializable: {e}") from None
     if len(body) > MAX_MESSAGE:
@@ -48,10 +49,10 @@ class FrameReader:
     def __init__(self) -> None:
         self._buf = bytearray()
 
-    def feed(self, data: bytes) -> list[dict]:
+    def feed(self, data: bytes) -> list[dict[str, Any]]:
         """Append received bytes; return the complete messages. ProtocolError on malformed input."""
         self._buf += data
-        out: list[dict] = []
+        out: list[dict[str, Any]] = []
         while len(self._buf) >= _LEN.size:
             (n,) = _LEN.unpack_from(self._buf)
             if n > MAX_MESSAGE:

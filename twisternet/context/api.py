@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import Any, cast
 from collections.abc import Callable
 
 from .. import leftovers
@@ -75,7 +75,7 @@ class Context(Outbound, OwnSend, ProgressEngine, Inbound, PeerLoss, Lifecycle):
         self._in_dirty: set[tuple[int, int]] = set()      # streams with deliverable records
         self._handlers: dict[int, tuple[Handler, str, tuple[int, str], Callable[[BaseException], None] | None]] = {}
         self._tags: dict[int, tuple[int, str]] = {}      # channel edge -> (epoch, fingerprint) of its user
-        self._mismatched: set[tuple] = set()              # (stream, handler tag) already reported
+        self._mismatched: set[tuple[Any, ...]] = set()              # (stream, handler tag) already reported
         self._tag_errors: dict[int, Callable[[BaseException], None]] = {}   # see tag_edges
         self._refused: dict[tuple[int, int], float] = {}  # stream -> time of refusal
         # losses (losses.py)
@@ -224,7 +224,7 @@ class Context(Outbound, OwnSend, ProgressEngine, Inbound, PeerLoss, Lifecycle):
 
     def try_send(self, dst_rank: int, edge: int, obj: Any) -> bool:
         """Like :meth:`send` but returns False instead of blocking when there is no room."""
-        return self._send(dst_rank, edge, obj, block=False, timeout=0.0)
+        return cast(bool, self._send(dst_rank, edge, obj, block=False, timeout=0.0))  # wait_sent: a bool
 
     def can_send(self, dst_rank: int, edge: int) -> bool:
         """Whether a send to ``dst_rank`` on ``edge`` would go through without waiting now."""

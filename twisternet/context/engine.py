@@ -12,10 +12,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from .api import Context
+from .state import ContextState
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +28,7 @@ _STEP_ASIDE = 0.005
 _SEND_LOCK_WAIT = 0.002
 
 
-class ProgressEngine:
+class ProgressEngine(ContextState):
     """Context part: the progress thread, one progress round, and the engine hand-offs (a mixin of
     :class:`~twisternet.context.api.Context`).
 
@@ -38,10 +36,10 @@ class ProgressEngine:
     ``_progress_thread_id``, ``_in_progress`` (per thread: inside a round, record views), ``_driven_at``,
     ``_sleep_until``, ``_seen``, ``_stop``."""
 
-    def _on_engine_thread(self: Context) -> bool:
+    def _on_engine_thread(self) -> bool:
         return threading.get_ident() == self._progress_thread_id or getattr(self._in_progress, "active", False)
 
-    def _kick(self: Context, wait: float = 0.0) -> None:
+    def _kick(self, wait: float = 0.0) -> None:
         """Get queued messages moving: hand them to the channel in this thread if the engine is free
         (no thread hand-off), else wake the engine. ``wait``: how long to wait for a busy engine (a
         thread that must wait for its own large message to leave anyway had better write it itself
@@ -75,7 +73,7 @@ class ProgressEngine:
                 return
         self.channel.wakeup()
 
-    def _run(self: Context) -> None:
+    def _run(self) -> None:
         self._progress_thread_id = threading.get_ident()
         unlocked = self.channel.can_wait_unlocked
         try:
@@ -131,7 +129,7 @@ class ProgressEngine:
                     self._failure = e
             self.notify()
 
-    def _progress_once(self: Context, timeout: float, *, lock_held: bool = False, deliver: bool = True) -> bool:
+    def _progress_once(self, timeout: float, *, lock_held: bool = False, deliver: bool = True) -> bool:
         if not lock_held:
             self._chan_lock.acquire()
         try:
@@ -173,7 +171,7 @@ class ProgressEngine:
             self.notify()
         return did
 
-    def _spin_once(self: Context) -> bool:
+    def _spin_once(self) -> bool:
         """One non-blocking progress round by this waiting thread, if it may drive the engine now."""
         if getattr(self._in_progress, "active", False) or not self._chan_lock.acquire(blocking=False):
             return False
@@ -184,7 +182,7 @@ class ProgressEngine:
         self._driven_at = time.monotonic()
         return True
 
-    def _take_engine(self: Context) -> bool:
+    def _take_engine(self) -> bool:
         """Take the engine for this (waiting) thread if it is free. Over MPI the engine thread holds it
         while it polls, so ask it to step aside (it keeps out while ``_driven_at`` is recent, see
         ``_run``) and wait briefly: the thread that waits for a record (or for its own large send,
@@ -199,7 +197,7 @@ class ProgressEngine:
         self.channel.wakeup()                # the engine stops its current wait early
         return self._chan_lock.acquire(timeout=_SEND_LOCK_WAIT)
 
-    def _wait_change(self: Context, gen: int, timeout: float) -> None:
+    def _wait_change(self, gen: int, timeout: float) -> None:
         if timeout <= 0:
             return
         if self._thread is None:

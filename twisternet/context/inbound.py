@@ -12,29 +12,27 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from collections.abc import Callable
 
 from ..errors import MismatchError, ProtocolError, TwisternetError
+from .state import ContextState
 from .streams import (_BATCH, _CAUSE_EDGE, _DIRECT, _MISMATCH_EDGE, _TAG_HEAD, _TAGGED, _InStream, _Mark,
                       _MsgRef, _OutMsg)
-
-if TYPE_CHECKING:
-    from .api import Context
 
 log = logging.getLogger(__name__)
 
 _RETRY_INTERVAL = 0.005
 
 
-class Inbound:
+class Inbound(ContextState):
     """Context part: channel events and delivery to handlers (a mixin of
     :class:`~twisternet.context.api.Context`).
 
     State (made in ``Context.__init__``): ``_in`` (streams), ``_in_dirty`` (streams with deliverable
     records), ``_refused``, ``_handlers``, ``_tags``, ``_tag_errors``, ``_mismatched``."""
 
-    def on_message(self: Context, peer: int, edge: int, data: memoryview, release: Callable[[], None]) -> None:
+    def on_message(self, peer: int, edge: int, data: memoryview, release: Callable[[], None]) -> None:
         key = (peer, edge)
         with self._lock:
             ins = self._in.get(key)
@@ -83,10 +81,10 @@ class Inbound:
                 ins.pending.append((obj, ref))
             self._in_dirty.add(key)
 
-    def on_credit(self: Context, peer: int, edge: int) -> None:
+    def on_credit(self, peer: int, edge: int) -> None:
         pass  # the next _pump retries every stream with queued messages
 
-    def on_sent(self: Context, token: object) -> None:
+    def on_sent(self, token: object) -> None:
         self._seen = True
         msg = token
         assert isinstance(msg, _OutMsg)
@@ -97,7 +95,7 @@ class Inbound:
             msg.done.set()
 
     # Complexity accepted: delivery in order, per stream, with epochs.
-    def _deliver(self: Context) -> bool:  # noqa: C901
+    def _deliver(self) -> bool:  # noqa: C901
         """Offer pending records to their handlers (outside the Context lock)."""
         did = False
         now = time.monotonic()
@@ -176,7 +174,7 @@ class Inbound:
                     break
         return did
 
-    def _check_unhandled(self: Context, key: tuple[int, int], ins: _InStream) -> None:
+    def _check_unhandled(self, key: tuple[int, int], ins: _InStream) -> None:
         """Records wait on an edge without a handler here: if the edge is tagged for this incarnation and
         they come from another operation, nobody would ever take them; report the mismatch."""
         with self._lock:
@@ -191,7 +189,7 @@ class Inbound:
                 self._edge_mismatch(key[0], key[1], m, tag, on_error, notify_peer=True)
                 return
 
-    def _edge_mismatch(self: Context, peer: int, edge: int, theirs: tuple[int, str], mine: tuple[int, str],
+    def _edge_mismatch(self, peer: int, edge: int, theirs: tuple[int, str], mine: tuple[int, str],
                        on_error: Callable[[BaseException], None] | None, *, notify_peer: bool) -> None:
         """Rank ``peer`` runs another operation than this rank on ``edge``: fail here, tell the peer."""
         err = MismatchError(f"ranks {sorted({peer, self.rank})} run different operations on one edge: rank "
@@ -222,7 +220,7 @@ class Inbound:
                     self._reported_pair = pair
             self.notify()
 
-    def _on_mismatch_notice(self: Context, src: int, obj: Any) -> bool:
+    def _on_mismatch_notice(self, src: int, obj: Any) -> bool:
         """A peer found that our records on an edge went to another operation there."""
         try:
             edge, epoch, theirs, mine = obj

@@ -11,12 +11,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from .state import ContextState
 from .streams import _CAUSE_EDGE, _LEAVE_EDGE
-
-if TYPE_CHECKING:
-    from .api import Context
 
 log = logging.getLogger(__name__)
 
@@ -24,12 +22,12 @@ log = logging.getLogger(__name__)
 _NOTICE_FLUSH = 0.5
 
 
-class Lifecycle:
+class Lifecycle(ContextState):
     """Context part: close, leave, drain (a mixin of :class:`~twisternet.context.api.Context`).
 
     State (made in ``Context.__init__``): ``_closed``, ``_left_peers``, ``_on_close``."""
 
-    def close(self: Context, timeout: float | None = None) -> None:
+    def close(self, timeout: float | None = None) -> None:
         """Flush pending sends, leave the job cleanly (waiting for the peers to leave too), stop."""
         with self._lock:
             if self._closed:
@@ -69,7 +67,7 @@ class Lifecycle:
         if unheard is not None:
             raise unheard  # a reported failure user code has not heard yet, raised once the job is left
 
-    def _flush_notices(self: Context, deadline: float) -> None:
+    def _flush_notices(self, deadline: float) -> None:
         """Before a failing rank drops its connections: get its loss notices (and what is queued before
         them) out, for at most until ``deadline`` (engine stopped, channel lock held)."""
         def pending() -> bool:
@@ -85,7 +83,7 @@ class Lifecycle:
         except Exception:  # noqa: BLE001 - best effort on the way out
             log.debug("rank %d: flushing loss notices failed", self.rank, exc_info=True)
 
-    def _linger(self: Context, deadline: float) -> None:
+    def _linger(self, deadline: float) -> None:
         """Collective leave: tell every peer we are done, then keep the engine running (delivering,
         answering service requests as rank 0 may have to) until every live peer said the same."""
         for peer in range(self.world):
@@ -111,7 +109,7 @@ class Lifecycle:
             self._wait_change(gen, min(0.5, deadline - time.monotonic()))
         self._drain(deadline)
 
-    def _drain(self: Context, deadline: float) -> None:
+    def _drain(self, deadline: float) -> None:
         """Wait until every queued message has been handed to the channel and sent."""
         def drained() -> bool:
             with self._lock:
@@ -129,7 +127,7 @@ class Lifecycle:
             self.channel.wakeup()
             self._wait_change(gen, 0.05)
 
-    def _on_leave(self: Context, src: int, obj: Any) -> bool:
+    def _on_leave(self, src: int, obj: Any) -> bool:
         with self._lock:
             self._left_peers.add(src)
         return True

@@ -7,24 +7,22 @@ itself, so every rank names the first rank lost, not the ones that left in react
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import PeerLostError
+from .state import ContextState
 from .streams import _CAUSE_EDGE
-
-if TYPE_CHECKING:
-    from .api import Context
 
 log = logging.getLogger(__name__)
 
 
-class PeerLoss:
+class PeerLoss(ContextState):
     """Context part: lost peers and failures (a mixin of :class:`~twisternet.context.api.Context`).
 
     State (made in ``Context.__init__``): ``_lost`` (rank -> reason), ``_lost_after`` (rank -> the rank
     whose loss it reported), ``_told``, ``_failure``."""
 
-    def on_peer_lost(self: Context, peer: int, reason: str) -> None:
+    def on_peer_lost(self, peer: int, reason: str) -> None:
         with self._lock:
             if peer in self._lost:
                 return
@@ -41,7 +39,7 @@ class PeerLoss:
         log.error("rank %d: peer rank %d lost: %s", self.rank, peer, reason)
         self.notify()
 
-    def _tell_loss(self: Context, peer: int, reason: str) -> None:
+    def _tell_loss(self, peer: int, reason: str) -> None:
         """Tell every live peer that ``peer`` was lost, so that when this rank fails in reaction they
         name ``peer`` and not this rank."""
         with self._lock:
@@ -60,7 +58,7 @@ class PeerLoss:
                     self._emit_partial(self._out[(r, _CAUSE_EDGE)])
         self.channel.wakeup()
 
-    def _on_cause(self: Context, src: int, obj: Any) -> None:
+    def _on_cause(self, src: int, obj: Any) -> None:
         """Rank ``src`` lost rank ``obj[0]``: remember it (before ``src`` itself may go)."""
         try:
             lost, reason = int(obj[0]), str(obj[1])
@@ -83,7 +81,7 @@ class PeerLoss:
         log.error("rank %d: peer rank %d lost (reported by rank %d): %s", self.rank, lost, src, reason)
         self.notify()
 
-    def _raise_failures(self: Context) -> None:
+    def _raise_failures(self) -> None:
         with self._lock:
             failure = self._failure
             lost = next(iter(self._lost.items()), None)
@@ -98,7 +96,7 @@ class PeerLoss:
         if lost is not None:
             raise self._lost_error(lost[0])
 
-    def _lost_error(self: Context, peer: int) -> PeerLostError:
+    def _lost_error(self, peer: int) -> PeerLostError:
         """PeerLostError for the loss of ``peer``, naming the first rank lost: if ``peer`` (or the rank
         it left after) reported losing another rank before it went, that one; the others are "lost
         after" it."""

@@ -11,32 +11,30 @@ queued messages to the channel while it has credit.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ..channel import CONTROL_EDGE_BASE, MAX_EDGE
+from ..channel import CONTROL_EDGE_BASE, MAX_EDGE, Buffer
 from ..codec import join, record_size
 from ..errors import BackPressureTimeout, ClosedError, TwisternetError
 from .engine import _SEND_LOCK_WAIT
 from .push import SendHandle
+from .state import ContextState
 from .streams import (_BATCH, _DIRECT, _NO_TAG, _InStream, _LocalRef, _Mark, _OutMsg, _OutStream, _Sent,
                       _stamp_bytes)
 
-if TYPE_CHECKING:
-    from .api import Context
 
-
-class Outbound:
+class Outbound(ContextState):
     """Context part: encoding, packing and queueing sends (a mixin of :class:`~twisternet.context.api.Context`).
 
     State (made in ``Context.__init__``): ``_out`` (streams), ``_out_ready`` (streams with queued
     messages), ``_out_partial`` (stream -> when its partly filled buffer is due), ``_local_bytes``."""
 
-    def _check_edge(self: Context, edge: int) -> None:
+    def _check_edge(self, edge: int) -> None:
         if not isinstance(edge, int) or isinstance(edge, bool) or not 0 <= edge < CONTROL_EDGE_BASE:
             raise TwisternetError(f"edge must be an int in [0, {CONTROL_EDGE_BASE}), got {edge!r}")
 
     # Complexity accepted: the one send path: checks, packing, credit.
-    def _send(self: Context, dst: int, edge: int, obj: Any, *, block: bool, timeout: float | None,  # noqa: C901
+    def _send(self, dst: int, edge: int, obj: Any, *, block: bool, timeout: float | None,  # noqa: C901
               closing: bool = False, wait_sent: bool = True, force: bool = False) -> bool | SendHandle:
         if not isinstance(dst, int) or not 0 <= dst < self.world:
             raise TwisternetError(f"destination rank must be in [0, {self.world}), got {dst!r}")
@@ -81,6 +79,7 @@ class Outbound:
                         # own channel message; zero-copy unless we must not block for its completion
                         if s.packer.pending_bytes:
                             self._emit_partial(s)
+                        payload: list[Buffer]
                         if forced or not block:
                             # no waiting for completion here (engine thread / try_send): send a copy
                             payload = [_DIRECT, b"".join(parts)]
@@ -113,7 +112,7 @@ class Outbound:
             self._wait_sent(done, dst, edge, deadline, limit)
         return True
 
-    def _stream(self: Context, dst: int, edge: int) -> _OutStream:
+    def _stream(self, dst: int, edge: int) -> _OutStream:
         """The stream of messages to ``dst`` on ``edge`` (made on first use); PeerLostError if ``dst`` is
         lost. Called with ``self._lock`` held."""
         if dst in self._lost:
@@ -137,7 +136,7 @@ class Outbound:
             msg.nbytes += len(s.stamp)
             s.stamp = None
 
-    def _send_local(self: Context, edge: int, parts: list, n: int, *, block: bool, forced: bool,
+    def _send_local(self, edge: int, parts: list[Buffer], n: int, *, block: bool, forced: bool,
                     deadline: float, limit: float) -> bool:
         while True:
             with self._lock:
@@ -164,28 +163,28 @@ class Outbound:
             self.channel.wakeup()
         return True
 
-    def _blocked(self: Context, gen: int, deadline: float, limit: float, edge: int, what: str) -> None:
+    def _blocked(self, gen: int, deadline: float, limit: float, edge: int, what: str) -> None:
         """One wait of a blocked send: raise on a failure or past the deadline, else wait for a change."""
         self._raise_failures()
         if time.monotonic() >= deadline:
             raise BackPressureTimeout(what, edge=edge, timeout=limit)
         self._wait_change(gen, min(deadline - time.monotonic(), 0.5))
 
-    def _queue(self: Context, s: _OutStream, msg: _OutMsg) -> None:
+    def _queue(self, s: _OutStream, msg: _OutMsg) -> None:
         if s.stamp is not None:
             self._stamp(s, msg)
         s.queue.append(msg)
         s.queued_bytes += msg.nbytes
         self._out_ready.add((s.peer, s.edge))
 
-    def _emit_partial(self: Context, s: _OutStream) -> None:
+    def _emit_partial(self, s: _OutStream) -> None:
         got = s.packer.flush()
         self._out_partial.pop((s.peer, s.edge), None)
         if got is not None:
             buf, view = got
             self._queue(s, _OutMsg([_BATCH, view], len(view) + 1, buf, None))
 
-    def _pump(self: Context) -> bool:
+    def _pump(self) -> bool:
         """Hand queued messages to the channel while it has credit; flush idle partial buffers."""
         did = False
         with self._lock:

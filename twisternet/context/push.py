@@ -8,14 +8,11 @@ waits for room without the engine; over MPI it polls the channel for the request
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
-
+from ..channel import Buffer
 from ..errors import BackPressureTimeout
 from .engine import _SEND_LOCK_WAIT
+from .state import ContextState
 from .streams import _DIRECT, _OutMsg, _Sent
-
-if TYPE_CHECKING:
-    from .api import Context
 
 #: How long one round of a thread driving its own large send may poll the channel (MPI) before it
 #: re-checks its message: a round that returns at once costs ~30 us of Python per poll.
@@ -27,7 +24,7 @@ class SendHandle:
 
     __slots__ = ("_ctx", "_done", "_dst", "_edge", "_deadline", "_limit")
 
-    def __init__(self, ctx: Context, done: _Sent | None, dst: int, edge: int,
+    def __init__(self, ctx: ContextState, done: _Sent | None, dst: int, edge: int,
                  deadline: float, limit: float) -> None:
         self._ctx, self._done, self._dst, self._edge = ctx, done, dst, edge
         self._deadline, self._limit = deadline, limit
@@ -43,11 +40,11 @@ class SendHandle:
             self._ctx._wait_sent(self._done, self._dst, self._edge, self._deadline, self._limit)
 
 
-class OwnSend:
+class OwnSend(ContextState):
     """Context part: a sending thread completing its own large messages (a mixin of
     :class:`~twisternet.context.api.Context`)."""
 
-    def _send_own(self: Context, dst: int, edge: int, parts: list, n: int, deadline: float, limit: float) -> bool:
+    def _send_own(self, dst: int, edge: int, parts: list[Buffer], n: int, deadline: float, limit: float) -> bool:
         """Send a large message that this thread waits for anyway by writing it itself (Channel.push).
 
         The thread takes the engine *before* queueing the message, so the progress thread cannot pick
@@ -124,7 +121,7 @@ class OwnSend:
                 raise self._lost_error(dst)
         return True
 
-    def _after_push(self: Context) -> None:
+    def _after_push(self) -> None:
         """Wake the waiters (the stream's queue shrank, credit may have come back), and the engine if
         the push received records: handlers run on the engine, never in a sending thread."""
         self.notify()
@@ -133,7 +130,7 @@ class OwnSend:
         if late:
             self.channel.wakeup()
 
-    def _wait_sent(self: Context, done: _Sent, dst: int, edge: int, deadline: float, limit: float) -> None:
+    def _wait_sent(self, done: _Sent, dst: int, edge: int, deadline: float, limit: float) -> None:
         while not done.is_set():
             with self._lock:
                 gen = self._gen
@@ -146,7 +143,7 @@ class OwnSend:
             if dst in self._lost:  # its buffers were let go because the peer died, not sent
                 raise self._lost_error(dst)
 
-    def _drive_send(self: Context, deadline: float) -> bool:
+    def _drive_send(self, deadline: float) -> bool:
         """Over MPI, a thread waiting for its own large send to complete polls the request itself (as a
         blocking ``MPI_Send`` would), the engine thread keeping out of the way meanwhile: no hand-off
         to the engine thread and back, which costs two thread wake-ups per message. Bytes only, as in

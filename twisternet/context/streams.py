@@ -15,11 +15,11 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 from collections.abc import Callable
 
-from ..channel import CONTROL_EDGE_BASE
+from ..channel import CONTROL_EDGE_BASE, Buffer
 from ..framing import BufferPool, Packer, Unpacker
 
 if TYPE_CHECKING:
-    from .api import Context
+    from .state import ContextState
 
 Handler = Callable[[int, Any], bool]
 _BATCH = b"\x00"
@@ -73,7 +73,7 @@ class _Sent:
 class _OutMsg:
     __slots__ = ("parts", "nbytes", "pool_buf", "done")
 
-    def __init__(self, parts: list, nbytes: int, pool_buf: bytearray | None,
+    def __init__(self, parts: list[Buffer], nbytes: int, pool_buf: bytearray | None,
                  done: _Sent | None) -> None:
         self.parts = parts
         self.nbytes = nbytes
@@ -127,7 +127,7 @@ class _LocalRef(_MsgRef):
 
     __slots__ = ("ctx", "edge", "nbytes")
 
-    def __init__(self, ctx: Context, edge: int, nbytes: int) -> None:
+    def __init__(self, ctx: ContextState, edge: int, nbytes: int) -> None:
         super().__init__(self._free)
         self.ctx, self.edge, self.nbytes = ctx, edge, nbytes
         self.count = 1
