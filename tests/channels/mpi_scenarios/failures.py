@@ -73,8 +73,8 @@ def scenario_mpi_abort() -> None:
     from mpi4py import MPI
     ch, rec = make_channel()
     print(f"READY rank={ch.rank}", flush=True)
+    MPI.COMM_WORLD.Barrier()  # every rank is up and said READY before the abort (not a fixed sleep)
     if ch.rank == 2:
-        time.sleep(0.2)
         MPI.COMM_WORLD.Abort(3)
     while time.monotonic() < DEADLINE:  # the others wait forever: only the launcher can end them
         ch.progress(0.01)
