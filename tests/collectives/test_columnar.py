@@ -3,9 +3,7 @@ operation on local threads, checked exactly against single-process pyarrow compu
 
 from __future__ import annotations
 
-import os
 import struct
-import sys
 
 import numpy as np
 import pytest
@@ -18,8 +16,7 @@ from collectives.columnar import (destination_index, row_hashes, sort_by_keys, s
 from twisternet.errors import TableSchemaError, TwisternetError  # noqa: E402
 from twisternet.testing import run_local  # noqa: E402
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "scripts"))
-import columnar_job as J  # noqa: E402
+import tests.collectives.scripts.columnar_job as J  # noqa: E402
 
 MASK = (1 << 64) - 1
 G = 0x9E3779B97F4A7C15

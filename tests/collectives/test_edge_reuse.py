@@ -13,8 +13,8 @@ import pytest
 from tests.jobs import mpiexec, run_mpi, run_tcp
 from twisternet.testing import run_local
 
-from .launchers import run_scenario
-from .scenarios import run_kinds
+from tests.collectives.launchers import run_scenario
+from tests.collectives.scenarios import run_kinds
 
 pytestmark = pytest.mark.timeout(400)
 SCRIPT = Path(__file__).parent / "scripts" / "edge_reuse.py"

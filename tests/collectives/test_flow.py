@@ -14,7 +14,7 @@ import collectives as C
 from twisternet.errors import RemoteError, BackPressureTimeout, ConfigError, OperationTimeout
 from twisternet.testing import run_local
 
-from .scenarios import run_allreduce_calls, run_backpressure, run_spill
+from tests.collectives.scenarios import run_allreduce_calls, run_backpressure, run_spill
 
 # Small buffers and credit so that back pressure engages after a few records.
 SMALL = dict(buffer_size=4096, buffer_count=2, pool_buffers=8, zero_copy_threshold=1024)

@@ -16,6 +16,7 @@ from collectives.edges import EDGE_SPAN, MAX_USER_EDGE, UP_BASE, channel_edge, c
 from collectives.reduction import Reduction, own, snapshot
 from collectives.routing import KaryTree, hash_selector, normalize_key, stable_hash
 from collectives.spill import SpillCorruptionError, SpillStore, read_run
+from tests.jobs import job_env
 from twisternet.errors import ConfigError, TwisternetError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -53,10 +54,10 @@ def test_tree_too_deep() -> None:
 def test_stable_hash_is_process_independent() -> None:
     keys = ["apple", b"\x00\xff", 12345678901234567890123, -7, 3.25, ("k", 1), "ünïcode"]
     mine = [stable_hash(k) for k in keys]
-    code = (f"import sys; sys.path.insert(0, {ROOT!r}); from collectives.routing import stable_hash; "
+    code = (f"from collectives.routing import stable_hash; "
             f"print([stable_hash(k) for k in {keys!r}])")
     for seed in ("1", "2"):
-        out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONHASHSEED": seed},
+        out = subprocess.run([sys.executable, "-c", code], env=job_env(PYTHONHASHSEED=seed),
                              capture_output=True, text=True, timeout=60, check=True).stdout
         assert eval(out) == mine
 

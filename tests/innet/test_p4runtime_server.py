@@ -27,7 +27,7 @@ from innet.p4runtime.protos import (
 )
 from innet.p4runtime.schema import load_p4info
 
-from test_p4_fake_switch import COUNTER_NAMES, FakeSwitch
+from tests.innet.fake_switch import COUNTER_NAMES, FakeSwitch
 
 pytestmark = pytest.mark.timeout(60)
 RPC_TIMEOUT = 5.0
