@@ -7,6 +7,7 @@ environment, so job scripts import this checkout without touching ``sys.path``."
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -104,6 +105,19 @@ def lines(proc: subprocess.CompletedProcess, prefix: str) -> list[str]:
             # mpiexec may glue two ranks' lines together: "A rank=0 ...A rank=1 ..."
             out.extend(prefix + part for part in body.split(prefix)[1:])
     return out
+
+
+def json_objects(text: str, mark: str) -> list[dict]:
+    """The JSON objects starting with ``mark`` in ``text`` (mpiexec may glue the ranks' lines together)."""
+    found, dec, pos = [], json.JSONDecoder(), text.find(mark)
+    while pos >= 0:
+        try:
+            obj, end = dec.raw_decode(text, pos)
+            found.append(obj)
+        except json.JSONDecodeError:
+            end = pos + 1
+        pos = text.find(mark, end)
+    return found
 
 
 def assert_survivors_saw_the_kill(proc: subprocess.CompletedProcess, victim: int, survivors: int,

@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from tests.jobs import job_env, require_mpiexec
+from tests.jobs import job_env, json_objects, require_mpiexec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCENARIOS = os.path.join(ROOT, "tests", "collectives", "scenarios.py")
@@ -37,17 +37,7 @@ def run_script(launcher: str, world: int, script: str, args: list[str], timeout:
 def run_scenario(launcher: str, world: int, name: str, params: dict, timeout: float = 120) -> list:
     """Results of scenario ``name`` by rank."""
     out = run_script(launcher, world, SCENARIOS, [name, json.dumps(params)], timeout)
-    results: dict[int, object] = {}
-    dec = json.JSONDecoder()
-    pos = out.find(MARK)
-    while pos >= 0:                      # ranks' lines may interleave (mpiexec), so scan for objects
-        try:
-            obj, end = dec.raw_decode(out, pos)
-        except json.JSONDecodeError:
-            end = pos + 1
-        else:
-            if isinstance(obj, dict) and "result" in obj:
-                results[obj["rank"]] = obj["result"]
-        pos = out.find(MARK, end)
+    results = {obj["rank"]: obj["result"] for obj in json_objects(out, MARK)    # lines may interleave (mpiexec)
+               if isinstance(obj, dict) and "result" in obj}
     assert sorted(results) == list(range(world)), f"missing ranks in output:\n{out[-2000:]}"
     return [results[r] for r in range(world)]
