@@ -5,9 +5,6 @@ result_table; prints the slowest rank's seconds per op after ``TABLES``."""
 import json
 import sys
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402

@@ -13,16 +13,12 @@ the time per step; checks at the end that every worker holds the same weights.
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-import twisternet as tn  # noqa: E402
-from collectives import AllReduce  # noqa: E402
+import twisternet as tn
+from collectives import AllReduce
 
 
 def shard(rank: int, rows: int, features: int, seed: int = 3) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

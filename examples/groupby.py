@@ -14,16 +14,13 @@ and the time taken; ``--check`` also compares every worker's result with plain p
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-import twisternet as tn  # noqa: E402
-from collectives import Gather, KeyedReduce  # noqa: E402
+import twisternet as tn
+from collectives import Gather, KeyedReduce
 
 
 def generated_table(rank: int, world: int, rows: int, distinct: int, seed: int = 7):

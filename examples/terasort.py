@@ -18,16 +18,13 @@ last, and the count and an order-independent checksum of all records equal the i
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-import twisternet as tn  # noqa: E402
-from collectives import AllGather, Gather, KeyedGather  # noqa: E402
+import twisternet as tn
+from collectives import AllGather, Gather, KeyedGather
 
 KEY_BYTES, VALUE_BYTES = 10, 90
 

@@ -14,17 +14,13 @@ from __future__ import annotations
 
 import argparse
 import heapq
-import os
-import sys
 import threading
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-import twisternet as tn  # noqa: E402
-from collectives import Gather, KeyedReduce  # noqa: E402
+import twisternet as tn
+from collectives import Gather, KeyedReduce
 
 
 class TopK:

@@ -29,7 +29,7 @@ import psutil
 import pytest
 
 from innet import InnetCluster, JobSpec, error_bound
-from tests.innet._innet_helpers import run_ranks
+from tests.innet.rank_threads import run_ranks
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = 17

@@ -4,45 +4,27 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-import mpi4py  # noqa: F401  (in the dev extra, with the mpich wheel: missing means a broken install)
+from tests.jobs import job_env, require_mpiexec, run_killable
 
-ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.usefixtures("mpiexec")     # skips (printing why) where MPI is not installed
+
 SCRIPT = Path(__file__).with_name("mpi_scenarios") / "run.py"
-MPIEXEC = Path(sys.executable).parent / "mpiexec"
-
-assert MPIEXEC.exists(), f"no mpiexec next to {sys.executable}: install the mpi or dev extra (mpich wheel)"
 
 
 def run_mpi(n: int, scenario: str, timeout: float = 90.0, mpiexec_args: tuple[str, ...] = ()
             ) -> tuple[int, str, str, float]:
     """Run ``scenario`` on ``n`` ranks; returns (exit code, stdout, stderr, seconds). Kills the whole
     process group on timeout so no rank outlives the test."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
-    env["MPI_SCENARIO_DEADLINE"] = str(timeout - 5)
-    for key in [k for k in env if k.startswith("TWISTERNET_")]:
-        del env[key]
-    cmd = [str(MPIEXEC), *mpiexec_args, "-n", str(n), sys.executable, str(SCRIPT), scenario]
-    start = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"mpiexec {scenario} timed out after {timeout}s\nstdout:\n{out}\nstderr:\n{err[-4000:]}")
-    return proc.returncode, out, err, time.monotonic() - start
+    env = job_env(MPI_SCENARIO_DEADLINE=str(timeout - 5))
+    del env["PYTHONUNBUFFERED"]         # the scenarios flush whole lines; unbuffered, print() splits them
+    cmd = [require_mpiexec(), *mpiexec_args, "-n", str(n), sys.executable, str(SCRIPT), scenario]
+    return run_killable(cmd, timeout, env, what=f"mpiexec {scenario}")
 
 
 def assert_all_ok(n: int, scenario: str, timeout: float = 90.0) -> dict[int, str]:

@@ -5,19 +5,16 @@ from __future__ import annotations
 
 import os
 import re
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-import mpi4py  # noqa: F401  (in the dev extra, with the mpich wheel)
+from tests.jobs import job_env, require_mpiexec, run_killable
 
-ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.usefixtures("mpiexec")     # skips (printing why) where MPI is not installed
+
 SCRIPT = Path(__file__).with_name("mpi_liveness_job.py")
-MPIEXEC = Path(sys.executable).parent / "mpiexec"
 PEER_TIMEOUT = 4.0
 
 
@@ -32,30 +29,18 @@ def assert_no_segments_left(out: str) -> None:
     assert not left, f"left in /dev/shm: {left}"
 
 
-def run_job(args: list[str], timeout: float, **env_extra: str) -> tuple[int, str, str, float]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TWISTERNET_")}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
-    env["PYTHONUNBUFFERED"] = "1"
-    env.update(env_extra)
-    cmd = [str(MPIEXEC), "-n", "3", sys.executable, str(SCRIPT), *args]
-    start = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"mpiexec still running after {timeout}s (the operation timeout is 300 s):\n"
-                    f"stdout:\n{out}\nstderr:\n{err[-4000:]}")
-    return proc.returncode, out, err, time.monotonic() - start
+def run_liveness_job(args: list[str], timeout: float, **env_extra: str) -> tuple[int, str, str, float]:
+    """The liveness job on 3 ranks under mpiexec; the test fails if it is still running after ``timeout``
+    (the operation timeout is 300 s, so a job that ends at all ended by the liveness mechanisms)."""
+    cmd = [require_mpiexec(), "-n", "3", sys.executable, str(SCRIPT), *args]
+    return run_killable(cmd, timeout, job_env(**env_extra), what="mpiexec")
 
 
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("mode", ["freeze", "freeze-exit"])
 def test_a_frozen_rank_is_lost_by_heartbeat_and_the_job_ends(tmp_path: Path, mode: str) -> None:
     """freeze: the survivors' PeerLostError goes uncaught; freeze-exit: they catch it and exit 3."""
-    rc, out, err, took = run_job([mode, str(tmp_path)], timeout=120,
+    rc, out, err, took = run_liveness_job([mode, str(tmp_path)], timeout=120,
                                  TWISTERNET_PEER_TIMEOUT=str(PEER_TIMEOUT),
                                  TWISTERNET_HEARTBEAT_INTERVAL="0.5")
     assert out.count("READY") == 3, out + err[-3000:]
@@ -77,7 +62,7 @@ def test_a_frozen_rank_is_lost_by_heartbeat_and_the_job_ends(tmp_path: Path, mod
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("mode", ["uncaught", "uncaught-in-with"])
 def test_an_uncaught_exception_on_one_rank_ends_the_job_promptly(mode: str) -> None:
-    rc, out, err, took = run_job([mode], timeout=90)
+    rc, out, err, took = run_liveness_job([mode], timeout=90)
     assert rc != 0, f"mpiexec exited 0\n{out}\n{err[-3000:]}"
     # rank 1's own traceback, or (inside ``with ctx:``, whose exit aborts the channel at once) the
     # others' PeerLostError, whose reason carries rank 1's error, if they abort the job first
@@ -92,7 +77,7 @@ def test_an_uncaught_exception_on_one_rank_ends_the_job_promptly(mode: str) -> N
 def test_abort_on_error_can_be_switched_off() -> None:
     """mpi_abort_on_error=false: the failed rank's error does not end the job by itself (the others
     then wait for it; here a short operation timeout ends them)."""
-    rc, out, err, took = run_job(["uncaught"], timeout=90, TWISTERNET_MPI_ABORT_ON_ERROR="false",
+    rc, out, err, took = run_liveness_job(["uncaught"], timeout=90, TWISTERNET_MPI_ABORT_ON_ERROR="false",
                                  TWISTERNET_TIMEOUT="8")
     assert "ValueError: deliberate failure on rank 1" in err, err[-3000:]
     assert "MPI_Abort" not in err
@@ -101,7 +86,7 @@ def test_abort_on_error_can_be_switched_off() -> None:
 
 @pytest.mark.timeout(150)
 def test_a_rank_idle_past_the_peer_timeout_is_not_lost() -> None:
-    rc, out, err, took = run_job(["idle", str(3 * PEER_TIMEOUT)], timeout=120,
+    rc, out, err, took = run_liveness_job(["idle", str(3 * PEER_TIMEOUT)], timeout=120,
                                  TWISTERNET_PEER_TIMEOUT=str(PEER_TIMEOUT),
                                  TWISTERNET_HEARTBEAT_INTERVAL="0.5")
     assert rc == 0, f"{out}\n{err[-3000:]}"

@@ -7,27 +7,27 @@ import os
 import subprocess
 import sys
 
+from tests.jobs import job_env, json_objects, require_mpiexec
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BIN = os.path.dirname(sys.executable)
 SCENARIOS = os.path.join(ROOT, "tests", "collectives", "scenarios.py")
 MARK = '{"rank": '
 
 
 def command(launcher: str, world: int, argv: list[str]) -> list[str]:
+    """The command line that runs ``argv`` on ``world`` processes; for "mpi" it skips (printing why)
+    when MPI is not installed (see :func:`tests.jobs.require_mpiexec`)."""
     if launcher == "tcp":
         return [sys.executable, "-m", "twisternet", "run", "-n", str(world), "--env", f"PYTHONPATH={ROOT}", *argv]
     if launcher == "mpi":
-        return [os.path.join(BIN, "mpiexec"), "-n", str(world), "-genv", "PYTHONPATH", ROOT, sys.executable, *argv]
+        return [require_mpiexec(), "-n", str(world), "-genv", "PYTHONPATH", ROOT, sys.executable, *argv]
     raise ValueError(launcher)
 
 
 def run_script(launcher: str, world: int, script: str, args: list[str], timeout: float = 120) -> str:
     """Run ``script args`` on ``world`` processes; returns stdout (raises on failure, with stderr)."""
-    env = {**os.environ, "PYTHONPATH": ROOT}
-    for k in [k for k in env if k.startswith("TWISTERNET_")]:
-        del env[k]
     p = subprocess.run(command(launcher, world, [script, *args]), capture_output=True, text=True,
-                       timeout=timeout, cwd=ROOT, env=env)
+                       timeout=timeout, cwd=ROOT, env=job_env())
     if p.returncode != 0:
         raise AssertionError(f"{launcher} run of {script} failed ({p.returncode}):\n{p.stdout[-3000:]}\n"
                              f"{p.stderr[-3000:]}")
@@ -37,17 +37,7 @@ def run_script(launcher: str, world: int, script: str, args: list[str], timeout:
 def run_scenario(launcher: str, world: int, name: str, params: dict, timeout: float = 120) -> list:
     """Results of scenario ``name`` by rank."""
     out = run_script(launcher, world, SCENARIOS, [name, json.dumps(params)], timeout)
-    results: dict[int, object] = {}
-    dec = json.JSONDecoder()
-    pos = out.find(MARK)
-    while pos >= 0:                      # ranks' lines may interleave (mpiexec), so scan for objects
-        try:
-            obj, end = dec.raw_decode(out, pos)
-        except json.JSONDecodeError:
-            end = pos + 1
-        else:
-            if isinstance(obj, dict) and "result" in obj:
-                results[obj["rank"]] = obj["result"]
-        pos = out.find(MARK, end)
+    results = {obj["rank"]: obj["result"] for obj in json_objects(out, MARK)    # lines may interleave (mpiexec)
+               if isinstance(obj, dict) and "result" in obj}
     assert sorted(results) == list(range(world)), f"missing ranks in output:\n{out[-2000:]}"
     return [results[r] for r in range(world)]

@@ -8,7 +8,7 @@ import operator
 import random
 from typing import Any
 
-from .scenarios import (canon, make_key, make_value, merge_records, partition_target)
+from tests.collectives.scenarios import (canon, make_key, make_value, merge_records, partition_target)
 
 
 def reduce_fn(kind: str):

@@ -11,8 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.jobs import mpiexec, run_mpi, run_tcp
-
 pytestmark = pytest.mark.timeout(400)
 SCRIPT = Path(__file__).parent / "scripts" / "slow_consumer.py"
 BOUND_MB = 32
@@ -20,14 +18,11 @@ CREDIT_MB = 8          # buffer_size 1 MB x buffer_count 8, per sending peer
 
 
 @pytest.mark.parametrize("launcher", ["tcp", "mpi"])
-def test_slow_consumer_bounds_receiver_rss(launcher: str) -> None:
-    if launcher == "mpi" and mpiexec() is None:
-        pytest.skip("no mpiexec")
+def test_slow_consumer_bounds_receiver_rss(run_job, launcher: str) -> None:
     n = 400              # 2 senders x 400 MB
     env = {"TWISTERNET_RECEIVE_PENDING_BYTES": str(BOUND_MB << 20), "TWISTERNET_BUFFER_COUNT": "8",
            "TWISTERNET_TIMEOUT": "120"}
-    run = run_tcp if launcher == "tcp" else run_mpi
-    p = run(3, SCRIPT, str(n), timeout=350, **env)
+    p = run_job(launcher, 3, SCRIPT, str(n), timeout=350, **env)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     m = re.search(r"RSS growth=([\d.]+) count=(\d+)", p.stdout)
     assert m and int(m.group(2)) == 2 * n, p.stdout[-3000:]

@@ -1,6 +1,6 @@
 """Columnar operations in real processes (``twisternet run`` over TCP/UDS, and ``mpiexec``): tables
 cross process boundaries through the codec's out-of-band parts; results checked exactly against
-single-process pyarrow (see test_columnar.expected)."""
+single-process pyarrow (see tests.collectives.columnar_expected)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("pyarrow")
 
 from tests.collectives.launchers import run_script  # noqa: E402
-from tests.collectives.test_columnar import check  # noqa: E402
+from tests.collectives.columnar_expected import check  # noqa: E402
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "columnar_job.py")
 

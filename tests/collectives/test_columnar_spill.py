@@ -15,6 +15,7 @@ pa = pytest.importorskip("pyarrow")
 import pyarrow.compute as pc  # noqa: E402
 
 from collectives.columnar_spill import SortedRuns  # noqa: E402
+from tests.jobs import job_env  # noqa: E402
 from twisternet.testing import run_local  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -97,7 +98,6 @@ def test_memory_does_not_grow_with_the_data():
     size), well under the data size."""
     code = textwrap.dedent("""
         import resource, sys, numpy as np, pyarrow as pa
-        sys.path.insert(0, ROOT_PATH)
         from collectives.columnar_spill import SortedRuns
         limit, total = int(sys.argv[1]), int(sys.argv[2])
         def chunk(i, rows=50_000):
@@ -119,13 +119,13 @@ def test_memory_does_not_grow_with_the_data():
             last = k[-1]; rows += len(b)
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         print(peak - base, rows)
-    """).replace("ROOT_PATH", repr(str(ROOT)))
+    """)
     limit = 8 << 20
     growth = {}
     for factor in (4, 12):
         spill = os.path.join(ROOT, ".pytest_spill_rss")
         p = subprocess.run([sys.executable, "-c", code, str(limit), str(factor * limit), spill],
-                           capture_output=True, text=True, timeout=600)
+                           capture_output=True, text=True, timeout=600, env=job_env())
         assert p.returncode == 0, p.stderr
         g, rows = map(int, p.stdout.split())
         growth[factor] = g

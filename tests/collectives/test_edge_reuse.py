@@ -10,11 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.jobs import mpiexec, run_mpi, run_tcp
 from twisternet.testing import run_local
 
-from .launchers import run_scenario
-from .scenarios import run_kinds
+from tests.collectives.launchers import run_scenario
+from tests.collectives.scenarios import run_kinds
 
 pytestmark = pytest.mark.timeout(400)
 SCRIPT = Path(__file__).parent / "scripts" / "edge_reuse.py"
@@ -22,12 +21,9 @@ SCRIPT = Path(__file__).parent / "scripts" / "edge_reuse.py"
 
 @pytest.mark.parametrize("launcher", ["tcp", "mpi"])
 @pytest.mark.parametrize("via", ["auto", "ring", "tree"])
-def test_training_loop_reuses_the_edge_every_epoch(launcher: str, via: str) -> None:
-    if launcher == "mpi" and mpiexec() is None:
-        pytest.skip("no mpiexec")
+def test_training_loop_reuses_the_edge_every_epoch(run_job, launcher: str, via: str) -> None:
     epochs = 40
-    run = run_tcp if launcher == "tcp" else run_mpi
-    p = run(3, SCRIPT, str(epochs), via, timeout=300)
+    p = run_job(launcher, 3, SCRIPT, str(epochs), via, timeout=300)
     got = re.findall(r"REUSE rank=\d+ ok=\d+", p.stdout)   # mpiexec may glue the ranks' lines together
     assert sorted(got) == [f"REUSE rank={r} ok={epochs}" for r in range(3)], p.stdout[-3000:] + p.stderr[-3000:]
     assert p.returncode == 0

@@ -4,21 +4,31 @@ from __future__ import annotations
 
 import collections
 import heapq
+import importlib.util
 import os
 import re
 import sys
+from types import ModuleType
 
 import pytest
 
-from .launchers import ROOT, run_script
-
-sys.path.insert(0, os.path.join(ROOT, "examples"))
+from tests.collectives.launchers import ROOT, run_script
 
 EX = os.path.join(ROOT, "examples")
 
 
+def example(name: str) -> ModuleType:
+    """The module of ``examples/<name>.py`` (the examples are scripts, not a package)."""
+    if f"example_{name}" not in sys.modules:
+        spec = importlib.util.spec_from_file_location(f"example_{name}", os.path.join(EX, f"{name}.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[f"example_{name}"]
+
+
 def _wordcount_reference(world: int, words: int, top: int) -> list[tuple[str, int]]:
-    import wordcount
+    wordcount = example("wordcount")
     c: collections.Counter = collections.Counter()
     for r in range(world):
         c.update(wordcount.generated_words(r, world, words))
@@ -39,7 +49,7 @@ def test_wordcount(launcher: str, world: int) -> None:
 
 @pytest.mark.timeout(120)
 def test_wordcount_file_single_process(tmp_path) -> None:
-    import wordcount
+    wordcount = example("wordcount")
     text = tmp_path / "t.txt"
     text.write_text("the cat and the hat.\nThe end, the END!\n")
     best = wordcount.main([str(text), "--top", "2"])
@@ -72,7 +82,7 @@ def test_gradient_average(via: str) -> None:
 
 @pytest.mark.timeout(200)
 def test_topk_stream() -> None:
-    import topk_stream
+    topk_stream = example("topk_stream")
     world, events, k = 2, 4000, 5
     out = run_script("tcp", world, os.path.join(EX, "topk_stream.py"), ["--events", str(events), "--k", str(k)])
     m = re.search(r"final top \d+ after [0-9.]+ s: (\[.*\])", out)

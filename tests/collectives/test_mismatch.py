@@ -9,8 +9,8 @@ import pytest
 from collectives import shm_allreduce
 from twisternet.testing import run_local
 
-from .launchers import run_scenario
-from .scenarios import run_failing_reduction, run_mismatch
+from tests.collectives.launchers import run_scenario
+from tests.collectives.scenarios import run_failing_reduction, run_mismatch
 
 pytestmark = pytest.mark.timeout(300)
 

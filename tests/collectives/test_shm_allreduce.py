@@ -16,8 +16,8 @@ from tests.jobs import assert_survivors_saw_the_kill, lines, run_tcp
 from twisternet.errors import ConfigError, OperationTimeout
 from twisternet.testing import run_local
 
-from .launchers import run_scenario
-from .scenarios import run_shm_allreduce, shm_value
+from tests.collectives.launchers import run_scenario
+from tests.collectives.scenarios import run_shm_allreduce, shm_value
 
 pytestmark = [pytest.mark.timeout(200),
               pytest.mark.skipif(not shm_allreduce.supported(), reason="needs /dev/shm on an x86-64 machine")]

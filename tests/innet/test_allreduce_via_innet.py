@@ -12,7 +12,7 @@ import pytest
 
 import collectives as C
 from innet import DEFAULT_SCALE, error_bound
-from tests.jobs import lines, mpiexec, run_mpi, run_tcp
+from tests.jobs import lines, run_mpi, run_tcp
 from twisternet.errors import ConfigError
 from twisternet.testing import run_local
 
@@ -206,8 +206,7 @@ def test_in_a_tcp_job_and_nothing_is_left_running(n: int) -> None:
 
 
 @pytest.mark.timeout(200)
-def test_under_mpiexec() -> None:
-    assert mpiexec(), "mpiexec comes with the dev extra (mpich wheel)"
+def test_under_mpiexec(mpiexec: str) -> None:
     p = run_mpi(3, S, "10,20000", timeout=180)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     oks = re.findall(r"RESULT rank=\d+ size=\d+ ok=(\w+)", p.stdout)   # mpiexec may glue lines together

@@ -25,7 +25,7 @@ from innet.control import JobEntry, MulticastGroup
 from innet.p4runtime import DEFAULT_P4INFO_PATH, serve
 from innet.p4runtime.auth import p4runtime_token
 
-from test_p4_fake_switch import FakeSwitch
+from tests.innet.fake_switch import FakeSwitch
 
 VENV = Path(os.environ.get("TWISTERNET_P4SHELL_VENV",
                            Path.home() / ".cache" / "twisternet" / "p4shell-venv"))
@@ -65,8 +65,7 @@ SHELL_SCRIPT = textwrap.dedent('''
     import json, os, sys
     addr, verbose, p4info_path, bin_path = sys.argv[1], sys.argv[2] == "1", sys.argv[3], sys.argv[4]
     token_dir, token = sys.argv[5], sys.argv[6]
-    if token:                                   # the supported way: innet/p4runtime/shell_token.py
-        sys.path.insert(0, token_dir)
+    if token:          # the supported way: innet/p4runtime/shell_token.py, its directory on PYTHONPATH
         import shell_token
         shell_token.install(token)
     import p4runtime_sh.shell as sh
@@ -163,7 +162,7 @@ def test_p4runtime_shell_drives_the_switch(make_switch, verbose, tmp_path):
         proc = subprocess.run([str(VENV_PYTHON), str(script), server.address, "1" if verbose else "0",
                                str(DEFAULT_P4INFO_PATH), str(device_config), str(SHELL_TOKEN_DIR), token],
                               capture_output=True, text=True, timeout=SCRIPT_TIMEOUT,
-                              env={**os.environ, "PYTHONPATH": ""})
+                              env={**os.environ, "PYTHONPATH": str(SHELL_TOKEN_DIR) if token else ""})
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT:")]
         assert proc.returncode == 0 and lines, f"shell failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
         return {**json.loads(lines[-1][len("RESULT:"):]), "stderr": proc.stderr}

@@ -11,7 +11,7 @@ from innet.quantize import error_bound
 from innet.service import InnetCluster, InnetJob, JobSpec
 from innet.switch_server import SwitchThread
 
-from _innet_helpers import run_ranks
+from tests.innet.rank_threads import run_ranks
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -13,7 +13,7 @@ from innet.ps import PSJobConfig, PSThread
 from innet.quantize import error_bound
 from innet.service import InnetCluster, InnetJob, InnetService, JobSpec, free_udp_port
 
-from _innet_helpers import run_ranks
+from tests.innet.rank_threads import run_ranks
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -8,7 +8,7 @@ import pytest
 from innet.quantize import error_bound
 from innet.service import InnetCluster, JobSpec
 
-from _innet_helpers import run_ranks
+from tests.innet.rank_threads import run_ranks
 
 pytestmark = pytest.mark.timeout(120)
 

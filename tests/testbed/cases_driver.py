@@ -13,7 +13,6 @@ import socket
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import twisternet as tn  # noqa: E402
 from tests.collectives.scenarios import SCENARIOS  # noqa: E402

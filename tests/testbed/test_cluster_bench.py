@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.cluster import bound_s, rate_bits, slowest
-from tests.jobs import job_env
-from twisternet.testbed import unavailable
+from tests.jobs import job_env, require_emulated_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,10 +33,7 @@ def test_slowest_takes_the_maximum_over_ranks_even_glued() -> None:
 
 @pytest.mark.timeout(400)
 def test_quick_cluster_suite(tmp_path) -> None:
-    why = unavailable()
-    if why:
-        print(f"skipping: {why}")
-        pytest.skip(why)
+    require_emulated_cluster()
     p = subprocess.run([sys.executable, "-m", "benchmarks", "--suite", "cluster", "--quick", "--json",
                         str(tmp_path / "r.json"), "--set", "cluster.gloo=0"], env=job_env(), capture_output=True,
                        text=True, timeout=380, cwd=ROOT)

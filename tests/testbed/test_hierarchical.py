@@ -16,7 +16,7 @@ import pytest
 
 from twisternet.testbed import Testbed
 
-from .test_matrix_hosts import json_objects
+from tests.jobs import json_objects
 
 SCRIPT = Path(__file__).with_name("scripts") / "hier_vs_flat.py"
 

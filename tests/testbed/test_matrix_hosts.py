@@ -19,6 +19,7 @@ import pytest
 
 from tests.collectives.reference import check, random_case
 from tests.collectives.scenarios import KINDS, OPS
+from tests.jobs import json_objects
 from twisternet.testbed import JobResult, Testbed
 
 DRIVER = Path(__file__).with_name("cases_driver.py")
@@ -54,19 +55,6 @@ def run_cases(tb: Testbed, launcher: str, cases: list[dict], timeout: float) -> 
     for d in json_objects(res.stdout, '{"case": '):
         out.setdefault(d["case"], {})[d["rank"]] = (d["host"], d["result"])
     return res, out
-
-
-def json_objects(text: str, mark: str) -> list[dict]:
-    """The JSON objects starting with ``mark`` in ``text`` (mpiexec may glue the ranks' lines together)."""
-    found, dec, pos = [], json.JSONDecoder(), text.find(mark)
-    while pos >= 0:
-        try:
-            obj, end = dec.raw_decode(text, pos)
-            found.append(obj)
-        except json.JSONDecodeError:
-            end = pos + 1
-        pos = text.find(mark, end)
-    return found
 
 
 def check_job(tb: Testbed, res: JobResult, out: dict, cases: list[dict]) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.jobs import require_emulated_cluster
 from twisternet.testbed import STATE_ROOT, Testbed, TestbedError, cluster, list_testbeds, unavailable
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -101,8 +102,7 @@ def test_contiguous_ranks_put_host_h_on_ranks_hk_to_hk_plus_k(testbed: Testbed, 
 
 
 def test_everything_is_removed_on_error_and_interrupt() -> None:
-    if unavailable():
-        pytest.skip(unavailable())
+    require_emulated_cluster()
     for exc in (RuntimeError, KeyboardInterrupt):
         with pytest.raises(exc), Testbed(2, 1, "100mbit") as tb:
             prefix = tb.prefix
@@ -113,7 +113,7 @@ def test_everything_is_removed_on_error_and_interrupt() -> None:
         assert all(c.proc.poll() is not None for c in job.main)
 
 
-def test_a_killed_owners_testbed_is_swept_by_the_next(make_testbed) -> None:
+def test_a_killed_owners_testbed_is_swept_by_the_next(emulated_cluster) -> None:
     code = textwrap.dedent("""
         import os, sys
         from twisternet.testbed import Testbed
@@ -125,7 +125,7 @@ def test_a_killed_owners_testbed_is_swept_by_the_next(make_testbed) -> None:
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
     prefix = p.stdout.strip()
     assert prefix.startswith("tntb-") and leftovers(prefix), p.stderr
-    make_testbed(hosts=1, ranks_per_host=1)
+    emulated_cluster(hosts=1, ranks_per_host=1)
     assert leftovers(prefix) == []
 
 
@@ -135,8 +135,7 @@ def test_remove_refuses_names_that_are_not_testbeds() -> None:
 
 
 def test_cli_up_status_run_job_down(tmp_path) -> None:
-    if unavailable():
-        pytest.skip(unavailable())
+    require_emulated_cluster()
     r = cli("up", "--hosts", "2", "--rate", "100mbit")
     assert r.returncode == 0, r.stderr
     name = r.stdout.split()[0]
@@ -163,8 +162,7 @@ def test_cli_up_status_run_job_down(tmp_path) -> None:
 
 def test_sigterm_removes_everything() -> None:
     """``timeout 60 python script-with-a-testbed.py`` ending in SIGTERM leaves nothing behind."""
-    if unavailable():
-        pytest.skip(unavailable())
+    require_emulated_cluster()
     code = textwrap.dedent("""
         import sys, time
         from twisternet.testbed import Testbed

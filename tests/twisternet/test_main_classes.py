@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.jobs import mpiexec, run_mpi, run_tcp
+from tests.jobs import run_mpi, run_tcp
 from twisternet import pickling
 from twisternet.codec import Codec, join
 
@@ -106,8 +106,7 @@ def test_script_classes_arrive_as_the_receivers_own_under_twisternet_run() -> No
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.skipif(mpiexec() is None, reason="needs mpiexec")
-def test_script_classes_arrive_as_the_receivers_own_under_mpiexec() -> None:
+def test_script_classes_arrive_as_the_receivers_own_under_mpiexec(mpiexec: str) -> None:
     p = run_mpi(2, SCRIPT, timeout=240)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     _check(p.stdout.splitlines(), 2)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from helpers import Traffic, check, make_channel, ok, spin
+from tests.channels.mpi_scenarios.helpers import Traffic, check, make_channel, ok, spin
 
 from twisternet.errors import ClosedError, PeerLostError
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 
-from helpers import DEADLINE, check, make_channel, ok, spin
+from tests.channels.mpi_scenarios.helpers import DEADLINE, check, make_channel, ok, spin
 
 import channels.mpi as mpich
 from twisternet.config import load_config

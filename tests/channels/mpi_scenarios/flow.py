@@ -7,7 +7,7 @@ from collections import deque
 from typing import Any
 from collections.abc import Callable
 
-from helpers import DEADLINE, check, digest, make_channel, ok, payload, spin
+from tests.channels.mpi_scenarios.helpers import DEADLINE, check, digest, make_channel, ok, payload, spin
 
 
 def scenario_backpressure() -> None:

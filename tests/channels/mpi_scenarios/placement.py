@@ -7,7 +7,7 @@ from typing import Any
 from collections.abc import Callable
 
 import numpy as np
-from helpers import Traffic, check, make_channel, ok, payload, spin
+from tests.channels.mpi_scenarios.helpers import Traffic, check, make_channel, ok, payload, spin
 
 
 def scenario_page_placement() -> None:

@@ -1,18 +1,13 @@
 """Run one MPI channel scenario: ``mpiexec -n N python tests/channels/mpi_scenarios/run.py SCENARIO``
-(``test_mpi_channel.py`` does). The scenarios live in this directory, one module per feature; every
-``scenario_<name>`` function of those modules is a scenario called ``<name>``."""
+(``test_mpi_channel.py`` does, with the repository on PYTHONPATH). The scenarios live in this
+directory, one module per feature; every ``scenario_<name>`` function of those modules is a scenario
+called ``<name>``."""
 
 from __future__ import annotations
 
 import logging
 import os
 import sys
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
-for path in (ROOT, HERE):
-    if path not in sys.path:
-        sys.path.insert(0, path)
 
 SCENARIO = sys.argv[1] if len(sys.argv) > 1 else "mixed"
 # Before anything imports mpi4py's MPI module (which initialises MPI):
@@ -23,13 +18,13 @@ elif SCENARIO == "selfinit":
     import mpi4py
     mpi4py.rc.initialize = False
 
-import endings  # noqa: E402
-import failures  # noqa: E402
-import flow  # noqa: E402
-import placement  # noqa: E402
-import slot_scenarios  # noqa: E402
-import threads_init  # noqa: E402
-import transfers  # noqa: E402
+from tests.channels.mpi_scenarios import endings  # noqa: E402
+from tests.channels.mpi_scenarios import failures  # noqa: E402
+from tests.channels.mpi_scenarios import flow  # noqa: E402
+from tests.channels.mpi_scenarios import placement  # noqa: E402
+from tests.channels.mpi_scenarios import slot_scenarios  # noqa: E402
+from tests.channels.mpi_scenarios import threads_init  # noqa: E402
+from tests.channels.mpi_scenarios import transfers  # noqa: E402
 
 SCENARIOS = {name[len("scenario_"):]: fn
              for module in (transfers, placement, slot_scenarios, flow, endings, failures, threads_init)

@@ -9,7 +9,7 @@ from typing import Any
 from collections.abc import Callable
 
 import numpy as np
-from helpers import (
+from tests.channels.mpi_scenarios.helpers import (
     Traffic,
     ch_rank,
     check,

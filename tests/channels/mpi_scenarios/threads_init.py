@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import time
 
-from helpers import Recorder, check, make_channel, ok, payload, spin
+from tests.channels.mpi_scenarios.helpers import Recorder, check, make_channel, ok, payload, spin
 
 import channels.mpi as mpich
 from twisternet.config import load_config

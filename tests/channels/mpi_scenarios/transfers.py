@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-from helpers import Traffic, check, make_channel, ok, payload, spin
+from tests.channels.mpi_scenarios.helpers import Traffic, check, make_channel, ok, payload, spin
 
 
 def scenario_mixed() -> None:

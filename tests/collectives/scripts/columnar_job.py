@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
 
 OPS = ("keyed_partition", "keyed_gather", "keyed_reduce", "partition", "gather", "allgather", "broadcast")
 AGGREGATE = {"v": ["sum", "min", "count"], "w": ["max", "mean"]}

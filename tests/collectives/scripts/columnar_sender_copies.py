@@ -12,8 +12,6 @@ import tracemalloc
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
-
 import pyarrow as pa  # noqa: E402
 
 import twisternet as tn  # noqa: E402

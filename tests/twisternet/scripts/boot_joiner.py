@@ -8,9 +8,7 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 from twisternet.bootstrap import join  # noqa: E402
 

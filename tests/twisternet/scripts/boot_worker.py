@@ -16,7 +16,6 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 from twisternet.bootstrap import join  # noqa: E402
 

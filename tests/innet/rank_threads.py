@@ -1,4 +1,4 @@
-"""Shared helpers of the innet tests (not a test module)."""
+"""Run one callable per rank on threads (the innet tests' ranks share one process; not a test module)."""
 
 from __future__ import annotations
 

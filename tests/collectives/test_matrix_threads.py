@@ -8,8 +8,8 @@ import pytest
 
 from twisternet.testing import run_local
 
-from .reference import check, random_case
-from .scenarios import KINDS, OPS, run_op
+from tests.collectives.reference import check, random_case
+from tests.collectives.scenarios import KINDS, OPS, run_op
 
 
 def run_case(world: int, params: dict) -> dict[int, list]:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from .launchers import run_scenario
-from .reference import check, random_case
-from .scenarios import KINDS, OPS
+from tests.collectives.launchers import run_scenario
+from tests.collectives.reference import check, random_case
+from tests.collectives.scenarios import KINDS, OPS
 
 LAUNCHERS = ["tcp", "mpi"]
 
