@@ -7,7 +7,9 @@ itself, so every rank names the first rank lost, not the ones that left in react
 from __future__ import annotations
 
 import logging
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
 
 from ..errors import PeerLostError
 from .streams import _CAUSE_EDGE
@@ -110,3 +112,8 @@ class PeerLoss:
         if after:
             reason += f"; rank{'s' if len(after) > 1 else ''} {', '.join(map(str, after))} lost after rank {root}"
         return PeerLostError(root, reason)
+
+    def lost_view(self: Context) -> Mapping[int, str]:
+        """The live, read-only table of lost ranks (rank -> reason), read without the lock: a cheap test
+        for hot paths (an operation's sends look at it first); :attr:`lost_peers` is a consistent copy."""
+        return MappingProxyType(self._lost)
