@@ -10,10 +10,10 @@ from collections.abc import Iterable, Iterator, Sequence
 from twisternet.arrowcodec import require_pyarrow
 
 from .sorting import sort_by_keys
-from .table_ops import _TableOps
+from .table_ops import TableOps
 
 
-class KeyedGatherTables(_TableOps):
+class KeyedGatherTables(TableOps):
     """``send_table`` / ``result_table`` of KeyedGather: rows sorted by key at their destination."""
 
     def send_table(self, task: int, table: Any, key: str | Sequence[str], *, splitters: Any = None,
@@ -61,7 +61,7 @@ class KeyedGatherTables(_TableOps):
         task = self._check_table_results(task)
         require_pyarrow()
         if self.mode != "batch":          # streaming: pieces as they arrive (unsorted), key metadata dropped
-            for batch in _TableOps.result_batches(self, task, timeout=timeout):
+            for batch in TableOps.result_batches(self, task, timeout=timeout):
                 meta = dict(batch.schema.metadata or {})
                 meta.pop(b"twisternet.keys", None)
                 yield batch.replace_schema_metadata(meta or None)

@@ -15,10 +15,10 @@ from twisternet.errors import TableSchemaError
 from .aggregates import (_META_AGG, _check_aggregate, _final_aggregates, merge_aggregates, merge_states,
                          partial_aggregate)
 from .routing import destination_index, split_rows
-from .table_ops import _TableOps
+from .table_ops import TableOps
 
 
-class KeyedReduceTables(_TableOps):
+class KeyedReduceTables(TableOps):
     """``send_table`` / ``result_table`` of KeyedReduce: Arrow aggregations, one row per key. Streaming:
     each source's ``send_table`` call travels as its partial aggregates, and ``result_batches`` yields,
     per received piece, the updated aggregates of the keys that piece touched."""

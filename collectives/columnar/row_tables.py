@@ -6,10 +6,10 @@ from __future__ import annotations
 from typing import Any
 from collections.abc import Iterable, Sequence
 
-from .table_ops import _TableOps
+from .table_ops import TableOps
 
 
-class PartitionTables(_TableOps):
+class PartitionTables(TableOps):
     """``send_table`` / ``result_table`` of Partition and KeyedPartition (rows as sent)."""
 
     def send_table(self, task: int, table: Any, key: str | Sequence[str] | None = None, *,
@@ -47,7 +47,7 @@ class PartitionTables(_TableOps):
         return self.results(task, timeout=timeout)
 
 
-class BroadcastTables(_TableOps):
+class BroadcastTables(TableOps):
     """``send_table`` / ``result_table`` of Broadcast."""
 
     def send_table(self, task: int, table: Any, *, timeout: float | None = None) -> None:
@@ -71,7 +71,7 @@ class BroadcastTables(_TableOps):
         return ((src, t) for t in self.results(task, timeout=timeout))
 
 
-class GatherTables(_TableOps):
+class GatherTables(TableOps):
     """``send_table`` / ``result_table`` of Gather and AllGather."""
 
     def send_table(self, task: int, table: Any, *, timeout: float | None = None) -> None:

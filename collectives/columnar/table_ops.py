@@ -17,7 +17,7 @@ from .schemas import _own_meta, _schema_diff
 from .table_input import check_key_columns, key_names, to_table
 
 
-class _TableOps:
+class TableOps:
     """What every operation's table path shares (mixed into the operation classes)."""
 
     #: Largest piece (bytes) a table is cut into for sending (zero-copy slices; spill granularity).
