@@ -1,11 +1,6 @@
 """The :class:`Operation` base class: construction, the public calls every collective has (finish, close,
-abort, when_settled), sends from user threads, waits, and the contract of algorithm helpers.
-
-Locking: each operation has one re-entrant lock guarding its state. Handlers (progress thread) take it;
-user calls take it only to mutate state, never while blocking. Calls into the Context made under the
-lock never block: sends from a handler are queued by the core regardless of credit, and sends from a
-user thread use ``try_send`` and park the record in a small backlog that the same call then waits to
-hand over (outside the lock) or that the next handler call forwards.
+abort, when_settled), sends from user threads, waits, and the contract of algorithm helpers. Its locking
+rules are in the :mod:`collectives.base` package docstring.
 """
 
 from __future__ import annotations

@@ -68,12 +68,11 @@ class KeyedGatherTables(TableOps):
             return
         cfg = self.ctx.config
         limit = memory_limit or max(1 << 20, cfg.memory_limit // max(1, len(self.local_destinations)))
-        first = first_src = runs = None
+        runs = None
         try:
-            for src, t in self._table_pairs(task, timeout):
-                t = self._checked_piece(first, first_src, src, t)
-                if first is None:
-                    first, first_src = t.schema, src
+            for t, is_first in self._checked_pieces(self._table_pairs(task, timeout)):
+                if is_first:
+                    first = t.schema
                     meta = dict(first.metadata or {})
                     keys = json.loads(meta.pop(b"twisternet.keys", b"[]"))
                     plain = first.with_metadata(meta or None)

@@ -79,14 +79,13 @@ class KeyedReduceTables(TableOps):
         pa = require_pyarrow()
         import pyarrow.compute as pc
         task = self._check_table_results(task)
-        first = first_src = state = None
+        first = state = None
         keys: list[str] = []
         spec: list[tuple[str, str]] = []
         mark = "\x1ftouched"
-        for src, piece in self._table_pairs(task, timeout):
-            piece = self._checked_piece(first, first_src, src, piece)
-            if first is None:
-                first, first_src = piece.schema, src
+        for piece, is_first in self._checked_pieces(self._table_pairs(task, timeout)):
+            if is_first:
+                first = piece.schema
                 info = json.loads((first.metadata or {}).get(_META_AGG, b"{}"))
                 keys, spec = info.get("keys", []), [tuple(x) for x in info.get("spec", [])]
             if piece.num_rows == 0:

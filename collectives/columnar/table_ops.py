@@ -119,15 +119,22 @@ class TableOps:
                  pairs: Iterable[tuple[int, Any]]) -> Any:
         """Concatenate ``(source_task, table)`` pieces in order, checking that their schemas agree."""
         pa = require_pyarrow()
-        tables, first, first_src = [], None, None
+        tables = [t for t, _ in self._checked_pieces(pairs)]
+        if not tables:
+            return pa.table({})
+        return pa.concat_tables(tables)
+
+    def _checked_pieces(self, pairs: Iterable[tuple[int, Any]]) -> Iterator[tuple[Any, bool]]:
+        """``(table, is_first)`` for each ``(source_task, piece)`` in order, as it is read: each piece a
+        Table checked against the first one's schema (:meth:`_checked_piece`)."""
+        first = first_src = None
         for src, t in pairs:
             t = self._checked_piece(first, first_src, src, t)
             if first is None:
                 first, first_src = t.schema, src
-            tables.append(t)
-        if first is None:
-            return pa.table({})
-        return pa.concat_tables(tables)
+                yield t, True
+            else:
+                yield t, False
 
     def _checked_piece(self, first: Any, first_src: Any, src: int, t: Any) -> Any:
         """One received piece as a Table, checked against the first piece's schema."""
@@ -180,14 +187,11 @@ class TableOps:
     def _received_batches(self, task: int, timeout: float | None, seen: list | None = None) -> Iterator[Any]:
         """The checked pieces of ``task`` as record batches, re-chunked in batch mode (the first
         piece's schema is appended to ``seen``)."""
-        first = first_src = None
-
         def pieces() -> Iterator[Any]:
-            nonlocal first, first_src
-            for src, t in self._table_pairs(task, timeout):
-                t = self._checked_piece(first, first_src, src, t)
-                if first is None:
-                    first, first_src = t.schema, src
+            first = None
+            for t, is_first in self._checked_pieces(self._table_pairs(task, timeout)):
+                if is_first:
+                    first = t.schema
                     if seen is not None:
                         seen.append(first)
                 else:
