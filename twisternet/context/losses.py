@@ -7,6 +7,8 @@ itself, so every rank names the first rank lost, not the ones that left in react
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 from ..errors import PeerLostError
@@ -108,3 +110,8 @@ class PeerLoss(ContextState):
         if after:
             reason += f"; rank{'s' if len(after) > 1 else ''} {', '.join(map(str, after))} lost after rank {root}"
         return PeerLostError(root, reason)
+
+    def lost_view(self) -> Mapping[int, str]:
+        """The live, read-only table of lost ranks (rank -> reason), read without the lock: a cheap test
+        for hot paths (an operation's sends look at it first); :attr:`lost_peers` is a consistent copy."""
+        return MappingProxyType(self._lost)

@@ -1,7 +1,10 @@
 """An emulated cluster for tests and benchmarks: H namespaced "hosts" on a shaped Linux bridge.
 
-:mod:`.cluster` builds it and runs jobs on it (:class:`Testbed`); :mod:`.cli` is ``twisternet testbed``.
-See docs/testbed.md.
+:mod:`.cluster` builds it and runs things in it (:class:`Testbed`); :mod:`.cli` is ``twisternet testbed``.
+See docs/testbed.md. The parts: :mod:`.system` (what the machine must offer, the commands run),
+:mod:`.inventory` (testbeds present, by name: listing, removing, sweeping the stale), :mod:`.jobs`
+(starting twisternet, MPICH and other jobs), :mod:`.processes` (a job's processes and their output),
+:mod:`.results` (what a job gives back).
 """
 
 from .cluster import (

@@ -18,7 +18,7 @@ import sys
 from collections.abc import Sequence
 
 from ..errors import TwisternetError
-from .cluster import Testbed, TestbedError, _remove, list_testbeds, sweep_stale, unavailable
+from .cluster import Testbed, TestbedError, list_testbeds, remove_testbed, sweep_stale, unavailable
 
 __all__ = ["main"]
 
@@ -144,7 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise TestbedError("name the testbeds to remove, or pass --all")
             swept = sweep_stale()
             names = sorted(list_testbeds()) if ns.all else ns.names
-            problems = [p for name in names for p in _remove(name)]
+            problems = [p for name in names for p in remove_testbed(name)]
             for name in names + swept:
                 print(f"removed {name}")
             if problems:
