@@ -1,0 +1,19 @@
+"""Type stub of the compiled switch dataplane (innet/_fastpath.c); see innet/fastpath.py."""
+
+from collections.abc import Sequence
+
+from typing import Any as Buffer
+
+COUNTER_COUNT: int
+JOB_FIELDS: int
+
+class Core:
+    def __init__(self, job_seq: Buffer, bitmap: Buffer, counter: Buffer, ecn: Buffer, timestamp: Buffer,
+                 values: Buffer, meta_index: Buffer, meta_b1: Buffer, meta_fan: Buffer, counters: Buffer) -> None: ...
+    def set_tables(self, port_nos: Buffer, port_ip: Buffer, port_udp: Buffer, in_keys: Buffer, in_ports: Buffer,
+                   jobs: Buffer, members: Buffer, group_ports: Buffer) -> None: ...
+    def set_params(self, ecn_threshold: int, stale_timeout: float) -> None: ...
+    def process(self, rows: Buffer, lengths: Sequence[int], in_ports: Sequence[int],
+                depths: Sequence[int] | None, now: float) -> list[tuple[int, bytes]]: ...
+    def serve(self, fd: int, max_batch: int) -> int: ...
+    def drain(self, fd: int, max_batch: int) -> int: ...
