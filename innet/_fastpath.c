@@ -22,6 +22,7 @@
 
 #include <errno.h>
 #include <netinet/in.h>
+#include <netinet/udp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,6 +38,11 @@
 #define FLAG_EDGE (1u << 1)
 #define FLAG_ACK (1u << 0)
 #define FLAG_BYTE 9
+#ifndef UDP_SEGMENT
+#define UDP_SEGMENT 103
+#endif
+#define GSO_MAX_SEGMENTS 64      /* the kernel's UDP_MAX_SEGMENTS on every kernel with UDP_SEGMENT */
+#define GSO_MAX_BYTES 65000      /* below the 65507-byte UDP payload limit */
 
 /* counters array layout (innet/fastpath.py COUNTER_SLOTS) */
 enum { C_AGGREGATED, C_FORWARDED, C_COLLISIONS, C_RESENDS, C_ACKS, C_DROPPED, C_ECN_MARKED, C_REJECTED,
@@ -96,7 +102,12 @@ typedef struct {
     uint32_t *rx_port;
     struct mmsghdr *tx_msgs;
     struct iovec *tx_iov;
-    Py_ssize_t tx_cap;
+    Py_ssize_t *tx_order;     /* outputs grouped by destination (stable) */
+    Py_ssize_t *tx_pidx;      /* destination (port index) of each output */
+    Py_ssize_t *tx_count;     /* per port index: outputs, then the running start of its group */
+    uint8_t *tx_ctrl;         /* one UDP_SEGMENT control message per datagram train */
+    Py_ssize_t tx_cap, tx_count_cap;
+    int gso;                  /* 1: send trains of same-destination datagrams with UDP GSO */
 } Core;
 
 static int u64_find(const uint64_t *a, Py_ssize_t n, uint64_t key, Py_ssize_t *pos) {
@@ -350,7 +361,7 @@ static void Core_dealloc(Core *c) {
     free(c->port_nos); free(c->port_addr); free(c->in_keys); free(c->in_ports); free(c->members);
     free(c->group_ports); free(c->outs); free(c->arena);
     free(c->rx); free(c->rx_msgs); free(c->rx_iov); free(c->rx_addr); free(c->rx_port);
-    free(c->tx_msgs); free(c->tx_iov);
+    free(c->tx_msgs); free(c->tx_iov); free(c->tx_order); free(c->tx_pidx); free(c->tx_count); free(c->tx_ctrl);
     Py_TYPE(c)->tp_free((PyObject *)c);
 }
 
@@ -386,6 +397,7 @@ static int Core_init(Core *c, PyObject *args, PyObject *kw) {
     c->counters = c->b_counters.buf;
     c->ecn_threshold = INT64_MAX;
     c->stale = 2.0;
+    c->gso = 1;
     return 0;
 }
 
@@ -471,6 +483,15 @@ static PyObject *Core_set_params(Core *c, PyObject *args) {
     c->stale = stale;
     Py_RETURN_NONE;
 }
+
+static PyObject *Core_set_gso(Core *c, PyObject *args) {
+    int on;
+    if (!PyArg_ParseTuple(args, "p", &on)) return NULL;
+    c->gso = on;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Core_gso(Core *c, PyObject *Py_UNUSED(args)) { return PyBool_FromLong(c->gso); }
 
 static PyObject *outputs_list(Core *c) {
     PyObject *res = PyList_New(c->nouts);
@@ -569,43 +590,118 @@ static int receive(Core *c, int fd, Py_ssize_t batch) {
     }
 }
 
+#define CTRL_SPACE CMSG_SPACE(sizeof(uint16_t))
+
 static int ensure_tx(Core *c, Py_ssize_t n) {
+    if (c->tx_count_cap < c->nports + 1) {
+        Py_ssize_t *t = realloc(c->tx_count, (size_t)(c->nports + 1) * sizeof *t);
+        if (!t) return -1;
+        c->tx_count = t;
+        c->tx_count_cap = c->nports + 1;
+    }
     if (n <= c->tx_cap) return 0;
     struct mmsghdr *m = realloc(c->tx_msgs, (size_t)n * sizeof *m);
     if (m) c->tx_msgs = m;
     struct iovec *v = realloc(c->tx_iov, (size_t)n * sizeof *v);
     if (v) c->tx_iov = v;
-    if (!m || !v) return -1;
+    Py_ssize_t *o = realloc(c->tx_order, (size_t)n * sizeof *o);
+    if (o) c->tx_order = o;
+    Py_ssize_t *p = realloc(c->tx_pidx, (size_t)n * sizeof *p);
+    if (p) c->tx_pidx = p;
+    uint8_t *ctl = realloc(c->tx_ctrl, (size_t)n * CTRL_SPACE);
+    if (ctl) c->tx_ctrl = ctl;
+    if (!m || !v || !o || !p || !ctl) return -1;
     c->tx_cap = n;
     return 0;
 }
 
-/* sendmmsg every output; a datagram the kernel will not take now (buffer full, refused, unreachable)
- * is dropped as the Python loop drops it; -1 (errno) on any other error */
-static int send_outputs(Core *c, int fd) {
-    Py_ssize_t n = c->nouts;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        Py_ssize_t pi = port_index(c, c->outs[i].port);   /* always found: out_copy checked it */
-        c->tx_iov[i].iov_base = c->arena + c->outs[i].off;
-        c->tx_iov[i].iov_len = (size_t)c->size;
-        memset(&c->tx_msgs[i].msg_hdr, 0, sizeof(struct msghdr));
-        c->tx_msgs[i].msg_hdr.msg_iov = &c->tx_iov[i];
-        c->tx_msgs[i].msg_hdr.msg_iovlen = 1;
-        c->tx_msgs[i].msg_hdr.msg_name = &c->port_addr[pi];
-        c->tx_msgs[i].msg_hdr.msg_namelen = sizeof(struct sockaddr_in);
-    }
+/* sendmmsg messages [0, nmsg); a datagram (train) the kernel will not take now (buffer full, refused,
+ * unreachable) is dropped as the Python loop drops it. Returns 0, 1 when a GSO train was refused as
+ * unsupported (messages from *first_failed on are unsent), -1 (errno) on any other error. */
+static int send_msgs(Core *c, int fd, Py_ssize_t nmsg, Py_ssize_t *first_failed) {
     Py_ssize_t i = 0;
-    while (i < n) {
-        int k = sendmmsg(fd, c->tx_msgs + i, (unsigned)(n - i > 1024 ? 1024 : n - i), 0);
-        if (k > 0) { c->counters[C_SENT] += k; i += k; continue; }
+    while (i < nmsg) {
+        int k = sendmmsg(fd, c->tx_msgs + i, (unsigned)(nmsg - i > 1024 ? 1024 : nmsg - i), 0);
+        if (k > 0) {
+            for (int j = 0; j < k; j++) c->counters[C_SENT] += (int64_t)(c->tx_msgs[i + j].msg_hdr.msg_iovlen);
+            i += k;
+            continue;
+        }
         if (k == 0) { i++; continue; }
         if (errno == EINTR) continue;
+        if (c->tx_msgs[i].msg_hdr.msg_controllen
+            && (errno == EINVAL || errno == EOPNOTSUPP || errno == EIO || errno == EMSGSIZE || errno == ENOPROTOOPT)) {
+            *first_failed = i;
+            return 1;
+        }
         if (errno == ECONNREFUSED) { c->counters[C_REFUSED]++; i++; continue; }
         if (errno == EAGAIN || errno == EWOULDBLOCK || errno == ENOBUFS || errno == EHOSTUNREACH
             || errno == ENETUNREACH) { i++; continue; }
         return -1;
     }
     return 0;
+}
+
+/* Send every output. Outputs are grouped by destination (order kept per destination, which is all a
+ * receiver can observe) and each destination's run goes out as trains of up to 64 datagrams in one
+ * UDP GSO message (the kernel cuts them back into the same datagrams); without GSO support, one
+ * message per datagram. -1 (errno) on an unexpected socket error. */
+static int send_outputs(Core *c, int fd) {
+    Py_ssize_t n = c->nouts, np_ = c->nports;
+    for (Py_ssize_t d = 0; d <= np_; d++) c->tx_count[d] = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t pi = port_index(c, c->outs[i].port);   /* always found: out_copy checked it */
+        c->tx_pidx[i] = pi;
+        c->tx_count[pi]++;
+    }
+    Py_ssize_t run = 0;
+    for (Py_ssize_t d = 0; d < np_; d++) { Py_ssize_t k = c->tx_count[d]; c->tx_count[d] = run; run += k; }
+    for (Py_ssize_t i = 0; i < n; i++) c->tx_order[c->tx_count[c->tx_pidx[i]]++] = i;
+    Py_ssize_t per_train = c->gso ? GSO_MAX_BYTES / c->size : 1;
+    if (per_train > GSO_MAX_SEGMENTS) per_train = GSO_MAX_SEGMENTS;
+    if (per_train < 2) per_train = 1;
+    for (;;) {
+        Py_ssize_t nmsg = 0, i = 0;
+        while (i < n) {
+            Py_ssize_t pi = c->tx_pidx[c->tx_order[i]], k = 0;
+            struct msghdr *h = &c->tx_msgs[nmsg].msg_hdr;
+            memset(h, 0, sizeof *h);
+            h->msg_iov = &c->tx_iov[i];
+            h->msg_name = &c->port_addr[pi];
+            h->msg_namelen = sizeof(struct sockaddr_in);
+            while (i + k < n && k < per_train && c->tx_pidx[c->tx_order[i + k]] == pi) {
+                c->tx_iov[i + k].iov_base = c->arena + c->outs[c->tx_order[i + k]].off;
+                c->tx_iov[i + k].iov_len = (size_t)c->size;
+                k++;
+            }
+            h->msg_iovlen = (size_t)k;
+            if (k > 1) {
+                uint8_t *ctl = c->tx_ctrl + nmsg * CTRL_SPACE;
+                memset(ctl, 0, CTRL_SPACE);
+                h->msg_control = ctl;
+                h->msg_controllen = CTRL_SPACE;
+                struct cmsghdr *cm = CMSG_FIRSTHDR(h);
+                cm->cmsg_level = SOL_UDP;
+                cm->cmsg_type = UDP_SEGMENT;
+                cm->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+                uint16_t seg = (uint16_t)c->size;
+                memcpy(CMSG_DATA(cm), &seg, sizeof seg);
+            }
+            nmsg++;
+            i += k;
+        }
+        Py_ssize_t failed = 0;
+        int r = send_msgs(c, fd, nmsg, &failed);
+        if (r <= 0) return r;
+        /* GSO refused (an old kernel, or trains too big for the route's MTU): plain datagrams from
+         * the refused train on, and for good */
+        c->gso = 0;
+        per_train = 1;
+        Py_ssize_t done = (Py_ssize_t)(c->tx_msgs[failed].msg_hdr.msg_iov - c->tx_iov);
+        Py_ssize_t rest = n - done;
+        memmove(c->tx_order, c->tx_order + done, (size_t)rest * sizeof *c->tx_order);
+        n = rest;
+    }
 }
 
 static double monotonic_now(void) {
@@ -680,6 +776,9 @@ static PyMethodDef Core_methods[] = {
      "process(rows, lengths, in_ports, depths, now) -> [(port, bytes)]: the packet function"},
     {"serve", (PyCFunction)Core_serve, METH_VARARGS,
      "serve(fd, max_batch) -> int: receive a batch, process it, send the outputs"},
+    {"set_gso", (PyCFunction)Core_set_gso, METH_VARARGS,
+     "set_gso(on): send same-destination outputs as UDP GSO trains (default on; off after the kernel refuses)"},
+    {"gso", (PyCFunction)Core_gso, METH_NOARGS, "gso() -> bool: whether outputs go out as UDP GSO trains"},
     {"drain", (PyCFunction)Core_drain, METH_VARARGS, "drain(fd, max_batch) -> int: receive a batch, nothing else"},
     {NULL, NULL, 0, NULL},
 };

@@ -183,6 +183,17 @@ class CDataplane:
             finally:
                 self.fold_counters()
 
+    @property
+    def gso(self) -> bool:
+        """Whether ``serve`` sends each destination's outputs as UDP GSO trains (one syscall and one
+        pass through the stack for up to 64 datagrams; the receivers get the same datagrams). Turned
+        off for good when the kernel refuses a train."""
+        return self._core.gso()
+
+    @gso.setter
+    def gso(self, on: bool) -> None:
+        self._core.set_gso(bool(on))
+
     def drain(self, fd: int, max_batch: int) -> int:
         """Receive up to ``max_batch`` datagrams and do nothing else (the compiled receive ceiling)."""
         return self._core.drain(fd, max_batch)

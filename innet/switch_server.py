@@ -30,6 +30,7 @@ import logging
 import os
 import select
 import signal
+import socket
 import sys
 import threading
 import time
@@ -152,6 +153,8 @@ class SwitchServer:
             engine = "python"
         #: the engine of the batched loop: "c" or "python" (the per-packet loop is always Python)
         self.dataplane = engine if self.batched else "python"
+        #: the compiled loop sends each destination's outputs as UDP GSO trains (see innet.fastpath)
+        self.gso = True
 
     @property
     def address(self) -> tuple[str, int]:
@@ -184,7 +187,12 @@ class SwitchServer:
         sock = tr.sock
         fd = sock.fileno()
         core = CDataplane(sw)
+        core.gso = self.gso
         batch = self.batch_size
+        try:       # room for whole GSO trains of outputs in the send buffer
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+        except OSError:  # pragma: no cover
+            pass
         next_sweep = time.monotonic() + sw.stale_timeout / 2
         try:
             while not self._stop.is_set():
@@ -203,6 +211,9 @@ class SwitchServer:
                 tr.sent += core.sent
                 tr.refused += core.refused
                 core.sent = core.refused = 0
+                if self.gso and not core.gso:
+                    self.gso = False
+                    log.info("the kernel refused UDP GSO; the switch sends one datagram per message")
         except Exception:  # pragma: no cover - logged, then the switch is "dead"
             log.exception("switch loop failed")
             raise

@@ -179,12 +179,14 @@ def _socket_trace(V: int, n: int, rng: random.Random) -> list[tuple[int, bytes]]
     return out
 
 
-def _serve_trace(dataplane: str, trace: list[tuple[int, bytes]], V: int) -> tuple[dict, dict, list]:
+def _serve_trace(dataplane: str, trace: list[tuple[int, bytes]], V: int, gso: bool = True
+                 ) -> tuple[dict, dict, list]:
     """Prefill a switch server's socket with ``trace``, run it with ``dataplane`` until drained; the
     counters, extra counters and what each port's socket received (in order)."""
     sw = SoftwareSwitch(4, V, ecn_threshold=1 << 30, stale_timeout=3600.0)
     server = SwitchServer(sw, dataplane=dataplane)
     assert server.dataplane == dataplane
+    server.gso = gso
     socks = []
     for r in range(5):
         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -223,10 +225,13 @@ def _serve_trace(dataplane: str, trace: list[tuple[int, bytes]], V: int) -> tupl
 
 
 @needs_c
-def test_c_server_equals_python_server_on_a_socket() -> None:
+@pytest.mark.parametrize("gso", [True, False])
+def test_c_server_equals_python_server_on_a_socket(gso: bool) -> None:
+    """Every port's socket receives the same datagrams in the same order from both servers (the C
+    loop with UDP GSO trains and with one datagram per message)."""
     V = 8
     trace = _socket_trace(V, 300, random.Random(3))
-    c_counts, c_extra, c_out = _serve_trace("c", trace, V)
+    c_counts, c_extra, c_out = _serve_trace("c", trace, V, gso)
     p_counts, p_extra, p_out = _serve_trace("python", trace, V)
     assert c_counts == p_counts
     assert c_extra == p_extra
