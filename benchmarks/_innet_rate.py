@@ -188,7 +188,8 @@ def switch_rate(batched: bool, world: int = 2, fragments: int = 50_000, V: int =
     for s in senders + sinks:
         s.close()
     agg = sw.counters()["aggregated"]
-    return {"batched": batched, "dataplane": server.dataplane, "packets": server.packets_in, "sent": len(trace), "queued_bytes": queued,
+    return {"batched": batched, "dataplane": server.dataplane,
+            "packets": server.packets_in, "sent": len(trace), "queued_bytes": queued,
             "forced_buffer": forced, "aggregated": agg, "emitted": sw.extra["emitted"],
             "wall_agg_pps": agg / wall, "cpu_agg_pps": agg / cpu, "wall_pps": server.packets_in / wall,
             "cpu_pps": server.packets_in / cpu}
@@ -226,4 +227,5 @@ def dataplane_rate(batched: bool, world: int = 2, fragments: int = 20_000, V: in
             sw.process(data, port, 0.0)
     cpu = time.thread_time() - c0
     agg = sw.counters()["aggregated"]
-    return {"batched": batched, "dataplane": dataplane, "aggregated": agg, "cpu_agg_pps": agg / cpu, "cpu_pps": len(trace) / cpu}
+    return {"batched": batched, "dataplane": dataplane, "aggregated": agg, "cpu_agg_pps": agg / cpu,
+            "cpu_pps": len(trace) / cpu}

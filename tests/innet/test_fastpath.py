@@ -188,7 +188,7 @@ def _serve_trace(dataplane: str, trace: list[tuple[int, bytes]], V: int, gso: bo
     assert server.dataplane == dataplane
     server.gso = gso
     socks = []
-    for r in range(5):
+    for _ in range(5):
         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
         s.bind(("127.0.0.1", 0))
