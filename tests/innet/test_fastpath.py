@@ -248,3 +248,13 @@ def test_switch_thread_runs_c_with_loss_injection_falling_back() -> None:
     with SwitchThread(4, 4, dataplane="c", loss=LossConfig.uniform(0.1)) as st:
         assert st.server.dataplane == "python"
 
+
+
+def test_dataplane_env_is_a_config_key() -> None:
+    """TWISTERNET_INNET_DATAPLANE is read by the config loader too: a job launched with it set loads,
+    a wrong value is a ConfigError naming the key (before: 'unknown key' for any value)."""
+    from twisternet.config import load_config
+    from twisternet.errors import ConfigError
+    assert load_config(env={"TWISTERNET_INNET_DATAPLANE": "c"}).innet_dataplane == "c"
+    with pytest.raises(ConfigError, match="innet_dataplane"):
+        load_config(env={"TWISTERNET_INNET_DATAPLANE": "fast"})
