@@ -11,6 +11,7 @@ the extension is built, else Python), ``c`` (an error if it is not built) or ``p
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import socket
@@ -37,7 +38,7 @@ _EXTRA = frozenset({"emitted", "flushed", "reclaimed", "saturated"})
 _JOB_FIELDS = 7
 
 try:
-    from . import _fastpath
+    _fastpath = importlib.import_module(f"{__package__}._fastpath")
     _IMPORT_ERROR: str | None = None
 except ImportError as _e:  # the extension was not built (no compiler at install time) or is stale
     _fastpath = None  # type: ignore[assignment]
