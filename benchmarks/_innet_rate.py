@@ -3,10 +3,12 @@
 * ``bare_receive``: the ceiling — a receive loop that does nothing but ``recvfrom_into`` preallocated
   memory (the fastest per-datagram receive Python offers with the sender's address, which the switch
   needs for its source check; CPython has no recvmmsg).
-* ``switch_rate``: the switch server (batched or per-packet dataplane) on the same kind of prefilled
+* ``bare_receive_mmsg``: the compiled ceiling — the C core's ``drain`` (recvmmsg batches, nothing else).
+* ``switch_rate``: the switch server (per-packet, or batched with the Python or the compiled dataplane
+  engine) on the same kind of prefilled
   socket: ``world`` workers' gradients of ``fragments`` fragments plus the PS's ACKs, so aggregators are
   reserved, completed, emitted, freed and reused as in a real allreduce.
-* ``dataplane_rate``: the packet function alone (no sockets), batched vs per-packet.
+* ``dataplane_rate``: the packet function alone (no sockets): per-packet, Python batched, or the C core.
 
 The socket is filled before the timed loop starts (its buffer is raised with SO_RCVBUFFORCE when the
 process may, so the kernel keeps every packet), then drained: the sender's speed does not matter. Rates
@@ -115,16 +117,44 @@ def bare_receive(packets: int = 200_000, size: int = 264) -> dict[str, Any]:
             "cpu_pps": got / cpu}
 
 
+def bare_receive_mmsg(packets: int = 200_000, size: int = 264) -> dict[str, Any]:
+    """The compiled ceiling: drain ``packets`` prefilled datagrams with the C core's recvmmsg loop."""
+    from innet.fastpath import CDataplane
+    from innet.switch import SoftwareSwitch
+    core = CDataplane(SoftwareSwitch(1, (size - 16) // 4))
+    r = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    forced = _big_buffer(r, max(64 << 20, packets * 2048))
+    r.bind(("127.0.0.1", 0))
+    r.setblocking(False)
+    senders = _senders(1)
+    _fill(r.getsockname(), senders, [(0, b"x" * size)] * packets)
+    fd = r.fileno()
+    got = 0
+    t0, c0 = time.perf_counter(), time.thread_time()
+    while True:
+        k = core.drain(fd, 512)
+        if not k:
+            break
+        got += k
+    wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
+    r.close()
+    for s in senders:
+        s.close()
+    return {"packets": got, "sent": packets, "forced_buffer": forced, "wall_pps": got / wall,
+            "cpu_pps": got / cpu}
+
+
 def switch_rate(batched: bool, world: int = 2, fragments: int = 50_000, V: int = 62,
-                n_agg: int = 4096, window: int = 128) -> dict[str, Any]:
+                n_agg: int = 4096, window: int = 128, dataplane: str = "python") -> dict[str, Any]:
     """The switch server draining a prefilled socket of ``world`` workers' fragments and the PS's ACKs:
-    gradient packets aggregated per second (wall, and CPU of the switch thread) and all packets/s."""
+    gradient packets aggregated per second (wall, and CPU of the switch thread) and all packets/s.
+    ``dataplane`` is the batched loop's engine (``python`` or ``c``)."""
     from innet.control import JobEntry, MulticastGroup
     from innet.switch import SoftwareSwitch
     from innet.switch_server import SwitchServer
     trace = _trace(world, fragments, V, window, n_agg)
     sw = SoftwareSwitch(n_agg, V)
-    server = SwitchServer(sw, ("127.0.0.1", 0), batched=batched)
+    server = SwitchServer(sw, ("127.0.0.1", 0), batched=batched, dataplane=dataplane)
     forced = _big_buffer(server.transport.sock, max(64 << 20, len(trace) * 2048))
     senders = _senders(world + 1)
     sinks = _senders(world + 1)      # where outputs go (never read: they just land in a buffer)
@@ -158,15 +188,17 @@ def switch_rate(batched: bool, world: int = 2, fragments: int = 50_000, V: int =
     for s in senders + sinks:
         s.close()
     agg = sw.counters()["aggregated"]
-    return {"batched": batched, "packets": server.packets_in, "sent": len(trace), "queued_bytes": queued,
+    return {"batched": batched, "dataplane": server.dataplane,
+            "packets": server.packets_in, "sent": len(trace), "queued_bytes": queued,
             "forced_buffer": forced, "aggregated": agg, "emitted": sw.extra["emitted"],
             "wall_agg_pps": agg / wall, "cpu_agg_pps": agg / cpu, "wall_pps": server.packets_in / wall,
             "cpu_pps": server.packets_in / cpu}
 
 
 def dataplane_rate(batched: bool, world: int = 2, fragments: int = 20_000, V: int = 62, n_agg: int = 4096,
-                   window: int = 128, batch: int = 512) -> dict[str, Any]:
-    """The packet function alone on the same trace: aggregated gradient packets per CPU second."""
+                   window: int = 128, batch: int = 512, dataplane: str = "python") -> dict[str, Any]:
+    """The packet function alone on the same trace: aggregated gradient packets per CPU second
+    (``dataplane="c"``: the C core's ``process`` on the same batches, lists in and out included)."""
     from innet.control import JobEntry, MulticastGroup
     from innet.switch import SoftwareSwitch
     trace = _trace(world, fragments, V, window, n_agg)
@@ -181,14 +213,19 @@ def dataplane_rate(batched: bool, world: int = 2, fragments: int = 20_000, V: in
     ports = [who + 1 for who, _ in trace]
     if batched:
         rows = np.frombuffer(b"".join(d for _, d in trace), np.uint8).reshape(len(trace), size)
+        process = sw.process_batch
+        if dataplane == "c":
+            from innet.fastpath import CDataplane
+            process = CDataplane(sw).process_batch
         c0 = time.thread_time()
         for i in range(0, len(trace), batch):
             k = min(batch, len(trace) - i)
-            sw.process_batch(rows[i:i + k], [size] * k, ports[i:i + k], 0.0, range(k - 1, -1, -1))
+            process(rows[i:i + k], [size] * k, ports[i:i + k], 0.0, range(k - 1, -1, -1))
     else:
         c0 = time.thread_time()
         for (_who, data), port in zip(trace, ports):
             sw.process(data, port, 0.0)
     cpu = time.thread_time() - c0
     agg = sw.counters()["aggregated"]
-    return {"batched": batched, "aggregated": agg, "cpu_agg_pps": agg / cpu, "cpu_pps": len(trace) / cpu}
+    return {"batched": batched, "dataplane": dataplane, "aggregated": agg, "cpu_agg_pps": agg / cpu,
+            "cpu_pps": len(trace) / cpu}

@@ -230,31 +230,43 @@ def _tenancy_section(opts: SuiteOptions, res: SuiteResult, raw: dict[str, Any], 
 
 
 def _rate_section(opts: SuiteOptions, res: SuiteResult, raw: dict[str, Any], bar: Any) -> None:
-    """Switch packets/s (batched and per-packet dataplane, through a socket and alone) vs the bare
-    receive ceiling, all on one core (CPU seconds of the receiving thread; wall figures in raw)."""
+    """Switch packets/s (per-packet, Python batched and compiled dataplanes, through a socket and alone)
+    vs the bare receive ceilings, all on one core (CPU seconds of the receiving thread; wall in raw)."""
     from benchmarks import _innet_rate as rate
+    from innet import fastpath
     frags = opts.get("rate_fragments", 5_000 if opts.quick else 50_000)
     ref_frags = max(1000, frags // 10)
     repeat = opts.repeats()
     wide = int(opts.get("rate_wide_values", 2048))
-    runs: dict[str, list[dict[str, Any]]] = {k: [] for k in ("bare", "batched", "per_packet", "dp_batched",
-                                                              "dp_per_packet", "batched_wide")}
+    has_c = fastpath.c_available()
+    kinds = ["bare", "batched", "per_packet", "dp_batched", "dp_per_packet", "batched_wide"]
+    if has_c:
+        kinds += ["bare_mmsg", "compiled", "dp_compiled", "compiled_wide"]
+    runs: dict[str, list[dict[str, Any]]] = {k: [] for k in kinds}
     for rep in range(repeat):
         bar.step(f"switch packet rate, run {rep + 1}/{repeat}")
         runs["bare"].append(rate.bare_receive(3 * frags))
-        runs["batched"].append(rate.switch_rate(True, fragments=frags))
-        runs["per_packet"].append(rate.switch_rate(False, fragments=ref_frags))
+        runs["batched"].append(rate.switch_rate(True, fragments=frags, dataplane="python"))
+        runs["per_packet"].append(rate.switch_rate(False, fragments=ref_frags, dataplane="python"))
         runs["dp_batched"].append(rate.dataplane_rate(True, fragments=frags))
         runs["dp_per_packet"].append(rate.dataplane_rate(False, fragments=ref_frags))
-        runs["batched_wide"].append(rate.switch_rate(True, fragments=max(500, frags // 16), V=wide, n_agg=1024))
-    raw["rate"] = {"fragments": frags, "runs": runs}
+        runs["batched_wide"].append(rate.switch_rate(True, fragments=max(500, frags // 16), V=wide, n_agg=1024,
+                                                     dataplane="python"))
+        if has_c:
+            runs["bare_mmsg"].append(rate.bare_receive_mmsg(3 * frags))
+            runs["compiled"].append(rate.switch_rate(True, fragments=frags, dataplane="c"))
+            runs["dp_compiled"].append(rate.dataplane_rate(True, fragments=frags, dataplane="c"))
+            runs["compiled_wide"].append(rate.switch_rate(True, fragments=max(500, frags // 16), V=wide,
+                                                          n_agg=1024, dataplane="c"))
+    raw["rate"] = {"fragments": frags, "runs": runs, "c_dataplane": has_c,
+                   "c_unavailable": fastpath.c_unavailable_reason()}
 
     def med(k: str, key: str) -> float:
         return float(np.median([r[key] for r in runs[k]]))
     bare = med("bare", "cpu_pps")
     mb = 62 * 4 / 1e6
     rows = [["bare receive loop (recvfrom_into)", "-", round(bare), round(med("bare", "wall_pps")), 1.0, "-"]]
-    for k, label in (("batched", "switch server, batched dataplane"),
+    for k, label in (("batched", "switch server, batched dataplane (Python)"),
                      ("per_packet", "switch server, per-packet dataplane")):
         rows.append([label, round(med(k, "cpu_agg_pps")), round(med(k, "cpu_pps")), round(med(k, "wall_pps")),
                      round(med(k, "cpu_pps") / bare, 3), round(med(k, "cpu_agg_pps") * mb, 1)])
@@ -264,18 +276,33 @@ def _rate_section(opts: SuiteOptions, res: SuiteResult, raw: dict[str, Any], bar
     rows.append([f"switch server, batched, {wide}-value packets", round(med("batched_wide", "cpu_agg_pps")),
                  round(med("batched_wide", "cpu_pps")), round(med("batched_wide", "wall_pps")), "-",
                  round(med("batched_wide", "cpu_agg_pps") * wide * 4 / 1e6, 1)])
+    if has_c:
+        rows.append(["bare receive loop (recvmmsg, C)", "-", round(med("bare_mmsg", "cpu_pps")),
+                     round(med("bare_mmsg", "wall_pps")), round(med("bare_mmsg", "cpu_pps") / bare, 3), "-"])
+        rows.append(["switch server, compiled dataplane (C)", round(med("compiled", "cpu_agg_pps")),
+                     round(med("compiled", "cpu_pps")), round(med("compiled", "wall_pps")),
+                     round(med("compiled", "cpu_pps") / bare, 3), round(med("compiled", "cpu_agg_pps") * mb, 1)])
+        rows.append(["dataplane alone, compiled (C)", round(med("dp_compiled", "cpu_agg_pps")),
+                     round(med("dp_compiled", "cpu_pps")), "-", round(med("dp_compiled", "cpu_pps") / bare, 3),
+                     round(med("dp_compiled", "cpu_agg_pps") * mb, 1)])
+        rows.append([f"switch server, compiled (C), {wide}-value packets", round(med("compiled_wide", "cpu_agg_pps")),
+                     round(med("compiled_wide", "cpu_pps")), round(med("compiled_wide", "wall_pps")), "-",
+                     round(med("compiled_wide", "cpu_agg_pps") * wide * 4 / 1e6, 1)])
     res.tables.append(Table(
         f"Switch packet rate on one core: 2 workers' 264-byte gradients + the PS's ACKs, {frags:,} fragments "
         f"prefilled in the switch's socket, median of {repeat}",
         ["what", "aggregated pkts/s (CPU)", "all pkts/s (CPU)", "all pkts/s (wall)", "vs bare receive",
          "aggregated MB/s (CPU)"], rows,
         note="CPU = packets per CPU second of the receiving thread (the one-core rate on a loaded host); "
-             "the per-packet rows ran on a tenth of the fragments; the last row: wide packets (innet_values)"))
-    agg = med("batched", "cpu_agg_pps")
-    res.targets.append(Target("switch aggregation rate, batched dataplane, one core",
+             "'vs bare receive' is against the Python recvfrom_into loop; the per-packet rows ran on a tenth "
+             "of the fragments; wide rows: innet_values-sized packets"
+             + ("" if has_c else f"; the C dataplane is not built ({fastpath.c_unavailable_reason()})")))
+    py_agg = med("batched", "cpu_agg_pps")
+    agg, which = (med("compiled", "cpu_agg_pps"), "compiled (C)") if has_c else (py_agg, "Python batched")
+    res.targets.append(Target(f"switch aggregation rate, {which} dataplane, one core",
                               ">= 300,000 aggregated packets/s", f"{agg:,.0f}/s (ceiling: bare receive "
                               f"{bare:,.0f} pkts/s)", agg >= 300_000))
-    res.targets.append(Target("batched vs per-packet dataplane (through the socket)", ">= 25x",
+    res.targets.append(Target(f"{which} vs per-packet dataplane (through the socket)", ">= 25x",
                               f"{agg / med('per_packet', 'cpu_agg_pps'):.1f}x",
                               agg / med("per_packet", "cpu_agg_pps") >= 25))
 

@@ -30,6 +30,7 @@ import logging
 import os
 import select
 import signal
+import socket
 import sys
 import threading
 import time
@@ -40,6 +41,7 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from .lifeline import set_parent_death_signal, watch_parent, watch_stdin
+from .fastpath import CDataplane, DataplaneUnavailable, choose_dataplane
 from .control import AlreadyExists, InvalidArgument, JobEntry, MulticastGroup, SwitchControl
 from .switch import DEFAULT_ECN_THRESHOLD, DEFAULT_STALE_TIMEOUT, SoftwareSwitch
 from .transport import ROLE_SWITCH, LossConfig, UdpTransport
@@ -109,11 +111,17 @@ class SwitchServer:
 
     def __init__(self, switch: SoftwareSwitch, bind: tuple[str, int] = ("127.0.0.1", 0), *,
                  loss: LossConfig | None = None, line_rate: float | None = None,
-                 queue_limit: int = 4096, batched: bool = True, batch_size: int = 512) -> None:
+                 queue_limit: int = 4096, batched: bool = True, batch_size: int = 512,
+                 dataplane: str | None = None) -> None:
         """``batched`` (default) runs the batched dataplane (``SoftwareSwitch.process_batch``: up to
         ``batch_size`` datagrams per wake-up received into preallocated memory); False runs the
         per-packet reference ``process``. A ``line_rate`` always uses the per-packet loop (it models a
         slow port, speed is not the point there).
+
+        ``dataplane`` (``auto``/``c``/``python``; None: the ``TWISTERNET_INNET_DATAPLANE`` environment
+        variable, default ``auto``) picks the batched loop's engine: the compiled core
+        (``innet.fastpath``: recvmmsg, the ATP pipeline in C, sendmmsg) or the Python batched dataplane.
+        Loss injection (``loss``) needs the Python send path, so it always runs the Python engine.
 
         ``line_rate`` (packets/s, None = as fast as the loop runs) models the switch's port rate: the
         switch forwards at most that many packets per second, its queue builds behind them, ECN marks
@@ -123,6 +131,7 @@ class SwitchServer:
             raise ValueError(f"line_rate must be > 0 packets/s, got {line_rate!r}")
         if queue_limit < 1:
             raise ValueError(f"queue_limit must be >= 1 packet, got {queue_limit!r}")
+        engine = choose_dataplane(dataplane)
         self.switch = switch
         self.transport = UdpTransport(bind, role=ROLE_SWITCH, loss=loss)
         self._stop = threading.Event()
@@ -139,6 +148,13 @@ class SwitchServer:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size!r}")
         self.batch_size = int(batch_size)
+        if engine == "c" and self.transport.loss.active:
+            log.debug("loss injection is on: the switch runs the Python dataplane")
+            engine = "python"
+        #: the engine of the batched loop: "c" or "python" (the per-packet loop is always Python)
+        self.dataplane = engine if self.batched else "python"
+        #: the compiled loop sends each destination's outputs as UDP GSO trains (see innet.fastpath)
+        self.gso = True
 
     @property
     def address(self) -> tuple[str, int]:
@@ -155,10 +171,54 @@ class SwitchServer:
 
     def run(self) -> None:
         """Receive, process and forward until stopped; then close the socket."""
-        if self.batched:
+        if self.batched and self.dataplane == "c":
+            self._run_compiled()
+        elif self.batched:
             self._run_batched()
         else:
             self._run_per_packet()
+
+    def _run_compiled(self) -> None:
+        """The compiled loop: each wake-up, up to 64 batches of ``batch_size`` datagrams go through
+        ``CDataplane.serve`` (recvmmsg, the ATP pipeline, sendmmsg, without the GIL); Python keeps the
+        stale sweep and hands the core new tables when the control plane changes them."""
+        sw = self.switch
+        tr = self.transport
+        sock = tr.sock
+        fd = sock.fileno()
+        core = CDataplane(sw)
+        core.gso = self.gso
+        batch = self.batch_size
+        try:       # room for whole GSO trains of outputs in the send buffer
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+        except OSError:  # pragma: no cover
+            pass
+        next_sweep = time.monotonic() + sw.stale_timeout / 2
+        try:
+            while not self._stop.is_set():
+                r, _, _ = select.select([sock], [], [], 0.05)
+                now = time.monotonic()
+                if now >= next_sweep:
+                    sw.reclaim_stale(now)
+                    next_sweep = now + sw.stale_timeout / 2
+                if not r:
+                    continue
+                for _ in range(64):
+                    n = core.serve(fd, batch)
+                    self.packets_in += n
+                    if n < batch:
+                        break
+                tr.sent += core.sent
+                tr.refused += core.refused
+                core.sent = core.refused = 0
+                if self.gso and not core.gso:
+                    self.gso = False
+                    log.info("the kernel refused UDP GSO; the switch sends one datagram per message")
+        except Exception:  # pragma: no cover - logged, then the switch is "dead"
+            log.exception("switch loop failed")
+            raise
+        finally:
+            tr.close()
 
     def _run_batched(self) -> None:
         """The fast loop: drain up to ``batch_size`` datagrams into a preallocated array, run them
@@ -290,13 +350,13 @@ class SwitchThread:
                  config: Mapping[str, Any] | None = None, bind: tuple[str, int] = ("127.0.0.1", 0),
                  loss: LossConfig | None = None, ecn_threshold: int = DEFAULT_ECN_THRESHOLD,
                  stale_timeout: float = DEFAULT_STALE_TIMEOUT, line_rate: float | None = None,
-                 queue_limit: int = 4096, batched: bool = True) -> None:
+                 queue_limit: int = 4096, batched: bool = True, dataplane: str | None = None) -> None:
         self.switch = SoftwareSwitch(num_aggregators, value_count, ecn_threshold=ecn_threshold,
                                      stale_timeout=stale_timeout)
         if config:
             apply_config(self.switch, config)
         self.server = SwitchServer(self.switch, bind, loss=loss, line_rate=line_rate, queue_limit=queue_limit,
-                                   batched=batched)
+                                   batched=batched, dataplane=dataplane)
         self._thread = threading.Thread(target=self.server.run, name="atp-switch", daemon=True)
 
     @property
@@ -354,6 +414,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--queue-limit", type=int, default=4096, help="switch buffer in packets (default 4096)")
     ap.add_argument("--per-packet", action="store_true",
                     help="run the per-packet reference dataplane instead of the batched one")
+    ap.add_argument("--dataplane", choices=("auto", "c", "python"), default=None,
+                    help="engine of the batched dataplane: the compiled core (c), Python, or c when built "
+                         "(auto; default: $TWISTERNET_INNET_DATAPLANE, else auto)")
     ap.add_argument("--p4runtime-token-file", default=None, metavar="PATH",
                     help="file whose first line is the P4Runtime token every call must carry "
                          "('-': the first line of stdin)")
@@ -390,8 +453,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error(str(e))
     try:
         server = SwitchServer(switch, (args.host, args.port), line_rate=args.line_rate,
-                              queue_limit=args.queue_limit, batched=not args.per_packet)
-    except ValueError as e:
+                              queue_limit=args.queue_limit, batched=not args.per_packet,
+                              dataplane=args.dataplane)
+    except (ValueError, DataplaneUnavailable) as e:
         ap.error(str(e))
     grpc_server = None
     if args.p4runtime_port is not None:

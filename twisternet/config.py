@@ -192,6 +192,9 @@ class Config:
     #: Values per ATP packet (ATP: 62 int32 = 264-byte packets). A software switch this job starts can
     #: take wider fragments (up to 16000 values), which cut the per-packet work (docs/innet-performance.md).
     innet_values: int = 62
+    #: Engine of the software switch's batched dataplane: "auto" (the compiled core when built, else
+    #: Python), "c" or "python" (innet.fastpath; read by the switch from TWISTERNET_INNET_DATAPLANE).
+    innet_dataplane: str = "auto"
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -266,6 +269,8 @@ def _validate(c: Config) -> None:  # noqa: C901
         raise ConfigError("innet_host", "must not be empty")
     if not 1 <= c.innet_values <= 16000:
         raise ConfigError("innet_values", f"must be in 1..16000 values per packet, got {c.innet_values}")
+    if c.innet_dataplane not in ("auto", "c", "python"):
+        raise ConfigError("innet_dataplane", f"must be auto, c or python, got {c.innet_dataplane!r}")
     if c.token is not None:
         from .tokens import HOW_TO_MAKE_ONE, token_problem
         problem = token_problem(c.token)

@@ -16,11 +16,17 @@ def test_quick_run_reports_ps_bytes_per_worker_count() -> None:
         with_switch, without = row[1], row[2]
         assert 0 < with_switch < without     # the 1/n + 5% target is the benchmark's (flaky under load)
     # the rate table: the bare ceiling, both server loops and both dataplanes, every figure measured
+    from innet.fastpath import c_available
+    compiled = ["bare receive loop (recvmmsg", "switch server", "dataplane alone", "switch server"]
     assert [r[0].split(",")[0] for r in rate.rows] == ["bare receive loop (recvfrom_into)", "switch server",
                                                         "switch server", "dataplane alone", "dataplane alone",
-                                                        "switch server"]
+                                                        "switch server"] + (compiled if c_available() else [])
     assert all(r[2] > 0 for r in rate.rows)
     assert res.raw["rate"]["runs"]["batched"][0]["aggregated"] == 2000
+    assert res.raw["rate"]["runs"]["batched"][0]["dataplane"] == "python"
+    if c_available():
+        assert res.raw["rate"]["runs"]["compiled"][0]["aggregated"] == 2000
+        assert res.raw["rate"]["runs"]["compiled"][0]["dataplane"] == "c"
     assert res.raw["runs"][2]["switch"][0]["ps_packets"] > 0
     # ECN on/off: both modes ran to exact results; with ECN off the switch never marked, with it on it did
     on, off = (res.raw["ecn"]["runs"][m][0] for m in ("on", "off"))

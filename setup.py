@@ -1,0 +1,44 @@
+"""Optional compiled switch dataplane (innet._fastpath); everything else is in pyproject.toml.
+
+The extension needs only a C compiler and the Python headers (no third-party build dependencies). When
+it cannot be built (no compiler, no headers, a non-Linux libc without recvmmsg), the install still
+succeeds: the failure is logged and the switch runs its Python dataplane (innet.fastpath.choose_dataplane).
+"""
+
+import logging
+import sys
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+log = logging.getLogger("twisternet.setup")
+
+
+class OptionalBuildExt(build_ext):
+    """build_ext that turns a failed build into a warning: the pure-Python dataplane is the fallback."""
+
+    def run(self) -> None:
+        try:
+            super().run()
+        except Exception as e:  # noqa: BLE001 - any compiler/toolchain failure means "no extension"
+            self._skip(e)
+
+    def build_extension(self, ext: Extension) -> None:
+        try:
+            super().build_extension(ext)
+        except Exception as e:  # noqa: BLE001
+            self._skip(e)
+
+    @staticmethod
+    def _skip(e: BaseException) -> None:
+        msg = (f"twisternet: building the optional C switch dataplane (innet._fastpath) failed: {e}; "
+               "the pure-Python dataplane will be used")
+        log.warning(msg)
+        sys.stderr.write(f"WARNING: {msg}\n")
+
+
+ext_modules = []
+if sys.platform.startswith("linux"):   # recvmmsg / sendmmsg
+    ext_modules.append(Extension("innet._fastpath", ["innet/_fastpath.c"], extra_compile_args=["-O2"]))
+
+setup(ext_modules=ext_modules, cmdclass={"build_ext": OptionalBuildExt})
