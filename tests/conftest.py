@@ -36,6 +36,33 @@ settings.register_profile("twisternet", deadline=None,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 settings.load_profile("twisternet")
 
+
+def _build_fastpath_in_place() -> None:
+    """Build the optional C switch dataplane (``innet._fastpath``) next to its source when it is missing.
+
+    The tests import this checkout's packages, not the installed copies, and ``pip install .`` puts the
+    compiled module in site-packages only: without this the C dataplane would go untested after the
+    README's install. The build (``setup.py build_ext --inplace``, about a second with gcc) warns and
+    leaves nothing when there is no compiler; then the C tests skip and say why."""
+    import importlib
+    import importlib.machinery
+    import sys
+    import tempfile
+
+    # by file, not by import: importing innet here would fix innet.fastpath's answer before the build
+    root = Path(__file__).resolve().parents[1]
+    if any((root / "innet" / f"_fastpath{suffix}").exists() for suffix in importlib.machinery.EXTENSION_SUFFIXES):
+        return
+    with tempfile.TemporaryDirectory(prefix="twisternet-build-") as tmp:
+        subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace", "--build-temp", tmp],
+                       cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600, check=False)
+    importlib.invalidate_caches()  # the import system cached innet/'s listing before the module existed
+
+
+# At import, not in pytest_configure: pytest imports the conftest files of the named test directories
+# (tests/innet/conftest.py imports innet) before it configures, but always this one first.
+_build_fastpath_in_place()
+
 LAUNCHERS = ("tcp", "mpi")
 
 
