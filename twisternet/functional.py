@@ -216,7 +216,7 @@ def all_reduce(x: Any, op: str = "sum", *, out: Any = None, async_op: bool = Fal
     except Exception as e:  # noqa: BLE001 - a bad input fails the call on every rank
         bad = _bad(what, e)
     from collectives.handles import engine
-    eng = engine(ctx)
+    eng = engine(ctx, st.stream)
     n = len(st.ranks)
 
     def call() -> Any:
