@@ -275,7 +275,10 @@ def _allreduce_op(st: _State, op: Any, via: str, timeout: float | None) -> tuple
     key = (name if isinstance(name, str) else id(name), via)
     with st.lock:
         arop = st.allreduce_ops.get(key)
-        if arop is None or arop._closed or arop._error is not None:
+        # a failed operation is replaced only once this rank's own call on it has failed (_forget): another
+        # rank's failure can reach this one before it submits that very call, and replacing the operation
+        # then would put this rank's call on the next edge, a call ahead of the others
+        if arop is None or arop._closed:
             arop = AllReduce(st.ctx, sources=st.tasks(), edge=st.edge(), op=name, via=via, timeout=timeout,
                              shm_chunk_bytes=shm_slot_bytes(len(st.ranks)))
             st.allreduce_ops[key] = arop
