@@ -44,6 +44,12 @@ def test_process_groups_and_send_recv_have_streams_of_their_own() -> None:
     _all_ok(proc, 3, 3)
 
 
+@pytest.mark.timeout(300)
+def test_a_failure_learned_before_the_call_keeps_the_ranks_in_step() -> None:
+    proc = run_tcp(3, os.path.join(SCRIPTS, "failed_op_race.py"), timeout=280)
+    _all_ok(proc, 3, 2)
+
+
 def test_store_address_is_the_route_to_the_master(monkeypatch) -> None:
     pytest.importorskip("torch", reason="torch is not installed (pip install 'twisternet[torch]')")
     from twisternet.torch.backend import _outward_address
