@@ -298,7 +298,7 @@ def _forget(st: _State, arop: Any) -> None:
 
 
 # ---------------------------------------------------------------------------------- dataflow calls
-def _dataflow(ctx: Any, st: _State, what: str, make: Callable[[int], Any], contribute: Callable[[Any], None],
+def _dataflow(ctx: Any, st: _State, what: str, make: Callable[[int], Any], contribute: Callable[[Any], object],
               result: Callable[[Any], Any], async_op: bool, timeout: float | None,
               bad: BaseException | None = None) -> Any:
     """One batch operation on a fresh automatic edge: this rank contributes, the handle completes from
