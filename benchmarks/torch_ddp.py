@@ -4,11 +4,17 @@ parameters, and torch.distributed.all_reduce of a 64 MB float32 tensor, both bac
     python -m benchmarks --suite torch_ddp [--workers 2,4] [--repeat 1] [--quick]
                          [--set torch_ddp.width=2048] [--set torch_ddp.steps=6]
     python benchmarks/torch_ddp.py [--workers 2,4] [--repeat 1] [--quick] [--json OUT]
+    python benchmarks/torch_ddp.py --cluster 2x1,4x2 [--repeat 3] [--rate 1gbit] [--mb 64]
 
 Every job runs under ``twisternet run -n N`` (``twisternet.torch.init_process_group`` gives gloo its
 TCPStore there too). A figure is the median over ``repeat`` launches of rank 0's median per step (after
 ``warmup`` steps) or per all_reduce call. Targets (issue 24): DDP step time <= 0.8x gloo's, the 64 MB
 all_reduce <= 0.5x gloo's, on one host.
+
+``--cluster HxK,...``: the 64 MB all_reduce alone on the emulated cluster (twisternet.testbed: H network
+namespaces, links shaped to ``--rate``, K ranks per host; needs root), both backends started by
+``Testbed.twisternet_job`` on the same namespaces, alternating, ``repeat`` launches each (target: the
+twisternet backend's time <= gloo's). gloo gets ``GLOO_SOCKET_IFNAME=eth0``.
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ def worker(argv: list[str]) -> None:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--mb", type=int, default=64)
     p.add_argument("--calls", type=int, default=5)
+    p.add_argument("--no-ddp", action="store_true", help="the all_reduce timing only")
     a = p.parse_args(argv)
     import torch
     import torch.distributed as dist
@@ -72,6 +79,13 @@ def worker(argv: list[str]) -> None:
         dist.all_reduce(x)
         calls.append(time.perf_counter() - t)
     del x
+    if a.no_ddp:
+        if rank == 0:
+            print(f"{TAG} " + json.dumps({"backend": a.backend, "world": world, "params": None, "step_s": None,
+                                          "allreduce_s": sorted(calls)[len(calls) // 2],
+                                          "allreduce_all_s": calls}), flush=True)
+        dist.destroy_process_group()
+        return
     model = make_model(a.inputs, a.width, a.depth, 0)
     params = sum(q.numel() for q in model.parameters())
     ddp = DDP(model)
@@ -161,6 +175,41 @@ def run(opts: SuiteOptions) -> SuiteResult:
     return res
 
 
+def cluster(shapes: list[tuple[int, int]], repeat: int, rate: str, mb: int, calls: int) -> list[dict[str, Any]]:
+    """The all_reduce of ``mb`` MB per testbed shape (hosts, ranks per host): both backends alternating,
+    ``repeat`` launches each, on one testbed per shape (removed after). Prints and returns the rows."""
+    from twisternet.testbed import Testbed, unavailable
+    why = unavailable()
+    if why:
+        raise SystemExit(f"the emulated cluster cannot be built here: {why}")
+    script = Path(__file__).resolve()
+    rows = []
+    for hosts, k in shapes:
+        got: dict[str, list[float]] = {b: [] for b in BACKENDS}
+        with Testbed(hosts=hosts, ranks_per_host=k, rate=rate) as tb:
+            for rep in range(repeat):
+                for backend in BACKENDS:
+                    t0 = time.monotonic()
+                    r = tb.twisternet_job(script, ["--worker", "--backend", backend, "--no-ddp", "--mb", str(mb),
+                                                   "--calls", str(calls)], ranks_per_host=k, timeout=1200,
+                                          env={"GLOO_SOCKET_IFNAME": "eth0"}).check()
+                    line = next(ln for ln in r.stdout.splitlines() if TAG in ln)
+                    res = json.loads(line.split(TAG, 1)[1])
+                    got[backend].append(res["allreduce_s"])
+                    print(f"{hosts}x{k} run {rep + 1}/{repeat} {backend}: {res['allreduce_s'] * 1e3:.1f} ms "
+                          f"(calls {[round(c * 1e3, 1) for c in res['allreduce_all_s']]}, launch "
+                          f"{time.monotonic() - t0:.0f}s)", flush=True)
+        tw, gl = median(got["twisternet"]), median(got["gloo"])
+        row = {"hosts": hosts, "ranks_per_host": k, "rate": rate, "mb": mb, "twisternet_s": got["twisternet"],
+               "gloo_s": got["gloo"], "twisternet_median_s": tw, "gloo_median_s": gl, "ratio": tw / gl}
+        print(f"CLUSTER {hosts} hosts x {k}, {rate}, all_reduce {mb} MB: twisternet {tw * 1e3:.1f} ms "
+              f"[{min(got['twisternet']) * 1e3:.1f}..{max(got['twisternet']) * 1e3:.1f}], gloo {gl * 1e3:.1f} ms "
+              f"[{min(got['gloo']) * 1e3:.1f}..{max(got['gloo']) * 1e3:.1f}], ratio {tw / gl:.2f} "
+              f"(target <= 1.0: {'met' if tw <= gl else 'not met'})", flush=True)
+        rows.append(row)
+    return rows
+
+
 def _ms(s: float | None) -> float | None:
     return None if s is None else s * 1e3
 
@@ -175,7 +224,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--quick", action="store_true")
     p.add_argument("--json", default=None)
+    p.add_argument("--cluster", default=None, help="HxK[,HxK...]: the all_reduce on the emulated cluster")
+    p.add_argument("--rate", default="1gbit")
+    p.add_argument("--mb", type=int, default=64)
+    p.add_argument("--calls", type=int, default=5)
     a = p.parse_args(argv)
+    if a.cluster:
+        shapes = [tuple(int(v) for v in x.lower().split("x")) for x in a.cluster.split(",")]
+        rows = cluster([(h, k) for h, k in shapes], a.repeat, a.rate, a.mb, a.calls)
+        if a.json:
+            Path(a.json).write_text(json.dumps(rows, indent=1))
+        return 0
     opts = SuiteOptions(quick=a.quick, repeat=a.repeat, workers=[int(x) for x in a.workers.split(",")],
                         repeat_given=True)
     from benchmarks import report

@@ -6,10 +6,11 @@ A handle is completed from the operation's own completion path, never by a threa
   Context's engine like any other; :meth:`Operation.when_settled` calls the handle back from the
   handler (progress thread) that completed this process's part, or with the error that failed it;
 * rank-level calls that run on the caller's thread (``AllReduce.allreduce``: tree, ring, shared memory
-  or in-network) are queued on the Context's one *collective stream* thread, which runs them in
+  or in-network) are queued on a *collective stream* thread of the Context, which runs them in
   submission order (the order every rank submits them in, as gloo's and NCCL's streams do) and
-  completes each handle as its call returns. Several such calls are in flight at once in the sense
-  that submitting never blocks; they are carried out one after the other.
+  completes each handle as its call returns. Submitting never blocks; the calls of one stream are
+  carried out one after the other, those of different streams (the functional layer's, each torch
+  process group's, torch send/recv's) at the same time.
 
 The same stream thread watches the handles still pending while it has nothing to run: a lost peer or
 a handle past its deadline fails them (PeerLostError, OperationTimeout), so neither ``wait()`` nor a
@@ -112,7 +113,7 @@ class AsyncEngine:
     """The Context's collective stream: one thread that runs queued rank-level calls in order and fails
     pending handles on a lost peer or past their deadline. Created on first use (:func:`engine`)."""
 
-    def __init__(self, ctx: Any) -> None:
+    def __init__(self, ctx: Any, stream: Any = 0) -> None:
         self._ctx_ref = weakref.ref(ctx)
         self._queue: deque[tuple[Handle, Callable[[], Any]]] = deque()
         # strong references: a handle nobody holds any more must still be failed or have its operation closed
@@ -120,7 +121,8 @@ class AsyncEngine:
         self._cond = threading.Condition()
         self._stop = False
         self._busy = False      # a call is running (on the stream thread, or inline on a caller's)
-        self._thread = threading.Thread(target=self._loop, name=f"twisternet-stream-{ctx.rank}", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name=f"twisternet-stream-{ctx.rank}-{stream}",
+                                        daemon=True)
         self._thread.start()
 
     def submit(self, handle: Handle, call: Callable[[], Any]) -> Handle:
@@ -230,23 +232,30 @@ class AsyncEngine:
             h.fail(err)
 
 
-_engines: weakref.WeakKeyDictionary[Any, AsyncEngine] = weakref.WeakKeyDictionary()
+_engines: weakref.WeakKeyDictionary[Any, dict[Any, AsyncEngine]] = weakref.WeakKeyDictionary()
 _engines_lock = threading.Lock()
 
 
-def engine(ctx: Any) -> AsyncEngine:
-    """The collective stream of ``ctx`` (started on first use, stopped when the Context closes)."""
+def engine(ctx: Any, stream: Any = 0) -> AsyncEngine:
+    """The collective stream ``stream`` of ``ctx`` (started on first use, stopped when the Context closes).
+
+    Stream 0 is the functional layer's; each torch process group has its own (its edge stream), as gloo
+    has a worker per group: calls of one stream run in order, calls of different streams concurrently, so
+    two groups whose ranks submit in different orders across the groups cannot wait on each other."""
     with _engines_lock:
-        eng = _engines.get(ctx)
+        streams = _engines.get(ctx)
+        if streams is None:
+            streams = _engines[ctx] = {}
+        eng = streams.get(stream)
         if eng is None:
-            eng = _engines[ctx] = AsyncEngine(ctx)
+            eng = streams[stream] = AsyncEngine(ctx, stream)
             weakref.finalize(ctx, eng.stop)
         return eng
 
 
 def stop_engine(ctx: Any) -> None:
-    """Stop ``ctx``'s collective stream, failing what is still queued (call before closing the Context)."""
+    """Stop every collective stream of ``ctx``, failing what is still queued (call before closing the Context)."""
     with _engines_lock:
-        eng = _engines.pop(ctx, None)
-    if eng is not None:
+        streams = _engines.pop(ctx, None) or {}
+    for eng in streams.values():
         eng.stop()

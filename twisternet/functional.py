@@ -216,7 +216,7 @@ def all_reduce(x: Any, op: str = "sum", *, out: Any = None, async_op: bool = Fal
     except Exception as e:  # noqa: BLE001 - a bad input fails the call on every rank
         bad = _bad(what, e)
     from collectives.handles import engine
-    eng = engine(ctx)
+    eng = engine(ctx, st.stream)
     n = len(st.ranks)
 
     def call() -> Any:
@@ -250,6 +250,22 @@ def all_reduce(x: Any, op: str = "sum", *, out: Any = None, async_op: bool = Fal
     return eng.run(handle, call)
 
 
+#: The shared-memory segment of one cached all_reduce holds ``2 n + 2`` slots; their total stays under this.
+SHM_SEGMENT_BUDGET = 128 << 20
+#: The largest shared-memory slot the functional layer asks for.
+SHM_SLOT_MAX = 16 << 20
+
+
+def shm_slot_bytes(nranks: int) -> int:
+    """The shared-memory slot size of the functional layer's all_reduce for ``nranks`` ranks: large, so a
+    64 MB call takes 4-8 rounds (two waits each) instead of 64 of 1 MB. Every wait is a point where a rank
+    may have to be scheduled again; on a busy machine those, not the copies, dominated (a 64 MB call at 2
+    ranks: ~200 ms with 1 MB slots, ~120 ms with 16 MB, for ~22 ms of copying and adding per rank)."""
+    slots = 2 * max(1, nranks) + 2
+    size = min(SHM_SLOT_MAX, max(1 << 20, SHM_SEGMENT_BUDGET // slots))
+    return size // 4096 * 4096
+
+
 def _allreduce_op(st: _State, op: Any, via: str, timeout: float | None) -> tuple[Any, bool]:
     """The cached AllReduce of ``st`` for (op, via), created on the first call (every rank alike)."""
     from collectives import AllReduce
@@ -259,8 +275,12 @@ def _allreduce_op(st: _State, op: Any, via: str, timeout: float | None) -> tuple
     key = (name if isinstance(name, str) else id(name), via)
     with st.lock:
         arop = st.allreduce_ops.get(key)
-        if arop is None or arop._closed or arop._error is not None:
-            arop = AllReduce(st.ctx, sources=st.tasks(), edge=st.edge(), op=name, via=via, timeout=timeout)
+        # a failed operation is replaced only once this rank's own call on it has failed (_forget): another
+        # rank's failure can reach this one before it submits that very call, and replacing the operation
+        # then would put this rank's call on the next edge, a call ahead of the others
+        if arop is None or arop._closed:
+            arop = AllReduce(st.ctx, sources=st.tasks(), edge=st.edge(), op=name, via=via, timeout=timeout,
+                             shm_chunk_bytes=shm_slot_bytes(len(st.ranks)))
             st.allreduce_ops[key] = arop
     return arop, average and name == "sum"
 
@@ -278,7 +298,7 @@ def _forget(st: _State, arop: Any) -> None:
 
 
 # ---------------------------------------------------------------------------------- dataflow calls
-def _dataflow(ctx: Any, st: _State, what: str, make: Callable[[int], Any], contribute: Callable[[Any], None],
+def _dataflow(ctx: Any, st: _State, what: str, make: Callable[[int], Any], contribute: Callable[[Any], object],
               result: Callable[[Any], Any], async_op: bool, timeout: float | None,
               bad: BaseException | None = None) -> Any:
     """One batch operation on a fresh automatic edge: this rank contributes, the handle completes from

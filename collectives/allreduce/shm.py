@@ -18,7 +18,8 @@ two shared output slots. An array is reduced one chunk ("round" ``k``, counted o
 time:
 
 * every rank copies its chunk into its input slot ``k % 2`` and publishes ``in_seq = k``, then waits
-  until every rank has published ``k``;
+  until every rank has published ``k`` (in a split round, below, it leaves out its own piece, which
+  only it reads: it combines that part straight from its array);
 * a small chunk (at most ``DIRECT_BYTES``) is then reduced by every rank itself, from all input slots in
   rank order, straight into the result: one wait per round;
 * a larger one is cut into one piece per rank: each rank reduces its piece from all inputs into output
@@ -426,7 +427,15 @@ class ShmAllReduce:
             m = b - a
             k = self.round + 1
             par = k & 1
-            ins[par][me][:m] = src[a:b]
+            direct = m * src.itemsize <= DIRECT_BYTES
+            lo, hi = m * me // n, m * (me + 1) // n
+            mine = ins[par][me]
+            if direct:
+                mine[:m] = src[a:b]
+            else:
+                # only this rank reads its own piece: it stays in src, the others' pieces go to the slot
+                mine[:lo] = src[a:a + lo]
+                mine[hi:m] = src[a + hi:b]
             if first:
                 base = me * stride + _DESC * par
                 seq[base + _NBYTES] = src.nbytes
@@ -436,7 +445,7 @@ class ShmAllReduce:
             if first:
                 self._check_same(src, shape, par)
                 first = False
-            if m * src.itemsize <= DIRECT_BYTES:
+            if direct:
                 if result is None:
                     self.round = k
                     continue
@@ -445,11 +454,12 @@ class ShmAllReduce:
                 for j in range(2, n):
                     ufunc(dst, ins[par][j][:m], out=dst)
             else:
-                lo, hi = m * me // n, m * (me + 1) // n
+                # every rank adds in rank order (bit-identical results); this rank's operand is src itself
+                inputs = [src[a + lo:a + hi] if j == me else ins[par][j][lo:hi] for j in range(n)]
                 piece = outs[par][lo:hi]
-                ufunc(ins[par][0][lo:hi], ins[par][1][lo:hi], out=piece)
+                ufunc(inputs[0], inputs[1], out=piece)
                 for j in range(2, n):
-                    ufunc(piece, ins[par][j][lo:hi], out=piece)
+                    ufunc(piece, inputs[j], out=piece)
                 seq[me * stride + _OUT_SEQ] = k
                 if result is not None:
                     self._await(_OUT_SEQ, k, deadline, t, "reduced piece")

@@ -518,6 +518,8 @@ class _PointToPoint:
     def __init__(self, ctx: Any, state: Any, global_ranks: list[int]) -> None:
         from collectives.edges import channel_edge, claim_edge
         self.ctx = ctx
+        # a stream of its own: a recv waiting for its sender holds up no collective of the group
+        self.stream = ("p2p", state.stream)
         self.user_edge = state.edge()
         claim_edge(ctx, self.user_edge, "torch send/recv")
         self.edge = channel_edge(self.user_edge, 0)
@@ -540,7 +542,7 @@ class _PointToPoint:
         def wait_sent() -> None:
             sh.wait()
         from collectives.handles import engine
-        engine(self.ctx).submit(h, wait_sent)
+        engine(self.ctx, self.stream).submit(h, wait_sent)
         return _work([h], lambda: list(keep))
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int, timeout: float | None) -> Any:
@@ -560,7 +562,7 @@ class _PointToPoint:
                 raise TorchBackendError(f"recv: rank {src} sent {len(arrays)} tensors, {len(tensors)} expected")
             for t, a in zip(tensors, arrays):
                 _copy_into(t, a, f"recv from rank {src}")
-        engine(self.ctx).submit(h, take)
+        engine(self.ctx, self.stream).submit(h, take)
         return _work([h], lambda: list(tensors))
 
 
@@ -620,6 +622,25 @@ def register() -> None:
     dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=["cpu"])
 
 
+def _outward_address() -> str | None:
+    """This host's address on the route to the twisternet master (``TWISTERNET_MASTER``), which the other
+    hosts of the job reach it by; None when there is no master address (then the hostname is used).
+    A host name need not resolve on the other hosts (containers, the emulated cluster)."""
+    import socket
+    master = os.environ.get("TWISTERNET_MASTER", "")
+    host, _, port = master.rpartition(":")
+    if not host:
+        return None
+    host = host.strip("[]")
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.connect((host, int(port or 1)))       # UDP: picks the route, sends nothing
+            return str(s.getsockname()[0])
+    except (OSError, ValueError):
+        return None
+
+
 def init_process_group(backend: str = BACKEND_NAME, *, via: str | None = None, timeout: float | None = None,
                        **kwargs: Any) -> Any:
     """``torch.distributed.init_process_group`` for any launcher ``tn.init()`` knows: under torchrun (or
@@ -648,11 +669,11 @@ def init_process_group(backend: str = BACKEND_NAME, *, via: str | None = None, t
     port = None
     if ctx.rank == 0:
         with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
+            s.bind(("", 0))
             port = s.getsockname()[1]
     here = socket.gethostname()
-    host0, port = F.broadcast((here, port) if ctx.rank == 0 else None, src=0, ctx=ctx)
-    host = "127.0.0.1" if host0 == here else host0
+    host0, addr0, port = F.broadcast((here, _outward_address(), port) if ctx.rank == 0 else None, src=0, ctx=ctx)
+    host = "127.0.0.1" if host0 == here else (addr0 or host0)
     store = dist.TCPStore(host, port, ctx.world, ctx.rank == 0, timeout=td or timedelta(seconds=300))
     dist.init_process_group(backend, store=store, rank=ctx.rank, world_size=ctx.world, **kwargs)
     return ctx
