@@ -61,7 +61,7 @@ class _State:
         self.ctx = ctx
         self.stream = stream
         self.lock = threading.Lock()
-        self.allreduce_ops: dict[tuple, Any] = {}
+        self.allreduce_ops: dict[tuple[Any, ...], Any] = {}
         plan = ctx.plan
         first: dict[int, int] = {}
         for t in plan.tasks:
@@ -137,7 +137,7 @@ def _wrap_like(x: Any, result: Any) -> Any:
     return result
 
 
-def _out_view(out: Any, shape: tuple, dtype: Any, what: str) -> np.ndarray:
+def _out_view(out: Any, shape: tuple[int, ...], dtype: Any, what: str) -> np.ndarray:
     """The writeable numpy view of ``out`` after checking it can hold a result of ``shape``/``dtype``."""
     arr = as_array(out)
     if arr is None:

@@ -34,6 +34,11 @@ class Operation(ResultDelivery, FailureSpread, EdgePlumbing):
     ``timeout`` bounds every blocking call (default ``config.timeout``); ``fanout`` is the arity of trees.
     """
 
+    # Declared for the type checker: the mixins set them too (their inferred type must not depend on
+    # which module mypy reads first).
+    _changed: bool
+    _active: bool
+
     operation: ClassVar[str] = "Operation"
 
     def __init__(self, ctx: Context, sources: int | Iterable[int] | None, destinations: int | Iterable[int] | None,
