@@ -400,11 +400,12 @@ def fill_matrix(W: np.ndarray, cap_i: np.ndarray, cap_o: np.ndarray, t_i: np.nda
     a, b = W.shape
     cnt_i = W.sum(axis=1)
     cnt_o = W.sum(axis=0)
-    lev = np.zeros((a, b))
-    sat_i = np.zeros(a, dtype=bool)
-    sat_o = np.zeros(b, dtype=bool)
-    level = 0.0
     inf = np.inf
+    # A cell's flows freeze at the level of the first of its row and column to saturate (the
+    # level only rises), so the rates are min(row level, column level) with inf for never.
+    lev_i = np.full(a, inf)
+    lev_o = np.full(b, inf)
+    level = 0.0
     amin = np.minimum.reduce
     with np.errstate(divide="ignore", invalid="ignore"):
         while True:
@@ -421,21 +422,20 @@ def fill_matrix(W: np.ndarray, cap_i: np.ndarray, cap_o: np.ndarray, t_i: np.nda
             so = ((sh_o <= lim) | (cap_o <= t_o)).nonzero()[0]
             # Ingress ports first, then egress ports, so a flow with both ends saturated freezes once.
             if si.size:
-                sub = W[si]
-                lev[si] += (sub > 0) * level
-                cnt_o -= sub.sum(axis=0)
+                cnt_o -= W[si].sum(axis=0)
                 W[si] = 0.0
-                sat_i[si] = True
+                lev_i[si] = level
                 cap_i[si] = inf
                 cnt_i[si] = 0.0
             if so.size:
-                sub = W[:, so]
-                lev[:, so] += (sub > 0) * level
-                cnt_i -= sub.sum(axis=1)
+                cnt_i -= W[:, so].sum(axis=1)
                 W[:, so] = 0.0
-                sat_o[so] = True
+                lev_o[so] = level
                 cap_o[so] = inf
                 cnt_o[so] = 0.0
+    lev = np.minimum(lev_i[:, None], lev_o[None, :])
+    sat_i = lev_i < inf
+    sat_o = lev_o < inf
     return lev, sat_i, sat_o
 
 
