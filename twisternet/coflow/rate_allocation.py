@@ -385,9 +385,113 @@ def _merge_levels(cs_l: list[float], cd_l: list[float]) -> tuple[int, int, list[
     return i, j, lev_s, lev_d
 
 
+def fill_matrix(W: np.ndarray, cap_i: np.ndarray, cap_o: np.ndarray, t_i: np.ndarray,
+                t_o: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Progressive filling on a dense matrix: ``W[i, j]`` flows (counts, as floats) from ingress row
+    ``i`` (capacity ``cap_i[i]``, saturation tolerance ``t_i[i]``) to egress column ``j``; every
+    row and column must have a flow. Returns the max-min fair rate of each cell's flows and which
+    rows and columns saturated. ``W``, ``cap_i`` and ``cap_o`` are used up (overwritten).
+
+    Every unfrozen flow holds the same rate (the water level), so a round raises the level to the
+    next port's saturation (the least residual / unfrozen flows), freezes the flows of every port
+    within a relative 1e-9 of it (or left with at most its tolerance) at that level, and zeroes
+    their rows and columns: a few operations on per-port vectors, at most one round per port.
+    """
+    a, b = W.shape
+    cnt_i = W.sum(axis=1)
+    cnt_o = W.sum(axis=0)
+    inf = np.inf
+    # A cell's flows freeze at the level of the first of its row and column to saturate (the
+    # level only rises), so the rates are min(row level, column level) with inf for never.
+    lev_i = np.full(a, inf)
+    lev_o = np.full(b, inf)
+    level = 0.0
+    amin = np.minimum.reduce
+    with np.errstate(divide="ignore", invalid="ignore"):
+        while True:
+            sh_i = cap_i / cnt_i
+            sh_o = cap_o / cnt_o
+            inc = min(float(amin(sh_i)), float(amin(sh_o)))
+            if not inc < inf:
+                break
+            level += inc
+            cap_i -= inc * cnt_i
+            cap_o -= inc * cnt_o
+            lim = inc * (1.0 + 1e-9)
+            si = ((sh_i <= lim) | (cap_i <= t_i)).nonzero()[0]
+            so = ((sh_o <= lim) | (cap_o <= t_o)).nonzero()[0]
+            # Ingress ports first, then egress ports, so a flow with both ends saturated freezes once.
+            if si.size:
+                cnt_o -= W[si].sum(axis=0)
+                W[si] = 0.0
+                lev_i[si] = level
+                cap_i[si] = inf
+                cnt_i[si] = 0.0
+            if so.size:
+                cnt_i -= W[:, so].sum(axis=1)
+                W[:, so] = 0.0
+                lev_o[so] = level
+                cap_o[so] = inf
+                cnt_o[so] = 0.0
+    lev = np.minimum(lev_i[:, None], lev_o[None, :])
+    sat_i = lev_i < inf
+    sat_o = lev_o < inf
+    return lev, sat_i, sat_o
+
+
 def _water_fill(s: np.ndarray, d: np.ndarray, w: np.ndarray | None, res: ResidualCapacity,
                 take: bool) -> np.ndarray:
-    """Progressive filling of flow groups (ingress ``s``, egress ``d``, ``w`` flows each; None = 1)."""
+    """Progressive filling of flow groups (ingress ``s``, egress ``d``, ``w`` flows each; None = 1).
+
+    Works on the dense matrix of flow counts between the ingress and egress ports the usable flows
+    touch (:func:`fill_matrix`; at most ports x ports entries, whatever the number of flows). The
+    arithmetic is the per-port sequence of the
+    flow-list formulation it replaced (integer-valued counts are exact), so the rates are the same
+    to the bit.
+    """
+    n_in, n_out = res.res_in.shape[0], res.res_out.shape[0]
+    m = s.shape[0]
+    rate = np.zeros(m)
+    res_in, res_out, tol_in, tol_out = res.res_in, res.res_out, res.tol_in, res.tol_out
+    live = ((res_in[s] > tol_in[s]) & (res_out[d] > tol_out[d])).nonzero()[0]
+    if live.size == 0:
+        return rate
+    ls, ld = s[live], d[live]
+    lw = None if w is None else w[live]
+    hi = np.bincount(ls, minlength=n_in)
+    ho = np.bincount(ld, minlength=n_out)
+    ui = hi.nonzero()[0]
+    uo = ho.nonzero()[0]
+    a, b = ui.shape[0], uo.shape[0]
+    if a * b > 8 * live.shape[0] + 65536:
+        return _water_fill_flows(s, d, w, res, take)
+    # Compress to the ports the usable flows touch: ui[r] is row r's ingress port, uo[c] column c's.
+    row = np.zeros(n_in, dtype=np.int64)
+    col = np.zeros(n_out, dtype=np.int64)
+    row[ui] = np.arange(a)
+    col[uo] = np.arange(b)
+    cell = row[ls] * b + col[ld]
+    W = np.bincount(cell, weights=lw, minlength=a * b).reshape(a, b)
+    lev, sat_i, sat_o = fill_matrix(W, res_in[ui], res_out[uo], tol_in[ui], tol_out[uo])
+    lrate = lev.reshape(-1)[cell]
+    rate[live] = lrate
+    if take:
+        used = lrate if lw is None else lrate * lw
+        left_i = res_in - np.bincount(ls, weights=used, minlength=n_in)
+        left_o = res_out - np.bincount(ld, weights=used, minlength=n_out)
+        left_i[ui[sat_i]] = 0.0
+        left_o[uo[sat_o]] = 0.0
+        np.maximum(left_i, 0.0, out=left_i)
+        np.maximum(left_o, 0.0, out=left_o)
+        res_in[:] = left_i
+        res_out[:] = left_o
+    return rate
+
+
+def _water_fill_flows(s: np.ndarray, d: np.ndarray, w: np.ndarray | None, res: ResidualCapacity,
+                      take: bool) -> np.ndarray:
+    """:func:`_water_fill` over the flow list, for fabrics where the dense port x port matrix would be
+    much larger than the flows (the same rates)."""
     n_in, n_out = res.res_in.shape[0], res.res_out.shape[0]
     N = n_in + n_out
     m = s.shape[0]

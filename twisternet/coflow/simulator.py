@@ -252,18 +252,19 @@ def simulate(coflows: Iterable[Coflow], policy: Scheduler | str, capacities: Por
         # (all flows are unfinished at release, and only moving flows finish), so the vector work
         # below is over the moving coflows' flows alone.
         moving, rates = view.gather_rates(alloc, active, name, pos)
-        rem = rem_all[view.idx]
-        live = rem > 0
-        m = live & (rates > 0)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ft = np.where(m, rem / np.where(m, rates, 1.0), math.inf)
-        dt_flow = float(ft.min()) if ft.size else math.inf          # earliest completion of any flow
-        # A coflow completes when its last live flow does; a live flow without rate never completes.
         if moving:
-            per_cf = np.maximum.reduceat(np.where(live, ft, 0.0), view.starts)
-            dt_coflow = float(per_cf.min())                          # earliest whole-coflow completion
+            rem = rem_all[view.idx]
+            live = rem > 0
+            m = rates > 0
+            m &= live
+            ft = np.full(rem.shape[0], math.inf)
+            np.divide(rem, rates, out=ft, where=m)
+            dt_flow = float(ft.min())                                 # earliest completion of any flow
+            # A coflow completes when its last live flow does; a live flow without rate never does.
+            ft[~live] = 0.0
+            dt_coflow = float(np.maximum.reduceat(ft, view.starts).min())  # earliest whole coflow
         else:
-            dt_coflow = math.inf
+            dt_flow = dt_coflow = math.inf
         t_next = t + min(dt_coflow, max(dt_flow, realloc_gap))
         if ready:
             t_next = min(t_next, ready[0][0])
@@ -279,7 +280,10 @@ def simulate(coflows: Iterable[Coflow], policy: Scheduler | str, capacities: Por
             continue
         if dt > 0:
             rem -= rates * dt
-        done = (rem <= view.size * 1e-12) | (rem <= rates * _TIME_RES)
+        # Finished: within a relative 1e-12 of the size, or within 1 ns at the flow's rate.
+        thr = rates * _TIME_RES
+        np.maximum(thr, view.size_tol, out=thr)
+        done = rem <= thr
         rem[done] = 0.0
         rem_all[view.idx] = rem
         for j in moving:
@@ -307,21 +311,24 @@ def simulate(coflows: Iterable[Coflow], policy: Scheduler | str, capacities: Por
 class _MovingFlows:
     """Index of the moving coflows' flows (those the policy gave some rate) in the flat arrays:
     ``idx`` (flow positions, coflow after coflow in active order), ``starts`` (each coflow's first
-    position in ``idx``) and the flows' sizes. Rebuilt at every event from the moving coflows alone."""
+    position in ``idx``), and ``size_tol`` (the flows' sizes times 1e-12, the "finished" threshold).
+    Rebuilt only when the set of moving coflows changes (between releases and completions it rarely
+    does), so an event costs one gather of the rate vectors."""
 
-    __slots__ = ("offs", "size_all", "idx", "starts", "size")
+    __slots__ = ("offs", "size_all", "idx", "starts", "size_tol", "key")
 
     def __init__(self, offs: np.ndarray, size_all: np.ndarray) -> None:
         self.offs = offs
         self.size_all = size_all
         self.idx = np.zeros(0, dtype=np.int64)
         self.starts = np.zeros(0, dtype=np.int64)
-        self.size = np.zeros(0)
+        self.size_tol = np.zeros(0)
+        self.key: list[int] = []
 
     def gather_rates(self, alloc: Any, active: Sequence[Coflow], name: str,
                      pos: dict[Hashable, int]) -> tuple[list[int], np.ndarray]:
         """Positions in ``active`` of the coflows with some positive rate, and their rates as one
-        vector aligned with ``idx`` (which this rebuilds); missing coflows send nothing."""
+        vector aligned with ``idx`` (rebuilt if the moving set changed); missing coflows send nothing."""
         got = alloc.rates
         moving: list[int] = []
         parts = []
@@ -338,20 +345,20 @@ class _MovingFlows:
             parts.append(r)
             ks.append(pos[c.id])
         if not moving:
-            self.idx = np.zeros(0, dtype=np.int64)
-            self.starts = np.zeros(0, dtype=np.int64)
-            self.size = np.zeros(0)
             return moving, np.zeros(0)
-        rates = np.concatenate(parts).astype(np.float64, copy=False)
-        kk = np.asarray(ks, dtype=np.int64)
-        lo = self.offs[kk]
-        n = self.offs[kk + 1] - lo
-        self.starts = np.zeros(len(ks), dtype=np.int64)
-        np.cumsum(n[:-1], out=self.starts[1:])
-        # idx = lo[k] + (0 .. n[k]-1) for every moving coflow k, without a Python loop over flows.
-        self.idx = np.arange(rates.shape[0], dtype=np.int64) + np.repeat(lo - self.starts, n)
-        self.size = self.size_all[self.idx]
-        if not np.isfinite(rates).all() or (rates < 0).any():
+        rates = np.asarray(np.concatenate(parts) if len(parts) > 1 else parts[0], dtype=np.float64)
+        if ks != self.key:
+            self.key = ks
+            kk = np.asarray(ks, dtype=np.int64)
+            lo = self.offs[kk]
+            n = self.offs[kk + 1] - lo
+            self.starts = np.zeros(len(ks), dtype=np.int64)
+            np.cumsum(n[:-1], out=self.starts[1:])
+            # idx = lo[k] + (0 .. n[k]-1) for every moving coflow k, without a Python loop over flows.
+            self.idx = np.arange(rates.shape[0], dtype=np.int64) + np.repeat(lo - self.starts, n)
+            self.size_tol = self.size_all[self.idx] * 1e-12
+        lo_r, hi_r = float(rates.min()), float(rates.max())
+        if not (lo_r >= 0 and hi_r < math.inf):     # NaN fails the first test
             bad = np.flatnonzero(~np.isfinite(rates) | (rates < 0))[0]
             k = int(np.searchsorted(self.starts, bad, side="right")) - 1
             raise SimulationError(f"policy {name!r} returned invalid rates for coflow "
