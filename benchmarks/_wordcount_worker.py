@@ -59,7 +59,7 @@ def main() -> None:
                "counts": mine}
         if trees is not None:
             row = {"rank": ctx.rank, "host": socket.gethostname(), "seconds": elapsed, "tx_bytes": sent,
-                   "words": sum(mine.values()), "distinct": sorted(local)}
+                   "words": sum(mine.values()), "distinct": sorted(local), "counts": mine}
         print("WC " + json.dumps(row), flush=True)
 
 

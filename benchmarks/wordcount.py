@@ -35,6 +35,7 @@ from benchmarks.common import (ROOT, choose_peers, job_env, median, peer_env, ru
 from benchmarks import report  # noqa: E402
 from benchmarks.harness import SuiteOptions, SuiteResult, Table, Target  # noqa: E402
 from wordcount import generated_words  # noqa: E402
+from benchmarks import _spark_peer  # noqa: E402
 
 NAME = "wordcount"
 DESCRIPTION = ("batch KeyedReduce word count of 20M Zipf words: twisternet on W workers vs "
@@ -83,36 +84,20 @@ def run_counter(words: int, shares: int) -> tuple[float, str]:
     return dt, digest(dict(c))
 
 
-_SPARK = r"""
-import json, sys, time, operator
-sys.path.insert(0, sys.argv[3])
-from pyspark import SparkConf, SparkContext
-from wordcount import generated_words
-words, workers = int(sys.argv[1]), int(sys.argv[2])
-conf = (SparkConf().setMaster(f"local[{workers}]").setAppName("wc")
-        .set("spark.ui.enabled", "false").set("spark.driver.memory", "4g"))
-sc = SparkContext(conf=conf)
-sc.setLogLevel("ERROR")
-sc.addPyFile(sys.argv[3] + "/wordcount.py")      # the text generator, for the Python workers
-rdd = sc.parallelize(range(workers), workers).flatMap(lambda r: generated_words(r, workers, words)).cache()
-n = rdd.count()                                   # generate and cache outside the timed part
-t = time.perf_counter()
-counts = dict(rdd.map(lambda w: (w, 1)).reduceByKey(operator.add).collect())
-dt = time.perf_counter() - t
-sc.stop()
-print("SPARK " + json.dumps({"seconds": dt, "words": n, "counts": counts}), flush=True)
-"""
-
-
 def _counted(d: dict[str, Any], who: str, words: int) -> tuple[float, int, str]:
     if sum(d["counts"].values()) != words or d["words"] != words:
         raise WrongAnswer(f"{who} lost words")
     return d["seconds"], d["words"], digest(d["counts"])
 
 
+#: JVM start-up seconds of each PySpark run, in order (reported apart from its timed seconds).
+SPARK_STARTUP: list[float] = []
+
+
 def run_spark(workers: int, words: int) -> tuple[float, int, str]:
-    d = run_peer([sys.executable, "-c", _SPARK, str(words), str(workers), str(ROOT / "examples")], "SPARK",
-                 "PySpark", job_env(PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable))
+    """PySpark local[workers] reduceByKey over the same words (``benchmarks/_spark_peer.py``)."""
+    d = _spark_peer.run("wordcount", workers, words)
+    SPARK_STARTUP.append(d["startup_s"])
     return _counted(d, "PySpark", words)
 
 
@@ -135,6 +120,7 @@ def run(opts: SuiteOptions) -> SuiteResult:
     bar.set_total(repeat * len(workers) * (2 + len(active)))
     raw: dict[str, Any] = {"words": words, "counter": {}, "twisternet": {}, "spark": {}, "dask": {}}
     field = {"PySpark": "spark", "Dask": "dask"}
+    startup: dict[int, list[float]] = {}
     failed: set[str] = set()       # peers that crashed or timed out (a wrong answer raises instead)
     for rep in range(repeat):
         for w in workers:
@@ -154,6 +140,8 @@ def run(opts: SuiteOptions) -> SuiteResult:
                 if got is None:
                     continue
                 t, _, d = got
+                if name == "PySpark" and SPARK_STARTUP:
+                    startup.setdefault(w, []).append(SPARK_STARTUP[-1])
                 if d != ref:
                     raise RuntimeError(f"{name} x{w} counts differ from Counter's")
                 raw[field[name]].setdefault(w, []).append(t)
@@ -168,6 +156,8 @@ def run(opts: SuiteOptions) -> SuiteResult:
                      *(f"{peer_t[n] / t:.1f}" if n in peer_t else "n/a" for n in ("PySpark", "Dask"))])
         for name, pt in peer_t.items():
             label = f"PySpark local[{w}] reduceByKey" if name == "PySpark" else f"Dask Bag.frequencies, {w} workers"
+            if name == "PySpark" and startup.get(w):
+                label += f" (JVM start-up {median(startup[w]):.1f} s, not timed)"
             rows.append([label, f"{pt:.2f}", f"{words / pt:,.0f}", f"{ref_t / pt:.2f}",
                          *("1.0" if n == name else "" for n in ("PySpark", "Dask"))])
         target = versus_spark(f"word count, {w} workers", t, peer_t.get("PySpark"), "PySpark" in failed)
@@ -180,6 +170,7 @@ def run(opts: SuiteOptions) -> SuiteResult:
                             ["implementation", "seconds", "words/s", "speedup vs Counter", "PySpark / this",
                              "Dask / this"], rows,
                             note="every run checked: the same word -> count table as collections.Counter"))
+    raw["spark_startup_s"] = startup
     res.raw = raw
     res.seconds = time.monotonic() - t_start
     bar.finish()
