@@ -250,7 +250,7 @@ def wordcount_vs_spark(hosts: int, k: int, rate: str, words: int, repeat: int = 
     from wordcount import generated_words
     world = hosts * k
     ref = digest(dict(Counter(w for r in range(world) for w in generated_words(r, world, words))))
-    tn_s, spark_s, startup = [], [], []
+    tn_s, spark_s, startup, tn_cpu, spark_cpu = [], [], [], [], []
     why = spark_missing()
     with Testbed(hosts=hosts, ranks_per_host=k, rate=rate) as tb:
         for _ in range(repeat):
@@ -263,27 +263,32 @@ def wordcount_vs_spark(hosts: int, k: int, rate: str, words: int, repeat: int = 
             if len(found) != world or digest(merged) != ref:
                 raise RuntimeError(f"twisternet word count on {hosts} x {k}: counts differ from Counter's")
             tn_s.append(max(f["seconds"] for f in found))
+            tn_cpu.append(sum(f["cpu_s"] for f in found))
     for _ in range(repeat if why is None else 0):
         d = _spark_peer.run("wordcount", world, words, world)
         if d["words"] != words or digest(d["counts"]) != ref:
             raise RuntimeError(f"PySpark local[{world}] word count: counts differ from Counter's")
         spark_s.append(d["seconds"])
         startup.append(d["startup_s"])
+        spark_cpu.append(d["cpu_s"])
     t = median(tn_s)
-    rows: list[list[Any]] = [[f"twisternet KeyedReduce, {hosts} hosts x {k} (links {rate})", t, words / t, 1.0]]
+    rows: list[list[Any]] = [[f"twisternet KeyedReduce, {hosts} hosts x {k} (links {rate})", t, words / t, 1.0,
+                              median(tn_cpu), 1.0]]
     target = Target(f"word count, {hosts} hosts x {k}: twisternet vs PySpark local[{world}]", "faster",
                     f"not measured: {why}", None)
     if spark_s:
         s = median(spark_s)
         rows.append([f"PySpark local[{world}] reduceByKey (JVM start-up {median(startup):.1f} s, not timed)",
-                     s, words / s, s / t])
+                     s, words / s, s / t, median(spark_cpu), median(spark_cpu) / median(tn_cpu)])
         target = Target(target.name, "faster", f"{s / t:.2f}x ({t:.2f} s vs {s:.2f} s)", s > t)
     table = Table(f"word count of {words:,} Zipf words: twisternet on {hosts} hosts x {k} vs PySpark "
                   f"local[{world}] (median of {repeat})",
-                  ["implementation", "seconds", "words/s", "time / twisternet's"], rows,
+                  ["implementation", "seconds", "words/s", "time / twisternet's", "CPU s",
+                   "CPU / twisternet's"], rows,
                   note="every answer checked against collections.Counter over the same text; twisternet: "
                        "slowest rank, from a start barrier to its keys reduced; PySpark: from submitting "
-                       "reduceByKey to the collected counts (input generated and cached before)"
+                       "reduceByKey to the collected counts (input generated and cached before); CPU s: user+system "
+                       "seconds of all its processes in that time (load-independent)"
                        + ("" if why is None else f"; PySpark not run: {why}"))
     return table, [target]
 

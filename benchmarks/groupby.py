@@ -10,7 +10,11 @@ from a common start barrier); not timed: generating the table (``examples/groupb
 ``generated_table``, identical for every implementation). Every run is checked: the concatenated
 per-worker results must have exactly the reference's keys and counts, and sums equal within 1e-9
 relative. Figures are medians of ``--repeat`` runs; ratios are the peer's time over twisternet's.
-Peers that are not installed are reported as skipped. Also the ``groupby`` suite of ``python -m benchmarks``
+Peers that are not installed are reported as skipped. PySpark (``benchmarks/_spark_peer.py``,
+``local[W]``, its own process) reads the table from a Parquet file written before, caches it, and is timed
+from submitting ``groupBy("k").sum("v")`` to its Arrow result in the driver; its JVM start-up is shown
+apart. Polars in one process is the local ceiling. Issue #23's target: twisternet on 2 workers faster
+than Dask and PySpark. Also the ``groupby`` suite of ``python -m benchmarks``
 (``--set groupby.rows=N --set groupby.distinct=K``).
 """
 

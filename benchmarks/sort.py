@@ -66,6 +66,7 @@ def run_twisternet(workers: int, total: int, memory: int) -> dict[str, Any]:
         raise RuntimeError(f"twisternet sort failed (exit {p.returncode}):\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
     rows.sort(key=lambda r: r["rank"])
     return {"seconds": max(r["seconds"] for r in rows), "parts": rows,
+            "cpu_s": sum(r["cpu_s"] for r in rows) if all("cpu_s" in r for r in rows) else None,
             "spilled_bytes": sum(r["spilled_bytes"] for r in rows)}
 
 
@@ -113,7 +114,7 @@ def run(opts: SuiteOptions) -> SuiteResult:
     want = {w: expected(w, total) for w in workers}
     raw: dict[str, Any] = {"records": total, "bytes": total * RECORD_BYTES, "twisternet": {}, "spilled_bytes": {},
                            "memory_limit": {}, "PySpark": {}, "Dask": {}, "PySpark startup_s": {},
-                           "PySpark spilled_bytes": {}}
+                           "PySpark spilled_bytes": {}, "cpu_s": {"twisternet": {}, "PySpark": {}}}
     failed: set[str] = set()       # peers that crashed or timed out (a wrong answer raises instead)
     for rep in range(repeat):
         for w in workers:
@@ -124,6 +125,7 @@ def run(opts: SuiteOptions) -> SuiteResult:
             raw["twisternet"].setdefault(w, []).append(r["seconds"])
             raw["spilled_bytes"].setdefault(w, []).append(r["spilled_bytes"])
             raw["memory_limit"][w] = memory
+            raw["cpu_s"]["twisternet"].setdefault(w, []).append(r.get("cpu_s"))
             for name in active:
                 left_out = " (left out: it failed)" if name in failed else ""
                 bar.step(f"run {rep + 1}/{repeat}: {name} x{w}{left_out}")
@@ -141,6 +143,7 @@ def run(opts: SuiteOptions) -> SuiteResult:
                 if name == "PySpark":
                     raw["PySpark startup_s"].setdefault(w, []).append(r.get("startup_s"))
                     raw["PySpark spilled_bytes"].setdefault(w, []).append(r.get("spilled_bytes"))
+                    raw["cpu_s"]["PySpark"].setdefault(w, []).append(r.get("cpu_s"))
     rows = []
     mb = total * RECORD_BYTES / 1e6
     for w in workers:
@@ -149,6 +152,7 @@ def run(opts: SuiteOptions) -> SuiteResult:
         spilled = median(raw["spilled_bytes"][w]) / 1e6
         rows.append([f"twisternet KeyedGather, {w} workers", f"{t:.2f}", f"{total / t:,.0f}", f"{mb / t:.1f}",
                      f"{spilled:,.0f} MB in all (memory_limit {raw['memory_limit'][w] >> 20} MB/worker)", "",
+                     _median_known(raw["cpu_s"]["twisternet"].get(w, []), "{:.1f}"),
                      *(f"{others[n] / t:.2f}" if n in others else "n/a" for n in ("PySpark", "Dask"))])
         for name, secs in others.items():
             start = spill = ""
@@ -158,6 +162,7 @@ def run(opts: SuiteOptions) -> SuiteResult:
                 spill = f"{spill} in all (spark.python.worker.memory 512 MB)" if spill else ""
             rows.append([f"{name} {f'local[{w}] sortByKey' if name == 'PySpark' else f'sort_values, {w} workers'}",
                          f"{secs:.2f}", f"{total / secs:,.0f}", f"{mb / secs:.1f}", spill, start,
+                         _median_known(raw["cpu_s"].get(name, {}).get(w, []), "{:.1f}"),
                          *("1.00" if n == name else "" for n in ("PySpark", "Dask"))])
         for name, want in (("PySpark", 5), ("Dask", 3)):
             target = versus(f"sort, {w} workers", name, want, t, others.get(name), name in failed)
@@ -165,10 +170,12 @@ def run(opts: SuiteOptions) -> SuiteResult:
                 res.targets.append(target)
     res.tables.append(Table(f"Sort of {total:,} records ({mb:,.0f} MB), median of {repeat}",
                             ["implementation", "seconds", "records/s", "MB/s", "spilled to disk",
-                             "start-up s (not timed)", "PySpark / this", "Dask / this"], rows,
+                             "start-up s (not timed)", "CPU s", "PySpark / this", "Dask / this"], rows,
                             note="every run verified: all records, each partition sorted, partitions in key "
                                  "order; seconds: from the job's start to every partition's summary; PySpark's "
-                                 "start-up (JVM and SparkContext) is reported apart, not in its seconds"))
+                                 "start-up (JVM and SparkContext) is reported apart, not in its seconds; CPU s: "
+                                 "user+system seconds of every process of the implementation in its timed part "
+                                 "(twisternet: its workers; PySpark: driver, JVM, Python workers; Dask: not measured)"))
     res.raw = raw
     res.seconds = time.monotonic() - t_start
     bar.finish()
