@@ -111,8 +111,10 @@ def run_dask(table: Any, ref: Any, workers: int) -> float:
     return dt
 
 
-#: JVM start-up seconds of each PySpark run, in order (reported apart from its timed seconds).
+#: JVM start-up seconds of each PySpark run, in order (reported apart from its timed seconds), and the
+#: CPU seconds its processes (driver, JVM, Python workers) used in the timed part.
 SPARK_STARTUP: list[float] = []
+SPARK_CPU: list[float | None] = []
 
 
 def run_spark(parquet: str, ref: Any, workers: int) -> float:
@@ -125,6 +127,7 @@ def run_spark(parquet: str, ref: Any, workers: int) -> float:
         r = _spark_peer.run("groupby", workers, parquet, out)
         got = pa.ipc.open_file(out).read_all()
     SPARK_STARTUP.append(r["startup_s"])
+    SPARK_CPU.append(r.get("cpu_s"))
     verify("pyspark", got.column("k").to_numpy(), got.column("v_sum").to_numpy(), ref)
     return r["seconds"]
 
@@ -241,7 +244,8 @@ def main() -> None:
     for name, dt in times.items():
         print(f"| {name} | {dt:.3f} | {args.rows / dt / 1e6:.1f} | {dt / base:.2f}x |")
     if SPARK_STARTUP:
-        print(f"PySpark JVM start-up (not timed): median {median(SPARK_STARTUP):.1f} s of {len(SPARK_STARTUP)}")
+        print(f"PySpark JVM start-up (not timed): median {median(SPARK_STARTUP):.1f} s of {len(SPARK_STARTUP)}; "
+              f"CPU of its timed part (all its processes): {SPARK_CPU}")
 
 
 if __name__ == "__main__":
