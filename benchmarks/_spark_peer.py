@@ -83,7 +83,12 @@ def spilled_bytes(sc: Any) -> int | None:
     """Bytes Spark's stages spilled to disk so far (its status store's diskBytesSpilled summed over
     the stages), or None where this Spark version's internals do not answer."""
     try:
-        stages = sc._jsc.sc().statusStore().stageList(None)
+        store = sc._jsc.sc().statusStore()
+        gw = sc._gateway
+        try:      # Spark 4: stageList(statuses, details, withSummaries, unsortedQuantiles, taskStatus)
+            stages = store.stageList(None, False, False, gw.new_array(gw.jvm.double, 0), gw.jvm.java.util.ArrayList())
+        except Exception:  # noqa: BLE001 - Spark 3: stageList(statuses)
+            stages = store.stageList(None)
         return int(sum(stages.apply(i).diskBytesSpilled() for i in range(stages.size())))
     except Exception:  # noqa: BLE001 - a private API: its absence costs the figure, not the run
         return None
