@@ -33,7 +33,7 @@ from collections.abc import Callable
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import ROOT, fmt_size, median  # noqa: E402
-from benchmarks.harness import Chart, SuiteOptions, SuiteResult, Table, ratio  # noqa: E402
+from benchmarks.harness import Chart, SuiteOptions, SuiteResult, Table, Target, ratio  # noqa: E402
 
 NAME = "cluster"
 DESCRIPTION = ("float32 allreduce 1 KB..64 MB on an emulated cluster (H namespaced hosts, shaped links, k "
@@ -234,6 +234,65 @@ def wordcount_links(hosts: int, k: int, rate: str, words: int, repeat: int = 1) 
                       "flat: KaryTree per destination over the ranks; host: routing.HostTree")
 
 
+def wordcount_vs_spark(hosts: int, k: int, rate: str, words: int, repeat: int = 1) -> tuple[Table, list[Target]]:
+    """Word count of ``words`` Zipf words: twisternet KeyedReduce (batch, host-aware trees) on ``hosts`` x
+    ``k`` ranks of the emulated cluster vs PySpark ``local[hosts * k]`` (the same task slots on the same
+    machine; ``benchmarks/_spark_peer.py``) over the same H*k shares of the text, each answer checked
+    against ``collections.Counter``; medians of ``repeat``. Without pyspark or java the table says why
+    and the target is not measured (issue #21: twisternet faster)."""
+    from collections import Counter
+
+    from benchmarks import _spark_peer
+    from benchmarks.common import spark_missing
+    from benchmarks.wordcount import digest
+    from twisternet.testbed import Testbed
+    sys.path.insert(0, str(ROOT / "examples"))
+    from wordcount import generated_words
+    world = hosts * k
+    ref = digest(dict(Counter(w for r in range(world) for w in generated_words(r, world, words))))
+    tn_s, spark_s, startup, tn_cpu, spark_cpu = [], [], [], [], []
+    why = spark_missing()
+    with Testbed(hosts=hosts, ranks_per_host=k, rate=rate) as tb:
+        for _ in range(repeat):
+            r = tb.twisternet_job(WORDCOUNT_WORKER, [str(words), "host"], ranks_per_host=k, timeout=1800).check()
+            dec = json.JSONDecoder()
+            found = [dec.raw_decode(line.split("WC ", 1)[1])[0] for line in r.stdout.splitlines() if "WC " in line]
+            merged: dict[str, int] = {}
+            for f in found:
+                merged.update(f["counts"])
+            if len(found) != world or digest(merged) != ref:
+                raise RuntimeError(f"twisternet word count on {hosts} x {k}: counts differ from Counter's")
+            tn_s.append(max(f["seconds"] for f in found))
+            tn_cpu.append(sum(f["cpu_s"] for f in found))
+    for _ in range(repeat if why is None else 0):
+        d = _spark_peer.run("wordcount", world, words, world)
+        if d["words"] != words or digest(d["counts"]) != ref:
+            raise RuntimeError(f"PySpark local[{world}] word count: counts differ from Counter's")
+        spark_s.append(d["seconds"])
+        startup.append(d["startup_s"])
+        spark_cpu.append(d["cpu_s"])
+    t = median(tn_s)
+    rows: list[list[Any]] = [[f"twisternet KeyedReduce, {hosts} hosts x {k} (links {rate})", t, words / t, 1.0,
+                              median(tn_cpu), 1.0]]
+    target = Target(f"word count, {hosts} hosts x {k}: twisternet vs PySpark local[{world}]", "faster",
+                    f"not measured: {why}", None)
+    if spark_s:
+        s = median(spark_s)
+        rows.append([f"PySpark local[{world}] reduceByKey (JVM start-up {median(startup):.1f} s, not timed)",
+                     s, words / s, s / t, median(spark_cpu), median(spark_cpu) / median(tn_cpu)])
+        target = Target(target.name, "faster", f"{s / t:.2f}x ({t:.2f} s vs {s:.2f} s)", s > t)
+    table = Table(f"word count of {words:,} Zipf words: twisternet on {hosts} hosts x {k} vs PySpark "
+                  f"local[{world}] (median of {repeat})",
+                  ["implementation", "seconds", "words/s", "time / twisternet's", "CPU s",
+                   "CPU / twisternet's"], rows,
+                  note="every answer checked against collections.Counter over the same text; twisternet: "
+                       "slowest rank, from a start barrier to its keys reduced; PySpark: from submitting "
+                       "reduceByKey to the collected counts (input generated and cached before); CPU s: user+system "
+                       "seconds of all its processes in that time (load-independent)"
+                       + ("" if why is None else f"; PySpark not run: {why}"))
+    return table, [target]
+
+
 def main(argv: list[str] | None = None) -> int:
     """The standalone script: same as ``python -m benchmarks --suite cluster``, plus ``--plot DIR``."""
     from benchmarks import report
@@ -251,12 +310,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-gloo", action="store_true", help="leave torch gloo out")
     ap.add_argument("--wordcount", type=int, metavar="WORDS",
                     help="instead: word count of WORDS words, bytes on the links with flat vs host trees")
+    ap.add_argument("--spark", type=int, default=1,
+                    help="with --wordcount: 1 (default) also compares with PySpark local[H*k], 0 leaves it out")
     a = ap.parse_args(argv)
     if a.wordcount:
         ks = [int(x) for x in (a.ranks_per_host or "2").split(",")]
         for k in ks:
             print(report.render_table(wordcount_links(int(a.hosts or 4), k, a.rate or "1gbit", a.wordcount,
                                                       a.repeat or 1)))
+            if a.spark:
+                tab, targets = wordcount_vs_spark(int(a.hosts or 4), k, a.rate or "1gbit", a.wordcount,
+                                                  a.repeat or 1)
+                print(report.render_table(tab))
+                for t in targets:
+                    print(f"- target: {t.name}: wanted {t.wanted}; measured {t.measured}; "
+                          f"{ {True: 'MET', False: 'MISSED', None: 'not measured'}[t.met] }")
         return 0
     extra: dict[str, Any] = {k: v for k, v in (("hosts", a.hosts), ("ranks_per_host", a.ranks_per_host),
                                                ("rate", a.rate), ("sizes", a.sizes), ("vias", a.vias)) if v}

@@ -8,7 +8,9 @@ on a ``LocalCluster`` of W worker processes), on the same generated Zipf text, m
 Timed: counting and the distributed reduce (every key reduced at its destination); not timed anywhere:
 generating the text (each side then runs one full garbage collection so that no side pays for the
 input's first one). twisternet's time is the slowest worker's. PySpark (``pip install pyspark``, Java
-17) runs ``local[W]`` on an RDD of the same words generated and cached in its W partitions; Dask
+17; ``benchmarks/_spark_peer.py``) runs ``local[W]`` on an RDD of the same words generated and cached in
+its W partitions, timed from submitting ``reduceByKey`` to the collected counts (its JVM start-up is
+shown apart); Dask
 (``benchmarks/_dask_peer.py``) on a Bag of the same words generated and persisted in its W worker
 processes. Every run is checked: each implementation must count every word, and every table of counts
 must equal the Counter's.
@@ -35,6 +37,7 @@ from benchmarks.common import (ROOT, choose_peers, job_env, median, peer_env, ru
 from benchmarks import report  # noqa: E402
 from benchmarks.harness import SuiteOptions, SuiteResult, Table, Target  # noqa: E402
 from wordcount import generated_words  # noqa: E402
+from benchmarks import _spark_peer  # noqa: E402
 
 NAME = "wordcount"
 DESCRIPTION = ("batch KeyedReduce word count of 20M Zipf words: twisternet on W workers vs "
@@ -65,6 +68,7 @@ def run_twisternet(workers: int, words: int) -> tuple[float, int, str]:
     merged: dict[str, int] = {}
     for r in rows:
         merged.update(r["counts"])
+    CPU["twisternet"].append(sum(r.get("cpu_s", 0.0) for r in rows))
     return max(r["seconds"] for r in rows), counted, digest(merged)
 
 
@@ -83,36 +87,23 @@ def run_counter(words: int, shares: int) -> tuple[float, str]:
     return dt, digest(dict(c))
 
 
-_SPARK = r"""
-import json, sys, time, operator
-sys.path.insert(0, sys.argv[3])
-from pyspark import SparkConf, SparkContext
-from wordcount import generated_words
-words, workers = int(sys.argv[1]), int(sys.argv[2])
-conf = (SparkConf().setMaster(f"local[{workers}]").setAppName("wc")
-        .set("spark.ui.enabled", "false").set("spark.driver.memory", "4g"))
-sc = SparkContext(conf=conf)
-sc.setLogLevel("ERROR")
-sc.addPyFile(sys.argv[3] + "/wordcount.py")      # the text generator, for the Python workers
-rdd = sc.parallelize(range(workers), workers).flatMap(lambda r: generated_words(r, workers, words)).cache()
-n = rdd.count()                                   # generate and cache outside the timed part
-t = time.perf_counter()
-counts = dict(rdd.map(lambda w: (w, 1)).reduceByKey(operator.add).collect())
-dt = time.perf_counter() - t
-sc.stop()
-print("SPARK " + json.dumps({"seconds": dt, "words": n, "counts": counts}), flush=True)
-"""
-
-
 def _counted(d: dict[str, Any], who: str, words: int) -> tuple[float, int, str]:
     if sum(d["counts"].values()) != words or d["words"] != words:
         raise WrongAnswer(f"{who} lost words")
     return d["seconds"], d["words"], digest(d["counts"])
 
 
+#: JVM start-up seconds of each PySpark run, in order (reported apart from its timed seconds).
+SPARK_STARTUP: list[float] = []
+#: CPU seconds (all processes, timed part) of each run, by implementation: twisternet and PySpark.
+CPU: dict[str, list[float]] = {"twisternet": [], "PySpark": []}
+
+
 def run_spark(workers: int, words: int) -> tuple[float, int, str]:
-    d = run_peer([sys.executable, "-c", _SPARK, str(words), str(workers), str(ROOT / "examples")], "SPARK",
-                 "PySpark", job_env(PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable))
+    """PySpark local[workers] reduceByKey over the same words (``benchmarks/_spark_peer.py``)."""
+    d = _spark_peer.run("wordcount", workers, words)
+    SPARK_STARTUP.append(d["startup_s"])
+    CPU["PySpark"].append(d.get("cpu_s", 0.0))
     return _counted(d, "PySpark", words)
 
 
@@ -135,6 +126,8 @@ def run(opts: SuiteOptions) -> SuiteResult:
     bar.set_total(repeat * len(workers) * (2 + len(active)))
     raw: dict[str, Any] = {"words": words, "counter": {}, "twisternet": {}, "spark": {}, "dask": {}}
     field = {"PySpark": "spark", "Dask": "dask"}
+    startup: dict[int, list[float]] = {}
+    cpu: dict[str, dict[int, list[float]]] = {"twisternet": {}, "PySpark": {}}
     failed: set[str] = set()       # peers that crashed or timed out (a wrong answer raises instead)
     for rep in range(repeat):
         for w in workers:
@@ -142,7 +135,10 @@ def run(opts: SuiteOptions) -> SuiteResult:
             dt, ref = run_counter(words, w)
             raw["counter"].setdefault(w, []).append(dt)
             bar.step(f"run {rep + 1}/{repeat}: twisternet x{w}")
+            n_cpu = len(CPU["twisternet"])
             t, _, d = run_twisternet(w, words)
+            if len(CPU["twisternet"]) > n_cpu:
+                cpu["twisternet"].setdefault(w, []).append(CPU["twisternet"][-1])
             if d != ref:
                 raise RuntimeError(f"twisternet x{w} counts differ from Counter's")
             raw["twisternet"].setdefault(w, []).append(t)
@@ -154,6 +150,9 @@ def run(opts: SuiteOptions) -> SuiteResult:
                 if got is None:
                     continue
                 t, _, d = got
+                if name == "PySpark" and SPARK_STARTUP:
+                    startup.setdefault(w, []).append(SPARK_STARTUP[-1])
+                    cpu["PySpark"].setdefault(w, []).append(CPU["PySpark"][-1])
                 if d != ref:
                     raise RuntimeError(f"{name} x{w} counts differ from Counter's")
                 raw[field[name]].setdefault(w, []).append(t)
@@ -164,10 +163,15 @@ def run(opts: SuiteOptions) -> SuiteResult:
                      f"{words / ref_t:,.0f}", "1.00", "n/a", "n/a"])
         t = median(raw["twisternet"][w])
         peer_t = {name: median(raw[field[name]][w]) for name in active if raw[field[name]].get(w)}
-        rows.append([f"twisternet KeyedReduce, {w} workers", f"{t:.2f}", f"{words / t:,.0f}", f"{ref_t / t:.2f}",
+        tn_cpu = f" (CPU {median(cpu['twisternet'][w]):.1f} s)" if cpu["twisternet"].get(w) else ""
+        rows.append([f"twisternet KeyedReduce, {w} workers{tn_cpu}", f"{t:.2f}", f"{words / t:,.0f}",
+                     f"{ref_t / t:.2f}",
                      *(f"{peer_t[n] / t:.1f}" if n in peer_t else "n/a" for n in ("PySpark", "Dask"))])
         for name, pt in peer_t.items():
             label = f"PySpark local[{w}] reduceByKey" if name == "PySpark" else f"Dask Bag.frequencies, {w} workers"
+            if name == "PySpark" and startup.get(w):
+                label += (f" (CPU {median(cpu['PySpark'][w]):.1f} s; JVM start-up {median(startup[w]):.1f} s, "
+                          "not timed)")
             rows.append([label, f"{pt:.2f}", f"{words / pt:,.0f}", f"{ref_t / pt:.2f}",
                          *("1.0" if n == name else "" for n in ("PySpark", "Dask"))])
         target = versus_spark(f"word count, {w} workers", t, peer_t.get("PySpark"), "PySpark" in failed)
@@ -180,6 +184,8 @@ def run(opts: SuiteOptions) -> SuiteResult:
                             ["implementation", "seconds", "words/s", "speedup vs Counter", "PySpark / this",
                              "Dask / this"], rows,
                             note="every run checked: the same word -> count table as collections.Counter"))
+    raw["spark_startup_s"] = startup
+    raw["cpu_s"] = cpu
     res.raw = raw
     res.seconds = time.monotonic() - t_start
     bar.finish()

@@ -54,11 +54,21 @@ def test_sort_ratios_and_target_from_the_measured_times(fake_sort):
     assert tn_row[0] == "twisternet KeyedGather, 2 workers" and tn_row[-2:] == ["4.00", "2.00"]
     assert "123 MB" in tn_row[4]
     assert [r[0] for r in tab.rows[1:]] == ["PySpark local[2] sortByKey", "Dask sort_values, 2 workers"]
+    spark, dask = res.targets                      # issue #23: >= 5x PySpark, >= 3x Dask
+    assert spark.wanted == ">= 5x faster" and spark.met is False and spark.measured.startswith("4.00x")
+    assert "Dask" in dask.name and dask.wanted == ">= 3x faster" and dask.met is False
+    assert dask.measured.startswith("2.00x")
+
+
+def test_sort_target_met_and_missed(fake_sort):
+    fake_sort.setattr(sort_suite, "run_spark",
+                      lambda w, total: {"seconds": 5.0, "n": total, "parts": sorted_parts(w, total),
+                                        "startup_s": 7.5, "spilled_bytes": 300 * 10**6})
+    res = sort_suite.run(opts(records=TOTAL, spark=1, dask=0))
     (target,) = res.targets
-    assert target.met is True and target.measured.startswith("4.00x")
-
-
-def test_sort_target_missed_is_reported_as_missed(fake_sort):
+    assert target.met is True and target.measured.startswith("5.00x")
+    spark_row = res.tables[0].rows[1]
+    assert spark_row[5] == "7.5" and spark_row[4].startswith("300 MB")     # start-up apart, spill shown
     fake_sort.setattr(sort_suite, "run_spark",
                       lambda w, total: {"seconds": 1.5, "n": total, "parts": sorted_parts(w, total)})
     (target,) = sort_suite.run(opts(records=TOTAL, spark=1, dask=0)).targets
@@ -82,7 +92,7 @@ def test_sort_peer_crash_is_skipped_with_its_reason(fake_sort):
     (tab,) = res.tables
     assert [r[0] for r in tab.rows] == ["twisternet KeyedGather, 2 workers", "twisternet KeyedGather, 4 workers"]
     assert all(r[-2:] == ["n/a", "n/a"] for r in tab.rows)
-    assert [t.met for t in res.targets] == [None, None]
+    assert [t.met for t in res.targets] == [None, None, None, None]        # PySpark and Dask at 2 and 4
 
 
 @pytest.mark.parametrize("damage", ["unsorted", "short"])
