@@ -196,12 +196,8 @@ class SwitchServer:
         next_sweep = time.monotonic() + sw.stale_timeout / 2
         try:
             while not self._stop.is_set():
-                r, _, _ = select.select([sock], [], [], 0.05)
-                now = time.monotonic()
-                if now >= next_sweep:
-                    sw.reclaim_stale(now)
-                    next_sweep = now + sw.stale_timeout / 2
-                if not r:
+                ready, next_sweep = self._wait_readable(sock, next_sweep)
+                if not ready:
                     continue
                 for _ in range(64):
                     n = core.serve(fd, batch)
@@ -220,6 +216,16 @@ class SwitchServer:
         finally:
             tr.close()
 
+    def _wait_readable(self, sock: socket.socket, next_sweep: float) -> tuple[bool, float]:
+        """Wait up to 50 ms for ``sock`` to be readable, reclaiming stale aggregators when the sweep is
+        due; returns (readable, when the next sweep is due)."""
+        r, _, _ = select.select([sock], [], [], 0.05)
+        now = time.monotonic()
+        if now >= next_sweep:
+            self.switch.reclaim_stale(now)
+            next_sweep = now + self.switch.stale_timeout / 2
+        return bool(r), next_sweep
+
     def _run_batched(self) -> None:
         """The fast loop: drain up to ``batch_size`` datagrams into a preallocated array, run them
         through ``process_batch`` (queue depth = packets received behind each one), send the outputs."""
@@ -236,12 +242,8 @@ class SwitchServer:
         next_sweep = time.monotonic() + sw.stale_timeout / 2
         try:
             while not self._stop.is_set():
-                r, _, _ = select.select([sock], [], [], 0.05)
-                now = time.monotonic()
-                if now >= next_sweep:
-                    sw.reclaim_stale(now)
-                    next_sweep = now + sw.stale_timeout / 2
-                if not r:
+                ready, next_sweep = self._wait_readable(sock, next_sweep)
+                if not ready:
                     continue
                 self._refresh_ports()
                 a2p = self._addr_to_port
