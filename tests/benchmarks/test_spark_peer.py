@@ -2,6 +2,7 @@
 answers right (checked the way its suite checks it) and reports its JVM start-up apart from its timed
 seconds. Without pyspark or java the suites skip the peer with the reason (checked without a JVM)."""
 
+import importlib.util
 import os
 
 import pytest
@@ -56,7 +57,9 @@ def test_spark_groupby_tiny_is_verified(tmp_path):
 def test_groupby_without_java_skips_pyspark_with_the_reason(monkeypatch):
     monkeypatch.setattr(common, "spark_missing", lambda: "no java on PATH (PySpark needs Java 17)")
     times, skipped = gb_suite.measure(20_000, 500, 2, 1, dask=False)
-    assert "twisternet" in times and "polars (1 process)" in times
+    assert "twisternet" in times
+    if importlib.util.find_spec("polars") is not None:      # polars is in the bench extra, not in dev
+        assert "polars (1 process)" in times
     assert not any(n.startswith("pyspark") for n in times)
     assert "pyspark local[2]: no java on PATH (PySpark needs Java 17)" in skipped
 

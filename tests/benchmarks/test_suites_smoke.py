@@ -148,7 +148,7 @@ def test_sort_quick(tmp_path):
     p, suite = quick_suite(tmp_path, "sort")
     assert "twisternet KeyedGather, 2 workers" in p.stdout and "records/s" in p.stdout
     (tab,) = suite["tables"]
-    assert tab["headers"] == ["implementation", "seconds", "records/s", "MB/s", "twisternet spilled",
-                              "PySpark / this", "Dask / this"]
+    assert tab["headers"] == ["implementation", "seconds", "records/s", "MB/s", "spilled to disk",
+                              "start-up s (not timed)", "CPU s", "PySpark / this", "Dask / this"]
     assert suite["raw"]["spilled_bytes"]["2"][0] > 0                 # the memory bound made it spill
     assert any("PySpark" in s for s in suite["skipped"]) and any("Dask" in s for s in suite["skipped"])
