@@ -21,6 +21,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -85,36 +86,45 @@ def _queued(sock: socket.socket) -> int:
     return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0]
 
 
-def bare_receive(packets: int = 200_000, size: int = 264) -> dict[str, Any]:
-    """The ceiling: drain ``packets`` prefilled datagrams with recvfrom_into; packets/s wall and CPU."""
+def _drain_rate(packets: int, size: int, drain: Callable[[socket.socket], int]) -> dict[str, Any]:
+    """Prefill a socket with ``packets`` datagrams of ``size`` bytes, time ``drain(sock)`` (it returns
+    how many it received), and report packets/s wall and CPU."""
     r = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     forced = _big_buffer(r, max(64 << 20, packets * 2048))
     r.bind(("127.0.0.1", 0))
     r.setblocking(False)
     senders = _senders(1)
     _fill(r.getsockname(), senders, [(0, b"x" * size)] * packets)
-    rows = np.zeros((512, size + 1), np.uint8)
-    flat = memoryview(rows.reshape(-1))
-    views = [flat[i * (size + 1):(i + 1) * (size + 1)] for i in range(512)]
-    recv = r.recvfrom_into
-    got = 0
     t0, c0 = time.perf_counter(), time.thread_time()
-    while True:
-        k0 = got
-        for v in views:
-            try:
-                recv(v)
-            except BlockingIOError:
-                break
-            got += 1
-        if got == k0:
-            break
+    got = drain(r)
     wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
     r.close()
     for s in senders:
         s.close()
     return {"packets": got, "sent": packets, "forced_buffer": forced, "wall_pps": got / wall,
             "cpu_pps": got / cpu}
+
+
+def bare_receive(packets: int = 200_000, size: int = 264) -> dict[str, Any]:
+    """The ceiling: drain ``packets`` prefilled datagrams with recvfrom_into; packets/s wall and CPU."""
+    rows = np.zeros((512, size + 1), np.uint8)
+    flat = memoryview(rows.reshape(-1))
+    views = [flat[i * (size + 1):(i + 1) * (size + 1)] for i in range(512)]
+
+    def drain(r: socket.socket) -> int:
+        recv = r.recvfrom_into
+        got = 0
+        while True:
+            k0 = got
+            for v in views:
+                try:
+                    recv(v)
+                except BlockingIOError:
+                    break
+                got += 1
+            if got == k0:
+                return got
+    return _drain_rate(packets, size, drain)
 
 
 def bare_receive_mmsg(packets: int = 200_000, size: int = 264) -> dict[str, Any]:
@@ -122,26 +132,16 @@ def bare_receive_mmsg(packets: int = 200_000, size: int = 264) -> dict[str, Any]
     from innet.fastpath import CDataplane
     from innet.switch import SoftwareSwitch
     core = CDataplane(SoftwareSwitch(1, (size - 16) // 4))
-    r = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    forced = _big_buffer(r, max(64 << 20, packets * 2048))
-    r.bind(("127.0.0.1", 0))
-    r.setblocking(False)
-    senders = _senders(1)
-    _fill(r.getsockname(), senders, [(0, b"x" * size)] * packets)
-    fd = r.fileno()
-    got = 0
-    t0, c0 = time.perf_counter(), time.thread_time()
-    while True:
-        k = core.drain(fd, 512)
-        if not k:
-            break
-        got += k
-    wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
-    r.close()
-    for s in senders:
-        s.close()
-    return {"packets": got, "sent": packets, "forced_buffer": forced, "wall_pps": got / wall,
-            "cpu_pps": got / cpu}
+
+    def drain(r: socket.socket) -> int:
+        fd = r.fileno()
+        got = 0
+        while True:
+            k = core.drain(fd, 512)
+            if not k:
+                return got
+            got += k
+    return _drain_rate(packets, size, drain)
 
 
 def switch_rate(batched: bool, world: int = 2, fragments: int = 50_000, V: int = 62,
