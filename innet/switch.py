@@ -61,6 +61,9 @@ COUNTER_NAMES = ("aggregated", "forwarded", "collisions", "resends", "acks", "dr
 MEMBER_PORT_LIMIT = 1 << 24
 DEFAULT_ECN_THRESHOLD = 64
 DEFAULT_STALE_TIMEOUT = 2.0
+#: The ingress port of a datagram from an address no configured port has; no port may take this number,
+#: or a forger's packets would enter as that port's.
+UNKNOWN_PORT = 0xFFFFFFFF
 _I32_MIN = -(2**31)
 _I32_MAX = 2**31 - 1
 _FLAG_BYTE = 9            # the low byte of the u16 flags word holds the six flag bits
@@ -284,8 +287,9 @@ class SoftwareSwitch(SwitchControl):
     # ------------------------------------------------------------------ validation
     @staticmethod
     def _check_port(port: int) -> None:
-        if not isinstance(port, (int, np.integer)) or not 0 <= port <= 0xFFFFFFFF:
-            raise InvalidArgument(f"port must be an integer in 0..2**32-1, got {port!r}")
+        if not isinstance(port, (int, np.integer)) or not 0 <= port < UNKNOWN_PORT:
+            raise InvalidArgument(f"port must be an integer in 0..2**32-2 (2**32-1 stands for "
+                                  f"unknown sources), got {port!r}")
 
     def _check_job(self, e: JobEntry) -> None:
         if not 1 <= e.job_id <= MAX_JOB_ID:

@@ -43,7 +43,7 @@ import numpy as np
 from .lifeline import set_parent_death_signal, watch_parent, watch_stdin
 from .fastpath import CDataplane, DataplaneUnavailable, choose_dataplane
 from .control import AlreadyExists, InvalidArgument, JobEntry, MulticastGroup, SwitchControl
-from .switch import DEFAULT_ECN_THRESHOLD, DEFAULT_STALE_TIMEOUT, SoftwareSwitch
+from .switch import DEFAULT_ECN_THRESHOLD, DEFAULT_STALE_TIMEOUT, UNKNOWN_PORT, SoftwareSwitch
 from .transport import ROLE_SWITCH, LossConfig, UdpTransport
 from .wire import DEFAULT_VALUE_COUNT
 
@@ -51,7 +51,6 @@ __all__ = ["UNKNOWN_PORT", "apply_config", "SwitchServer", "SwitchThread", "main
 
 log = logging.getLogger(__name__)
 
-UNKNOWN_PORT = 0xFFFFFFFF
 _CONFIG_KEYS = {"ports", "groups", "jobs", "members", "ecn_threshold"}
 
 

@@ -190,6 +190,18 @@ def test_missing_port_or_group_drops() -> None:
     assert sw.counters()["dropped"] == 2
 
 
+def test_the_unknown_source_port_number_cannot_be_configured() -> None:
+    """Port 2**32-1 is what a datagram from an unconfigured address enters on: a port configured with
+    that number would let any forger's packets in as a registered member's."""
+    from innet.switch_server import UNKNOWN_PORT
+    sw = make_switch()
+    with pytest.raises(InvalidArgument, match="unknown sources"):
+        sw.set_port(UNKNOWN_PORT, ("127.0.0.1", 9))
+    with pytest.raises(InvalidArgument):
+        sw.insert_job(JobEntry(2, 3, UNKNOWN_PORT, 1, 0))
+    sw.set_port(UNKNOWN_PORT - 1, ("127.0.0.1", 9))     # the largest real port number
+
+
 def test_control_api_errors_and_reads() -> None:
     sw = make_switch()
     e = JobEntry(1, 3, PS, 1, 0)
