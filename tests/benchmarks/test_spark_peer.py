@@ -65,11 +65,20 @@ def test_groupby_without_java_skips_pyspark_with_the_reason(monkeypatch):
 
 
 def test_spark_missing_says_no_java_without_java_on_path(monkeypatch, tmp_path):
-    if SPARK_MISSING is not None and "pyspark is not installed" in SPARK_MISSING:
-        pytest.skip(f"PySpark not installed: {SPARK_MISSING}")
+    # Whether or not pyspark is installed here: make it look installed, so the Java check is reached.
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: object() if name == "pyspark" else real_find_spec(name, *a))
     monkeypatch.setenv("PATH", str(tmp_path))          # an empty directory: no java
     monkeypatch.delenv("JAVA_HOME", raising=False)
     assert common.spark_missing() == "no java on PATH (PySpark needs Java 17)"
+
+
+def test_spark_missing_says_how_to_install_without_pyspark(monkeypatch):
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "pyspark" else real_find_spec(name, *a))
+    assert common.spark_missing() == "pyspark is not installed (pip install pyspark; needs Java 17)"
 
 
 def test_groupby_spark_wrong_answer_fails(monkeypatch, tmp_path):
