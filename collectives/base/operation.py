@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, overload
 from collections.abc import Callable, Iterable, Mapping
 
 from twisternet.errors import BackPressureTimeout, ClosedError, ConfigError, OperationTimeout
@@ -33,11 +33,6 @@ class Operation(ResultDelivery, FailureSpread, EdgePlumbing):
     per queue in this process before it applies back pressure (default ``config.receive_pending_limit``);
     ``timeout`` bounds every blocking call (default ``config.timeout``); ``fanout`` is the arity of trees.
     """
-
-    # Declared for the type checker: the mixins set them too (their inferred type must not depend on
-    # which module mypy reads first).
-    _changed: bool
-    _active: bool
 
     operation: ClassVar[str] = "Operation"
 
@@ -249,6 +244,11 @@ class Operation(ResultDelivery, FailureSpread, EdgePlumbing):
                              f"running on rank {self.rank}; local sources: {self.local_sources}")
         if task in self._finished_local:
             raise ValueError(f"source task {task} of {self.describe()} (edge {self.edge}) already finished")
+
+    @overload
+    def _dest(self, task: int | None, *, none_here: Literal[False] = False) -> int: ...
+    @overload
+    def _dest(self, task: int | None, *, none_here: bool) -> int | None: ...
 
     def _dest(self, task: int | None, *, none_here: bool = False) -> int | None:
         """The local destination ``task`` names (default: the only one here). With ``none_here``, a rank
