@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, overload
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar, overload
 from collections.abc import Callable, Iterable, Mapping
 
 from twisternet.errors import BackPressureTimeout, ClosedError, ConfigError, OperationTimeout
@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from twisternet.context import Context
 
 log = logging.getLogger(__name__)
+
+_Op = TypeVar("_Op", bound="Operation")
 
 
 class Operation(ResultDelivery, FailureSpread, EdgePlumbing):
@@ -223,7 +225,7 @@ class Operation(ResultDelivery, FailureSpread, EdgePlumbing):
         for fn in fns:
             fn(err)
 
-    def __enter__(self) -> Operation:
+    def __enter__(self: _Op) -> _Op:
         return self
 
     def __exit__(self, exc_type: Any, *exc: Any) -> None:
