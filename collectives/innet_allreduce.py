@@ -194,7 +194,7 @@ class InnetAllReduce:
     # ------------------------------------------------------------------ set-up
     def _exchange(self, local: np.ndarray, timeout: float) -> np.ndarray:
         """Sum of an int64 array over the ranks, over the operation's own tree (a rendezvous too)."""
-        return self.rar._tree(local, self.rar.next_call(), timeout)
+        return self.rar.tree_sum(local, timeout)
 
     def _share_addresses(self, me: int, world: int, timeout: float
                          ) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:

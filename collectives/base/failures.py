@@ -2,7 +2,8 @@
 operation hears of it (a mixin of :class:`~collectives.base.operation.Operation`).
 
 State (made in ``Operation.__init__``): ``_error`` (the failure), ``_spread`` (local failures still to
-tell the other ranks about), ``_ctx_lost`` (the Context's live table of lost ranks)."""
+tell the other ranks about), ``_ctx_lost`` (the Context's live table of lost ranks), ``_deferral`` (who
+decides whether another rank's failure waits)."""
 
 from __future__ import annotations
 
@@ -82,8 +83,9 @@ class FailureSpread(OperationState):
 
     def _defer_failure(self, call: int, err: BaseException) -> bool:
         """Whether a failure another rank had in its call ``call`` (of a rank-level collective such as
-        ``allreduce``) waits until this rank makes that call, because it is still in an earlier one."""
-        return False
+        ``allreduce``) waits until this rank makes that call, because it is still in an earlier one (the
+        hook of :meth:`~collectives.base.operation.Operation._defer_failures_to` decides)."""
+        return self._deferral is not None and self._deferral(call, err)
 
     def _guarded(self, fn: Callable[[], None], where: str) -> BaseException | None:
         """Run ``fn`` (under the operation's lock): an error of the user's code in it (e.g. the reduction

@@ -82,6 +82,7 @@ class Operation(ResultDelivery, FailureSpread, EdgePlumbing):
         self._changed = False
         self._active = False        # send/finish called or records handled: close() waits for duties
         self._spread: list[BaseException] = []   # local failures still to tell the other ranks about
+        self._deferral: Callable[[int, BaseException], bool] | None = None   # see _defer_failures_to
         self._listeners: list[Callable[[BaseException | None], None]] = []   # when_settled callbacks
         #: Ranks that take part in this operation (sources' and destinations'): a failure reaches them all.
         self.member_ranks = sorted(set(self.source_ranks) | set(self.destination_ranks))
@@ -321,9 +322,10 @@ class Operation(ResultDelivery, FailureSpread, EdgePlumbing):
             raise ClosedError(f"{self.describe()} on edge {self.edge} was closed")
 
     # ------------------------------------------------------------------ algorithm helpers' contract
-    # What an operation's algorithm helper (e.g. collectives.allreduce.RankAllReduce) may use, and all it
-    # may use, of the operation's state: its lock (the one record handlers run under), whether it is
-    # over, a handler on an edge offset, a failure spread to every rank, and a wake-up of waiters.
+    # What an operation's algorithm helper (e.g. collectives.allreduce.RankAllReduce) or driver (the
+    # functional calls) may use, and all it may use, of the operation's state: its lock (the one record
+    # handlers run under), whether it is over (failed, closed), a handler on an edge offset, a failure
+    # spread to every rank, a say in whether another rank's failure waits, and a wake-up of waiters.
 
     def _state_lock(self) -> threading.RLock:
         """The lock record handlers run under: hold it to touch state shared with a handler."""
@@ -332,6 +334,19 @@ class Operation(ResultDelivery, FailureSpread, EdgePlumbing):
     def _over(self) -> bool:
         """Failed or closed: a waiter must stop (then :meth:`_raise_if_failed` / ClosedError)."""
         return self._error is not None or self._closed
+
+    def _failure(self) -> BaseException | None:
+        """The error the operation failed with, or None."""
+        return self._error
+
+    def _is_closed(self) -> bool:
+        """Whether :meth:`close` or :meth:`abort` ran (a failed operation is not closed until then)."""
+        return self._closed
+
+    def _defer_failures_to(self, fn: Callable[[int, BaseException], bool]) -> None:
+        """``fn(call, err)`` decides whether a failure another rank had in its call ``call`` of a
+        rank-level collective waits (True: ``fn`` keeps it) instead of failing the operation now."""
+        self._deferral = fn
 
     def _add_handler(self, offset: int, fn: Callable[[int, Any], bool]) -> None:
         """Records on ``offset`` go to ``fn(src, record)`` under the lock; they do not mark the operation

@@ -57,6 +57,7 @@ class OperationState:
     # failures (failures.py)
     _error: BaseException | None
     _spread: list[BaseException]
+    _deferral: Callable[[int, BaseException], bool] | None
     _ctx_lost: Mapping[int, str]
     # plumbing (plumbing.py)
     _registered: list[int]
