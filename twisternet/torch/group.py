@@ -4,7 +4,7 @@ carried out through the functional layer (:mod:`twisternet.functional`) on the g
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from collections.abc import Callable
 
 import numpy as np
@@ -17,6 +17,9 @@ from .p2p import _PointToPoint
 from .tensors import TorchBackendError, _check_tensor, _copy_into, _op_name, _split, _view
 from .work import _chain, _failed_work, _work
 
+if TYPE_CHECKING:
+    from twisternet.context import Context
+
 log = logging.getLogger(__name__)
 
 BACKEND_NAME = "twisternet"
@@ -25,7 +28,7 @@ BACKEND_NAME = "twisternet"
 class ProcessGroupTwisternet(dist.ProcessGroup):
     """One torch process group: ``global_ranks`` (twisternet ranks) in group-rank order."""
 
-    def __init__(self, ctx: Any, group_rank: int, global_ranks: list[int], stream: int, via: str,
+    def __init__(self, ctx: Context, group_rank: int, global_ranks: list[int], stream: int, via: str,
                  timeout: float | None) -> None:
         super().__init__(group_rank, len(global_ranks))
         self.ctx = ctx

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict, deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -15,12 +15,16 @@ from twisternet.errors import OperationTimeout
 from .tensors import TorchBackendError, _copy_into
 from .work import _work
 
+if TYPE_CHECKING:
+    from twisternet.context import Context
+    from twisternet.functional import _State
+
 
 class _PointToPoint:
     """send/recv of a group on one channel edge of its own: records ``(tag, [arrays])`` queued per
     (source, tag) until a recv takes them."""
 
-    def __init__(self, ctx: Any, state: Any, global_ranks: list[int]) -> None:
+    def __init__(self, ctx: Context, state: _State, global_ranks: list[int]) -> None:
         from collectives.edges import channel_edge, claim_edge
         self.ctx = ctx
         # a stream of its own: a recv waiting for its sender holds up no collective of the group

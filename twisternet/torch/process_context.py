@@ -8,18 +8,21 @@ import logging
 import os
 import secrets
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from twisternet import functional as F
 from twisternet.errors import TwisternetError
 
+if TYPE_CHECKING:
+    from twisternet.context import Context
+
 log = logging.getLogger(__name__)
 
 _ctx_lock = threading.Lock()
-_owned_ctx: Any = None
+_owned_ctx: Context | None = None
 
 
-def _context(store: Any = None) -> Any:
+def _context(store: Any = None) -> Context:
     """The process's twisternet Context: the open one of ``tn.init()`` if any, else one made now (the
     job token comes from torch's store when the environment gives none)."""
     global _owned_ctx
