@@ -61,7 +61,7 @@ class Operation(ResultDelivery, FailureSpread, EdgePlumbing):
         self.callback = callback
         self.limit: int = limit if limit is not None else ctx.config.receive_pending_limit
         #: Bytes of streaming results held per local destination before back pressure (see config).
-        self.byte_limit: int = getattr(ctx.config, "receive_pending_bytes", 64 << 20)
+        self.byte_limit: int = ctx.config.receive_pending_bytes
         self.timeout: float = timeout if timeout is not None else ctx.config.timeout
         self.fanout = fanout
         self.local_sources = [t for t in self.sources if self.plan.rank_of(t) == self.rank]
@@ -87,16 +87,14 @@ class Operation(ResultDelivery, FailureSpread, EdgePlumbing):
         #: Ranks that take part in this operation (sources' and destinations'): a failure reaches them all.
         self.member_ranks = sorted(set(self.source_ranks) | set(self.destination_ranks))
         # the Context's (live) table of lost peers: every blocking call looks at it first, cheaply
-        lost_view = getattr(ctx, "lost_view", None)
-        self._ctx_lost: Mapping[int, str] = lost_view() if lost_view is not None else {}
+        self._ctx_lost: Mapping[int, str] = ctx.lost_view()
         #: Incarnation of the edge (the how-many-th operation on it in this process, alike on every rank).
         self.epoch = claim_edge(ctx, self.edge, f"{self.operation}(edge={self.edge})")
-        tag = getattr(ctx, "tag_edges", None)
-        if tag is not None:   # records of this incarnation carry its epoch and what it is (context doc)
-            tag(channel_edges(self.edge), self.epoch, self.fingerprint(), self._on_edge_error)
+        # records of this incarnation carry its epoch and what it is (see the twisternet.context doc)
+        ctx.tag_edges(channel_edges(self.edge), self.epoch, self.fingerprint(), self._on_edge_error)
         # Coflow hook (twisternet.coflow.live): with coflow_policy set, this operation instance is a
         # coflow (or joins the one of an enclosing ``ctx.coflow(...)`` block) until _teardown.
-        coflows = getattr(ctx, "coflows", None)
+        coflows = ctx.coflows
         try:
             if coflows is not None:
                 coflows.attach(self.edge, self.operation, self.source_ranks, self.destination_ranks)

@@ -29,12 +29,9 @@ class EdgePlumbing(OperationState):
             except Exception:  # noqa: BLE001 - the context may already be closed
                 log.debug("unregister of edge %d failed", e, exc_info=True)
         self._registered = []
-        coflows = getattr(self.ctx, "coflows", None)
-        if coflows is not None:
-            coflows.detach(self.edge)
-        untag = getattr(self.ctx, "untag_edges", None)
-        if untag is not None:
-            untag(channel_edges(self.edge))
+        if self.ctx.coflows is not None:
+            self.ctx.coflows.detach(self.edge)
+        self.ctx.untag_edges(channel_edges(self.edge))
         release_edge(self.ctx, self.edge)
         try:
             self._release_storage()
@@ -44,10 +41,7 @@ class EdgePlumbing(OperationState):
     def _register(self, offset: int, fn: Callable[[int, Any], bool], *, activates: bool = True) -> None:
         e = channel_edge(self.edge, offset)
         name = f"{self.operation}(edge={self.edge})+{offset}"
-        if getattr(self.ctx, "tag_edges", None) is not None:
-            self.ctx.register(e, self._wrap(fn, activates), name=name, on_error=self._on_edge_error)
-        else:
-            self.ctx.register(e, self._wrap(fn, activates), name=name)
+        self.ctx.register(e, self._wrap(fn, activates), name=name, on_error=self._on_edge_error)
         self._registered.append(e)
 
     def _wrap(self, fn: Callable[[int, Any], bool], activates: bool = True) -> Callable[[int, Any], bool]:
@@ -75,13 +69,11 @@ class EdgePlumbing(OperationState):
     def _own(self, value: Any) -> Any:
         """A received ``value`` made safe to keep past the handler call (see ``reduction.own``): only
         records that may hold views of the receive buffer are walked."""
-        views = getattr(self.ctx, "record_views", None)
-        return own(value) if views is None or views() else value
+        return own(value) if self.ctx.record_views() else value
 
     def _own_values(self, values: list) -> list:
         """:meth:`_own` of every item of a freshly decoded list (in place)."""
-        views = getattr(self.ctx, "record_views", None)
-        return own_values(values) if views is None or views() else values
+        return own_values(values) if self.ctx.record_views() else values
 
     def _emit(self, dst: int, offset: int, obj: Any) -> None:
         """Send ``obj`` to ``dst`` on channel edge ``offset`` without blocking (call under the lock)."""
