@@ -335,7 +335,7 @@ def _dataflow(ctx: Context, st: _State, what: str, make: Callable[[int], Any], c
             handle.complete(got)
     try:
         contribute(op)
-    except BaseException as e:
+    except BaseException as e:  # noqa: BLE001 - whatever it is fails the handle, which raises it
         if op._failure() is None and isinstance(e, Exception):   # e.g. a value the codec refuses
             e = _bad(what, e)
             op._fail_everywhere(e, f"in {what}")
