@@ -54,7 +54,7 @@ from twisternet.bootstrap import local_address_for, parse_address
 from twisternet.errors import ConfigError, PeerLostError
 
 if TYPE_CHECKING:
-    from .allreduce_algorithms import RankAllReduce
+    from .allreduce import RankAllReduce
 
 log = logging.getLogger(__name__)
 

@@ -198,7 +198,7 @@ def all_reduce(x: Any, op: str = "sum", *, out: Any = None, async_op: bool = Fal
     ``collectives.AllReduce``). Calls run in submission order on the Context's collective stream."""
     ctx = current_context(ctx)
     st = _state_of or _state(ctx)
-    from collectives.allreduce_algorithms import VIAS
+    from collectives.allreduce import VIAS
     if via not in VIAS:
         raise ConfigError("via", f"must be one of {', '.join(VIAS)}, got {via!r}")
     if isinstance(op, str) and op not in OPS:

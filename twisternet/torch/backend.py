@@ -53,7 +53,7 @@ def _via(backend_options: Any) -> str:
     elif backend_options is not None:
         via = getattr(backend_options, "via", None)
     via = via or _default_via or os.environ.get(VIA_ENV) or "auto"
-    from collectives.allreduce_algorithms import VIAS
+    from collectives.allreduce import VIAS
     if via not in VIAS:
         raise ConfigError("via", f"the twisternet backend's via must be one of {', '.join(VIAS)}, got {via!r}")
     return via
