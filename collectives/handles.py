@@ -25,10 +25,13 @@ import threading
 import time
 import weakref
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from collections.abc import Callable
 
 from twisternet.errors import OperationTimeout, PeerLostError, TwisternetError
+
+if TYPE_CHECKING:
+    from twisternet.context import Context
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +42,7 @@ class Handle:
     """One non-blocking collective call: ``wait(timeout)`` for its result, ``is_completed()``,
     ``get_future()`` (a :class:`concurrent.futures.Future`); errors of the call raise from both."""
 
-    def __init__(self, ctx: Any, what: str, *, timeout: float | None = None,
+    def __init__(self, ctx: Context, what: str, *, timeout: float | None = None,
                  cleanup: Callable[[], None] | None = None) -> None:
         self.ctx = ctx
         self.what = what
@@ -113,7 +116,7 @@ class AsyncEngine:
     """The Context's collective stream: one thread that runs queued rank-level calls in order and fails
     pending handles on a lost peer or past their deadline. Created on first use (:func:`engine`)."""
 
-    def __init__(self, ctx: Any, stream: Any = 0) -> None:
+    def __init__(self, ctx: Context, stream: Any = 0) -> None:
         self._ctx_ref = weakref.ref(ctx)
         self._queue: deque[tuple[Handle, Callable[[], Any]]] = deque()
         # strong references: a handle nobody holds any more must still be failed or have its operation closed
@@ -236,7 +239,7 @@ _engines: weakref.WeakKeyDictionary[Any, dict[Any, AsyncEngine]] = weakref.WeakK
 _engines_lock = threading.Lock()
 
 
-def engine(ctx: Any, stream: Any = 0) -> AsyncEngine:
+def engine(ctx: Context, stream: Any = 0) -> AsyncEngine:
     """The collective stream ``stream`` of ``ctx`` (started on first use, stopped when the Context closes).
 
     Stream 0 is the functional layer's; each torch process group has its own (its edge stream), as gloo
@@ -253,7 +256,7 @@ def engine(ctx: Any, stream: Any = 0) -> AsyncEngine:
         return eng
 
 
-def stop_engine(ctx: Any) -> None:
+def stop_engine(ctx: Context) -> None:
     """Stop every collective stream of ``ctx``, failing what is still queued (call before closing the Context)."""
     with _engines_lock:
         streams = _engines.pop(ctx, None) or {}

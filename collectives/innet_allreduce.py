@@ -54,7 +54,7 @@ from twisternet.bootstrap import local_address_for, parse_address
 from twisternet.errors import ConfigError, PeerLostError
 
 if TYPE_CHECKING:
-    from .allreduce_algorithms import RankAllReduce
+    from .allreduce import RankAllReduce
 
 log = logging.getLogger(__name__)
 
@@ -194,7 +194,7 @@ class InnetAllReduce:
     # ------------------------------------------------------------------ set-up
     def _exchange(self, local: np.ndarray, timeout: float) -> np.ndarray:
         """Sum of an int64 array over the ranks, over the operation's own tree (a rendezvous too)."""
-        return self.rar._tree(local, self.rar.next_call(), timeout)
+        return self.rar.tree_sum(local, timeout)
 
     def _share_addresses(self, me: int, world: int, timeout: float
                          ) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:

@@ -12,9 +12,10 @@ A child at depth ``L + 1`` sends on channel edge ``UP_BASE + L`` (see :mod:`coll
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from .base import Operation
+from .base.state import OperationState
 from .edges import UP_BASE
 from .routing import KaryTree, tree_for
 
@@ -42,10 +43,20 @@ class Node:
         return self.parent is None
 
 
-class UpTreeOperation(Operation):
-    """Base of tree-reduction/gather operations; subclasses fill in the ``_up_*`` and ``_root_*`` hooks."""
+class UpTreeState(OperationState):
+    """Declarations of what the parts of an up-tree operation (mixins such as its table path) use of
+    :class:`UpTreeOperation`, as :class:`~collectives.base.state.OperationState` does for Operation."""
 
+    #: This rank's node of each tree, by the destination task the tree serves.
     _nodes: dict[int, Node]
+
+    if TYPE_CHECKING:
+        def _flush_node(self, node: Node) -> None: ...
+        def _root_finished(self, tasks: list[int]) -> None: ...
+
+
+class UpTreeOperation(Operation, UpTreeState):
+    """Base of tree-reduction/gather operations; subclasses fill in the ``_up_*`` and ``_root_*`` hooks."""
 
     def _build_up(self, roots: dict[int, int]) -> None:
         """One tree per ``tid -> root rank`` over the source ranks plus the root."""

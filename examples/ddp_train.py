@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from typing import Any
 
 import numpy as np
 import torch
@@ -51,7 +52,7 @@ def init(backend: str, via: str, hook: bool) -> None:
     tt.init_process_group("gloo" if hook else backend, via=via)
 
 
-def main(argv: list[str] | None = None) -> dict:
+def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--backend", choices=("twisternet", "gloo"), default="twisternet")
     p.add_argument("--via", choices=("auto", "shm", "ring", "tree", "innet"), default="auto")

@@ -15,6 +15,8 @@ import argparse
 import os
 import tempfile
 import time
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -24,12 +26,12 @@ from collectives import Gather, KeyedGather
 KEY_SPACE = 1 << 62
 
 
-def range_selector(key: int, destinations: list[int]) -> int:
+def range_selector(key: int, destinations: Sequence[int]) -> int:
     """Destination ``i`` gets keys in ``[i, i + 1) * KEY_SPACE / len(destinations)``."""
     return destinations[min(len(destinations) - 1, key * len(destinations) // KEY_SPACE)]
 
 
-def main(argv: list[str] | None = None) -> dict | None:
+def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--records", type=int, default=200_000, help="records generated per worker")
     ap.add_argument("--payload", type=int, default=32, help="payload bytes per record")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from typing import Any
 
 import numpy as np
 
@@ -30,7 +31,7 @@ def shard(rank: int, rows: int, features: int, seed: int = 3) -> tuple[np.ndarra
     return x, y, w_true
 
 
-def main(argv: list[str] | None = None) -> dict | None:
+def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--rows", type=int, default=256, help="rows per worker")

@@ -16,14 +16,18 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 import twisternet as tn
 from collectives import Gather, KeyedReduce
 
+if TYPE_CHECKING:
+    import pyarrow as pa
 
-def generated_table(rank: int, world: int, rows: int, distinct: int, seed: int = 7):
+
+def generated_table(rank: int, world: int, rows: int, distinct: int, seed: int = 7) -> pa.Table:
     """Worker ``rank``'s share of the deterministic ``rows``-row table (keys uniform in [0, distinct))."""
     import pyarrow as pa
     lo, hi = rows * rank // world, rows * (rank + 1) // world

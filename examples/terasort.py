@@ -20,16 +20,21 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 import twisternet as tn
 from collectives import AllGather, Gather, KeyedGather
 
+if TYPE_CHECKING:
+    import pyarrow as pa
+
 KEY_BYTES, VALUE_BYTES = 10, 90
 
 
-def generated_records(rank: int, world: int, records: int, seed: int = 11):
+def generated_records(rank: int, world: int, records: int, seed: int = 11) -> pa.Table:
     """Worker ``rank``'s share: columns ``key`` (binary(10), random) and ``value`` (binary(90))."""
     import pyarrow as pa
     lo, hi = records * rank // world, records * (rank + 1) // world
@@ -45,14 +50,14 @@ def generated_records(rank: int, world: int, records: int, seed: int = 11):
     })
 
 
-def checksum(table) -> int:
+def checksum(table: pa.Table) -> int:
     """Order-independent checksum of the records (the sum of their stable row hashes, mod 2**64)."""
     from collectives.columnar import row_hashes
     h, _ = row_hashes(table, ["key", "value"])
     return int(np.sum(h, dtype=np.uint64))
 
 
-def keys_numpy(table) -> np.ndarray:
+def keys_numpy(table: pa.Table) -> np.ndarray:
     col = table.column("key").combine_chunks()
     raw = np.frombuffer(col.buffers()[1], dtype=np.uint8)[col.offset * KEY_BYTES:(col.offset + len(col)) * KEY_BYTES]
     return raw.view(f"S{KEY_BYTES}")
@@ -83,6 +88,7 @@ def main() -> None:
             sort.finish(task)
             del table
             out_sum, out_count, ordered, first, last = 0, 0, True, None, None
+            batches: Iterable[Any]
             if args.memory_limit:
                 batches = sort.result_batches(task, memory_limit=args.memory_limit, compression=None)
             else:

@@ -16,6 +16,7 @@ import argparse
 import heapq
 import threading
 import time
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -43,7 +44,7 @@ class TopK:
             return heapq.nlargest(self.k, self.counts.items(), key=lambda kv: (kv[1], -kv[0]))
 
 
-def events(rank: int, catalogue: int, seed: int = 7):
+def events(rank: int, catalogue: int, seed: int = 7) -> Iterator[int]:
     """An endless stream of item ids; popular items drift as the catalogue rotates."""
     rng = np.random.default_rng([seed, rank])
     shift = 0
@@ -67,7 +68,7 @@ def main(argv: list[str] | None = None) -> list[tuple[int, int]] | None:
         counts = KeyedReduce(ctx, sources=ctx.tasks, destinations=ctx.tasks, edge=1, op="sum", key_type="int",
                              mode="streaming", callback=top.on_update, limit=10_000)
         reports = Gather(ctx, sources=ctx.tasks, destinations=[0], edge=2, mode="streaming", limit=1000)
-        latest: dict[int, list] = {}
+        latest: dict[int, list[Sequence[int]]] = {}   # per worker: its top (item, count) pairs
         t0 = time.perf_counter()
         next_report, sent = t0 + 1.0, 0
         for item in events(ctx.rank, args.catalogue):
@@ -81,7 +82,7 @@ def main(argv: list[str] | None = None) -> list[tuple[int, int]] | None:
                 if ctx.rank == 0:
                     for src, part in reports.drain():
                         latest[src] = part
-                    merged = heapq.nlargest(args.k, (tuple(x) for p in latest.values() for x in p),
+                    merged = heapq.nlargest(args.k, ((item, n) for p in latest.values() for item, n in p),
                                             key=lambda kv: (kv[1], -kv[0]))
                     print(f"[{now - t0:5.1f}s] top {args.k}: {merged}", flush=True)
                 if (args.events and sent >= args.events) or (not args.events and now - t0 >= args.seconds):
@@ -94,7 +95,7 @@ def main(argv: list[str] | None = None) -> list[tuple[int, int]] | None:
         if ctx.rank == 0:
             for src, part in reports.results():
                 latest[src] = part
-            result = heapq.nlargest(args.k, (tuple(x) for p in latest.values() for x in p),
+            result = heapq.nlargest(args.k, ((item, n) for p in latest.values() for item, n in p),
                                     key=lambda kv: (kv[1], -kv[0]))
             print(f"final top {args.k} after {time.perf_counter() - t0:.2f} s: {result}")
         counts.close()

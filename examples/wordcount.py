@@ -25,7 +25,8 @@ SYLLABLES = ["ka", "lo", "mi", "ne", "ru", "ta", "shi", "po", "ve", "zu", "an", 
 
 def vocabulary(size: int) -> list[str]:
     """``size`` distinct made-up words, the same in every process."""
-    words, n = [], 0
+    words: list[str] = []
+    n = 0
     while len(words) < size:
         i, w = n, ""
         while True:

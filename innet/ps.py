@@ -43,6 +43,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from .server_thread import ServerThread
 from .transport import ROLE_PS, LossConfig, UdpTransport
 from .wire import (DEFAULT_VALUE_COUNT, FLAG_ACK, FLAG_COLLISION, FLAG_ECN, FLAG_EDGE, FLAG_OVERFLOW,
                    FLAG_RESEND, HEADER_SIZE, MAX_FAN_IN, MAX_JOB_ID, WireError, decode_header,
@@ -338,32 +339,13 @@ class ParameterServer:
             tr.close()
 
 
-class PSThread:
+class PSThread(ServerThread):
     """A parameter server running in a daemon thread (tests, demos); a context manager."""
 
     def __init__(self, bind: tuple[str, int] = ("127.0.0.1", 0), value_count: int = DEFAULT_VALUE_COUNT,
                  *, loss: LossConfig | None = None) -> None:
         self.server = ParameterServer(bind, value_count, loss=loss)
-        self._thread = threading.Thread(target=self.server.run, name="atp-ps", daemon=True)
-
-    @property
-    def address(self) -> tuple[str, int]:
-        return self.server.address
-
-    def start(self) -> PSThread:
-        self._thread.start()
-        return self
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self.server.stop()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
-
-    def __enter__(self) -> PSThread:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+        super().__init__(self.server, "atp-ps")
 
 
 def job_config_from_dict(d: Mapping[str, Any]) -> PSJobConfig:

@@ -46,6 +46,7 @@ from .control import AlreadyExists, InvalidArgument, JobEntry, MulticastGroup, S
 from .switch import DEFAULT_ECN_THRESHOLD, DEFAULT_STALE_TIMEOUT, UNKNOWN_PORT, SoftwareSwitch
 from .transport import ROLE_SWITCH, LossConfig, UdpTransport
 from .wire import DEFAULT_VALUE_COUNT
+from .server_thread import ServerThread
 
 __all__ = ["UNKNOWN_PORT", "apply_config", "SwitchServer", "SwitchThread", "main"]
 
@@ -344,7 +345,7 @@ class SwitchServer:
             tr.close()
 
 
-class SwitchThread:
+class SwitchThread(ServerThread):
     """A switch running in a daemon thread of this process (for tests and demos); a context manager."""
 
     def __init__(self, num_aggregators: int = 4096, value_count: int = DEFAULT_VALUE_COUNT, *,
@@ -358,27 +359,7 @@ class SwitchThread:
             apply_config(self.switch, config)
         self.server = SwitchServer(self.switch, bind, loss=loss, line_rate=line_rate, queue_limit=queue_limit,
                                    batched=batched, dataplane=dataplane)
-        self._thread = threading.Thread(target=self.server.run, name="atp-switch", daemon=True)
-
-    @property
-    def address(self) -> tuple[str, int]:
-        return self.server.address
-
-    def start(self) -> SwitchThread:
-        self._thread.start()
-        return self
-
-    def stop(self, timeout: float = 5.0) -> None:
-        """Stop the loop and close the socket (the switch "dies": its port becomes unreachable)."""
-        self.server.stop()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
-
-    def __enter__(self) -> SwitchThread:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+        super().__init__(self.server, "atp-switch")
 
 
 def start_lifelines(args: argparse.Namespace, stop: Callable[[], None]) -> None:

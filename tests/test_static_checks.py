@@ -1,6 +1,6 @@
 """The repository passes its static checks: ruff (pyflakes, pycodestyle, bugbear, pyupgrade, simplify,
-complexity) and mypy (strict on the core, mypy's defaults on the rest), both configured in
-pyproject.toml. Part of the default test run, so CI and the README's test command check them too;
+complexity, blind except) and mypy (strict on the core and examples/, mypy's defaults on the rest), both
+configured in pyproject.toml. Part of the default test run, so CI and the README's test command check them too;
 `pre-commit install` runs the same checks before each commit."""
 
 from __future__ import annotations

@@ -143,7 +143,7 @@ def handshake(sock: socket.socket, token: bytes, *, initiator: bool, hello: dict
             raise AuthError("peer failed the job-token proof (wrong token or tampered hello)")
         try:
             peer_hello = msgpack.unpackb(peer_hello_bytes, raw=False)
-        except Exception as e:  # msgpack raises several unrelated types on corrupt input
+        except Exception as e:  # noqa: BLE001 - msgpack raises several unrelated types on corrupt input
             raise ProtocolError(f"peer hello is not valid msgpack: {e}") from None
         if not isinstance(peer_hello, dict):
             raise ProtocolError(f"peer hello must be a map, got {type(peer_hello).__name__}")

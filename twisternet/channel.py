@@ -25,10 +25,11 @@ Edge ids are non-negative 31-bit integers (< 2**31); edges >= CONTROL_EDGE_BASE 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 from collections.abc import Callable, Sequence
 
 if TYPE_CHECKING:
+    from .bootstrap.session import MasterSession
     from .config import Config
 
 Buffer = bytes | bytearray | memoryview
@@ -69,6 +70,11 @@ class Channel(ABC):
 
     #: Short name used in the registry and in logs ("tcp", "mpi", "local").
     name: str = ""
+
+    #: The link to the job's coordinator, the bootstrap master (TCP): it hosts the services and its
+    #: table says where every rank runs. None when the job has none (MPI, local): then rank 0 hosts the
+    #: services over the channel itself (twisternet.services) and ranks exchange their hosts.
+    session: MasterSession | None = None
 
     def __init__(self, rank: int, world: int, config: Config) -> None:
         self.rank = rank
@@ -162,6 +168,11 @@ class Channel(ABC):
     #: ranks are threads sharing one address space): e.g. shared-memory segments between ranks only pay
     #: off, and only work as intended, when this is True.
     spans_processes: bool = True
+
+    def route_services(self, route: Callable[[str, dict[str, Any]], None]) -> None:
+        """Hand the coordinator's service messages to ``route(service_name, message)``, on the thread
+        that drives progress. Only for a channel with a :attr:`session`, which must override it."""
+        raise NotImplementedError(f"{type(self).__name__} has no coordinator session")
 
     @abstractmethod
     def close(self, timeout: float) -> None:

@@ -40,9 +40,8 @@ import msgpack
 import numpy as np
 
 from . import arrowcodec, pickling
+from .channel import Buffer
 from .errors import CodecError
-
-Buffer = bytes | bytearray | memoryview
 
 _EXT_TUPLE = 1
 _EXT_NDARRAY = 2        # inline: [dtype, shape, bytes]

@@ -8,6 +8,10 @@ from collections.abc import Iterable
 class TwisternetError(Exception):
     """Base class of every error twisternet raises."""
 
+    #: Set on an error another rank had first (or was told of already): an operation failing with it
+    #: does not send it back to the other ranks.
+    remote: bool = False
+
 
 class ConfigError(TwisternetError, ValueError):
     """A configuration key is unknown or its value is invalid; the message names the key."""

@@ -14,9 +14,9 @@ import struct
 import threading
 from collections.abc import Iterator, Sequence
 
+from .channel import Buffer
 from .errors import ProtocolError
 
-Buffer = bytes | bytearray | memoryview
 _U64 = struct.Struct("<Q")
 LENGTH_HEADER = _U64.size
 #: Largest record the framing accepts (the u64 length leaves room for far more; this guards against

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from collections.abc import Callable
 
 import numpy as np
@@ -28,27 +28,30 @@ import numpy as np
 from .codec import as_array
 from .errors import ConfigError, TwisternetError
 
-_current: weakref.ref[Any] | None = None
+if TYPE_CHECKING:
+    from .context import Context
+
+_current: weakref.ref[Context] | None = None
 _current_lock = threading.Lock()
 
 #: Reductions ``all_reduce`` and ``reduce`` accept by name.
 OPS = ("sum", "avg", "mean", "min", "max", "prod")
 
 
-def set_current(ctx: Any) -> None:
+def set_current(ctx: Context) -> None:
     """Make ``ctx`` the Context the functional calls use by default (``tn.init`` does this)."""
     global _current
     with _current_lock:
         _current = weakref.ref(ctx)
 
 
-def current_context(ctx: Any = None) -> Any:
+def current_context(ctx: Context | None = None) -> Context:
     """``ctx``, or the Context of the last ``tn.init()`` if it is still open."""
     if ctx is not None:
         return ctx
     with _current_lock:
         got = _current() if _current is not None else None
-    if got is None or getattr(got, "closed", False):
+    if got is None or got.closed:
         raise TwisternetError("no open twisternet Context: call tn.init() first (or pass ctx=)")
     return got
 
@@ -57,7 +60,7 @@ def current_context(ctx: Any = None) -> Any:
 class _State:
     """What the functional layer keeps per Context and automatic edge stream."""
 
-    def __init__(self, ctx: Any, stream: int, ranks: list[int] | None) -> None:
+    def __init__(self, ctx: Context, stream: int, ranks: list[int] | None) -> None:
         self.ctx = ctx
         self.stream = stream
         self.lock = threading.Lock()
@@ -102,7 +105,7 @@ _states: weakref.WeakKeyDictionary[Any, _State] = weakref.WeakKeyDictionary()
 _states_lock = threading.Lock()
 
 
-def _state(ctx: Any) -> _State:
+def _state(ctx: Context) -> _State:
     with _states_lock:
         st = _states.get(ctx)
         if st is None:
@@ -110,7 +113,7 @@ def _state(ctx: Any) -> _State:
         return st
 
 
-def release(ctx: Any = None) -> None:
+def release(ctx: Context | None = None) -> None:
     """Close the operations the functional layer keeps for ``ctx`` (the next call sets them up again);
     call it collectively, e.g. before closing the Context."""
     ctx = current_context(ctx)
@@ -125,6 +128,15 @@ def _as_value(x: Any) -> Any:
     """The array view of an array-like ``x`` (zero copy), else ``x``."""
     arr = as_array(x)
     return x if arr is None else arr
+
+
+def _input(x: Any, what: str) -> tuple[Any, BaseException | None]:
+    """``(_as_value(x), None)``, or ``(None, error)`` for an invalid input: the call then fails on every
+    rank (the dataflow carries the error), not on this one alone."""
+    try:
+        return _as_value(x), None
+    except Exception as e:  # noqa: BLE001 - a bad input fails the call on every rank
+        return None, _bad(what, e)
 
 
 def _wrap_like(x: Any, result: Any) -> Any:
@@ -168,14 +180,7 @@ def _same_memory(a: np.ndarray, b: np.ndarray) -> bool:
             and a.strides == b.strides and a.dtype == b.dtype)
 
 
-def _fail_everywhere(op: Any, err: BaseException, where: str) -> None:
-    """Fail ``op`` with this rank's ``err``: the other ranks of the operation raise too (RemoteError)."""
-    with op._lock:
-        op._fail(err, where)
-    op._after()
-
-
-def _handle(ctx: Any, what: str, timeout: float | None, cleanup: Callable[[], None] | None = None) -> Any:
+def _handle(ctx: Context, what: str, timeout: float | None, cleanup: Callable[[], None] | None = None) -> Any:
     from collectives.handles import Handle
     return Handle(ctx, what, timeout=timeout, cleanup=cleanup)
 
@@ -186,14 +191,14 @@ def _finish(handle: Any, async_op: bool) -> Any:
 
 # ---------------------------------------------------------------------------------- all_reduce
 def all_reduce(x: Any, op: str = "sum", *, out: Any = None, async_op: bool = False, via: str = "auto",
-               timeout: float | None = None, ctx: Any = None, _state_of: Any = None) -> Any:
+               timeout: float | None = None, ctx: Context | None = None, _state_of: _State | None = None) -> Any:
     """The reduction (``op``: "sum", "avg"/"mean", "min", "max", "prod", or a callable) of every rank's
     ``x``, on every rank; bit-identical on every rank. ``out``: write the result there (it may be ``x``
     itself, in place) and return it. ``via``: the algorithm ("auto", "shm", "ring", "tree", "innet"; see
     ``collectives.AllReduce``). Calls run in submission order on the Context's collective stream."""
     ctx = current_context(ctx)
     st = _state_of or _state(ctx)
-    from collectives.allreduce_algorithms import VIAS
+    from collectives.allreduce import VIAS
     if via not in VIAS:
         raise ConfigError("via", f"must be one of {', '.join(VIAS)}, got {via!r}")
     if isinstance(op, str) and op not in OPS:
@@ -221,7 +226,7 @@ def all_reduce(x: Any, op: str = "sum", *, out: Any = None, async_op: bool = Fal
 
     def call() -> Any:
         if bad is not None:
-            _fail_everywhere(arop, bad, f"in {what}: invalid input")
+            arop._fail_everywhere(bad, f"in {what}: invalid input")
             _forget(st, arop)
             raise bad
         try:
@@ -238,8 +243,8 @@ def all_reduce(x: Any, op: str = "sum", *, out: Any = None, async_op: bool = Fal
         except BaseException as e:
             # the operation (or its shared-memory state) may be unusable now: every rank drops it, and
             # the next call starts another on a fresh edge
-            if arop._error is None and isinstance(e, Exception):
-                _fail_everywhere(arop, e, f"in {what}")
+            if arop._failure() is None and isinstance(e, Exception):
+                arop._fail_everywhere(e, f"in {what}")
             _forget(st, arop)
             raise
         if out is not None:
@@ -278,7 +283,7 @@ def _allreduce_op(st: _State, op: Any, via: str, timeout: float | None) -> tuple
         # a failed operation is replaced only once this rank's own call on it has failed (_forget): another
         # rank's failure can reach this one before it submits that very call, and replacing the operation
         # then would put this rank's call on the next edge, a call ahead of the others
-        if arop is None or arop._closed:
+        if arop is None or arop._is_closed():
             arop = AllReduce(st.ctx, sources=st.tasks(), edge=st.edge(), op=name, via=via, timeout=timeout,
                              shm_chunk_bytes=shm_slot_bytes(len(st.ranks)))
             st.allreduce_ops[key] = arop
@@ -298,7 +303,7 @@ def _forget(st: _State, arop: Any) -> None:
 
 
 # ---------------------------------------------------------------------------------- dataflow calls
-def _dataflow(ctx: Any, st: _State, what: str, make: Callable[[int], Any], contribute: Callable[[Any], object],
+def _dataflow(ctx: Context, st: _State, what: str, make: Callable[[int], Any], contribute: Callable[[Any], object],
               result: Callable[[Any], Any], async_op: bool, timeout: float | None,
               bad: BaseException | None = None) -> Any:
     """One batch operation on a fresh automatic edge: this rank contributes, the handle completes from
@@ -307,13 +312,13 @@ def _dataflow(ctx: Any, st: _State, what: str, make: Callable[[int], Any], contr
     op = make(st.edge())
 
     def cleanup() -> None:     # a failed operation has nothing left to pass on: stop at once
-        if op._error is not None:
+        if op._failure() is not None:
             op.abort()
         else:
             op.close()
     handle = _handle(ctx, what, timeout, cleanup=cleanup)
     if bad is not None:
-        _fail_everywhere(op, bad, f"in {what}: invalid input")
+        op._fail_everywhere(bad, f"in {what}: invalid input")
         handle.fail(bad)
         handle.release()
         return _finish(handle, async_op)
@@ -330,10 +335,10 @@ def _dataflow(ctx: Any, st: _State, what: str, make: Callable[[int], Any], contr
             handle.complete(got)
     try:
         contribute(op)
-    except BaseException as e:
-        if op._error is None and isinstance(e, Exception):   # e.g. a value the codec refuses
+    except BaseException as e:  # noqa: BLE001 - whatever it is fails the handle, which raises it
+        if op._failure() is None and isinstance(e, Exception):   # e.g. a value the codec refuses
             e = _bad(what, e)
-            _fail_everywhere(op, e, f"in {what}")
+            op._fail_everywhere(e, f"in {what}")
         handle.fail(e)
         handle.release()
         return _finish(handle, async_op)
@@ -343,7 +348,7 @@ def _dataflow(ctx: Any, st: _State, what: str, make: Callable[[int], Any], contr
 
 
 def broadcast(x: Any = None, src: int = 0, *, out: Any = None, async_op: bool = False,
-              timeout: float | None = None, ctx: Any = None, _state_of: Any = None) -> Any:
+              timeout: float | None = None, ctx: Context | None = None, _state_of: _State | None = None) -> Any:
     """Rank ``src``'s ``x`` on every rank (the others' ``x`` is ignored). ``out``: write it there (an
     array-like of its shape and dtype) and return ``out``."""
     ctx = current_context(ctx)
@@ -352,13 +357,7 @@ def broadcast(x: Any = None, src: int = 0, *, out: Any = None, async_op: bool = 
     root = st.task(src, "src")
     mine = ctx.rank == src
     what = f"broadcast(src={src}) on rank {ctx.rank}"
-    bad: BaseException | None = None
-    value = None
-    if mine:
-        try:
-            value = _as_value(x)
-        except Exception as e:  # noqa: BLE001
-            bad = _bad(what, e)
+    value, bad = _input(x, what) if mine else (None, None)
 
     def result(op: Any) -> Any:
         vals = list(op.results())
@@ -379,7 +378,7 @@ def broadcast(x: Any = None, src: int = 0, *, out: Any = None, async_op: bool = 
 
 
 def reduce(x: Any, dst: int = 0, op: str = "sum", *, out: Any = None, async_op: bool = False,
-           timeout: float | None = None, ctx: Any = None, _state_of: Any = None) -> Any:
+           timeout: float | None = None, ctx: Context | None = None, _state_of: _State | None = None) -> Any:
     """The reduction of every rank's ``x`` on rank ``dst`` (None elsewhere); ``op`` as for
     :func:`all_reduce`. ``out`` (on ``dst``): write the result there and return it."""
     ctx = current_context(ctx)
@@ -393,12 +392,7 @@ def reduce(x: Any, dst: int = 0, op: str = "sum", *, out: Any = None, async_op: 
     average = isinstance(op, str) and op in ("avg", "mean")
     red = "sum" if average else op
     what = f"reduce({op if isinstance(op, str) else 'fn'!r}, dst={dst}) on rank {ctx.rank}"
-    bad: BaseException | None = None
-    value = None
-    try:
-        value = _as_value(x)
-    except Exception as e:  # noqa: BLE001
-        bad = _bad(what, e)
+    value, bad = _input(x, what)
 
     def result(rop: Any) -> Any:
         if ctx.rank != dst:
@@ -418,28 +412,23 @@ def reduce(x: Any, dst: int = 0, op: str = "sum", *, out: Any = None, async_op: 
                      lambda rop: (rop.send(me, value), rop.finish(me)), result, async_op, timeout, bad)
 
 
-def all_gather(obj: Any, *, async_op: bool = False, timeout: float | None = None, ctx: Any = None,
-               _state_of: Any = None) -> Any:
+def all_gather(obj: Any, *, async_op: bool = False, timeout: float | None = None, ctx: Context | None = None,
+               _state_of: _State | None = None) -> Any:
     """Every rank's ``obj``, as a list in rank order, on every rank."""
     ctx = current_context(ctx)
     st = _state_of or _state(ctx)
     from collectives import AllGather
     me = st.task_of.get(ctx.rank)
     what = f"all_gather() on rank {ctx.rank}"
-    bad: BaseException | None = None
-    value = None
-    try:
-        value = _as_value(obj)
-    except Exception as e:  # noqa: BLE001
-        bad = _bad(what, e)
+    value, bad = _input(obj, what)
     return _dataflow(ctx, st, what,
                      lambda e: AllGather(ctx, sources=st.tasks(), edge=e, timeout=timeout),
                      lambda op: (op.send(me, value), op.finish(me)),
                      lambda op: list(op.values()), async_op, timeout, bad)
 
 
-def gather(obj: Any, dst: int = 0, *, async_op: bool = False, timeout: float | None = None, ctx: Any = None,
-           _state_of: Any = None) -> Any:
+def gather(obj: Any, dst: int = 0, *, async_op: bool = False, timeout: float | None = None, ctx: Context | None = None,
+           _state_of: _State | None = None) -> Any:
     """Every rank's ``obj``, as a list in rank order, on rank ``dst`` (None elsewhere)."""
     ctx = current_context(ctx)
     st = _state_of or _state(ctx)
@@ -447,20 +436,15 @@ def gather(obj: Any, dst: int = 0, *, async_op: bool = False, timeout: float | N
     root = st.task(dst, "dst")
     me = st.task_of.get(ctx.rank)
     what = f"gather(dst={dst}) on rank {ctx.rank}"
-    bad: BaseException | None = None
-    value = None
-    try:
-        value = _as_value(obj)
-    except Exception as e:  # noqa: BLE001
-        bad = _bad(what, e)
+    value, bad = _input(obj, what)
     return _dataflow(ctx, st, what,
                      lambda e: Gather(ctx, sources=st.tasks(), dst=root, edge=e, timeout=timeout),
                      lambda op: (op.send(me, value), op.finish(me)),
                      lambda op: list(op.values()) if ctx.rank == dst else None, async_op, timeout, bad)
 
 
-def barrier(*, async_op: bool = False, timeout: float | None = None, ctx: Any = None,
-            _state_of: Any = None) -> Any:
+def barrier(*, async_op: bool = False, timeout: float | None = None, ctx: Context | None = None,
+            _state_of: _State | None = None) -> Any:
     """Return once every rank called it (a handle that completes then, with ``async_op``)."""
     ctx = current_context(ctx)
     st = _state_of or _state(ctx)

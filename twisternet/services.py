@@ -210,11 +210,11 @@ class ServiceLink:
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
         self._subs: dict[str, Callable[[dict[str, Any]], None]] = {}
-        self._session = getattr(ctx.channel, "session", None)
+        self._session = ctx.channel.session
         self._host: _RankZeroHost | None = None
         self.cache: dict[str, Any] = {}   # per-context clients built on this link (e.g. the barrier client)
         if self._session is not None:
-            ctx.channel.service_handlers = _Router(self)  # type: ignore[attr-defined]
+            ctx.channel.route_services(self._from_master)
         else:
             if ctx.rank == 0:
                 self._host = _RankZeroHost(self._reply)
@@ -263,6 +263,13 @@ class ServiceLink:
         self._dispatch(name, msg)
         return True
 
+    def _from_master(self, name: str, ev: dict[str, Any]) -> None:
+        """A service message from the master (TCP): its reply's payload, or an error it logs."""
+        if "error" in ev:
+            log.error("rank %d: service %r on the master: %s", self.ctx.rank, name, ev["error"])
+            return
+        self._dispatch(name, ev.get("payload", {}))
+
     def _dispatch(self, name: str, msg: dict[str, Any]) -> None:
         cb = self._subs.get(name)
         if cb is None:
@@ -273,19 +280,3 @@ class ServiceLink:
     def close(self) -> None:
         if self._host is not None:
             self._host.stop()
-
-
-class _Router(dict[str, Any]):
-    """What the TCP channel calls for service events from the master: unwraps the envelope."""
-
-    def __init__(self, link: ServiceLink) -> None:
-        super().__init__()
-        self.link = link
-
-    def get(self, name: Any, default: Any = None) -> Callable[[dict[str, Any]], None]:
-        def route(ev: dict[str, Any]) -> None:
-            if "error" in ev:
-                log.error("rank %d: service %r on the master: %s", self.link.ctx.rank, name, ev["error"])
-                return
-            self.link._dispatch(name, ev.get("payload", {}))
-        return route

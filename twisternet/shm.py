@@ -1,7 +1,7 @@
 """Shared-memory segments: files in ``/dev/shm`` that ranks on one host map, created and attached safely.
 
 Both users of shared memory, the MPI channel's landing slots (:mod:`channels.shm_slots`) and the
-shared-memory allreduce (:mod:`collectives.shm_allreduce`), get their segments here, so they share one
+shared-memory allreduce (:mod:`collectives.allreduce.shm`), get their segments here, so they share one
 set of rules:
 
 * one name pattern, ``twisternet-shm-<pid>-<tag>-<kind>-<16 hex>``: the owner's pid and namespace tag

@@ -371,12 +371,7 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Requ
 
     def close(self, timeout: float) -> None:
         """Flush, say goodbye to every peer, wait (bounded) for theirs, then free all MPI resources."""
-        if self._closed:
-            return
-        if not self._started:
-            self._free_comm()
-            self._closed = True
-            _OPEN_CHANNELS.discard(self)
+        if self._closed_before_start():
             return
         self._check_thread()
         deadline = time.monotonic() + max(0.0, timeout)

@@ -28,12 +28,7 @@ class LivenessMixin(MPIChannelState):
 
     def abort(self, reason: str) -> None:
         """Leave at once without the goodbye: peers get an abort notice and report this rank lost."""
-        if self._closed:
-            return
-        if not self._started:
-            self._free_comm()
-            self._closed = True
-            _OPEN_CHANNELS.discard(self)
+        if self._closed_before_start():
             return
         MPI = self._MPI
         msg = _encode_abort(reason)
@@ -202,6 +197,18 @@ class LivenessMixin(MPIChannelState):
         self._free_comm()
         _OPEN_CHANNELS.discard(self)
         log.debug("MPI channel rank %d closed", self.rank)
+
+    def _closed_before_start(self) -> bool:
+        """True if there is nothing to tell peers: closed already, or never started (then the
+        communicator is freed and the channel closed here)."""
+        if self._closed:
+            return True
+        if self._started:
+            return False
+        self._free_comm()
+        self._closed = True
+        _OPEN_CHANNELS.discard(self)
+        return True
 
     def _free_comm(self) -> None:
         try:

@@ -93,8 +93,8 @@ class TCPChannel(Channel):
         self._next_liveness = 0.0
         #: Per rank: "rank R on HOST (ADDRESS; ranks on that host: ...)", for loss reports.
         self._places = rank_places(world, getattr(session, "table", None))
-        #: Handlers for service replies from the master (barrier manager, coflow coordinator), by name.
-        self.service_handlers: dict[str, Callable[[dict], None]] = {}
+        #: Where service replies from the master go (barrier manager, coflow coordinator): route_services.
+        self._service_route: Callable[[str, dict[str, Any]], None] | None = None
         if session is not None:
             session.on_event(self._on_session_event)
 
@@ -591,11 +591,12 @@ class TCPChannel(Channel):
                                  placed=True)
             elif kind == "master_lost":
                 log.warning("rank %d: lost the bootstrap master; peer links continue", self.rank)
-            else:
-                svc = self.service_handlers.get(ev.get("service", ""))
-                if svc is not None:
-                    svc(ev)
+            elif self._service_route is not None:
+                self._service_route(ev.get("service", ""), ev)
         return did
+
+    def route_services(self, route: Callable[[str, dict[str, Any]], None]) -> None:
+        self._service_route = route
 
     def _teardown(self) -> None:
         for p in self._peers.values():

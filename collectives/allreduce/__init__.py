@@ -10,6 +10,5 @@ The in-network path stays in ``collectives.innet_allreduce``.
 
 from .mismatch import describe_value, merge_groups, mismatch_error
 from .rank import VIAS, RankAllReduce
-from .ring import _RingCall  # noqa: F401  (old name, collectives.allreduce_algorithms)
 
 __all__ = ["RankAllReduce", "VIAS", "describe_value", "merge_groups", "mismatch_error"]

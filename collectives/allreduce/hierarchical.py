@@ -63,7 +63,7 @@ class HierarchicalPath(RingPath):
             return topo
         channel = op.ctx.channel
         hosts = from_channel(channel)
-        if hosts is None and getattr(channel, "name", "") == "local":
+        if hosts is None and not channel.spans_processes:
             from twisternet.bootstrap import host_id
             hosts = {r: host_id() for r in range(plan.world)}   # threads of one process
         if hosts is None:

@@ -80,7 +80,7 @@ class RankAllReduce(TreePath, HierarchicalPath):
         for offset in (AR_UP, AR_DOWN, RING):
             op._add_handler(offset, self._on_record)
         # the operation's hook for failures of later calls
-        op._defer_failure = self._defer_failure  # type: ignore[method-assign]
+        op._defer_failures_to(self._defer_failure)
 
     def _defer_failure(self, call: int, err: BaseException) -> bool:
         """A failure of call ``call`` on another rank: kept until this rank makes that call (under the op lock)."""
@@ -144,8 +144,9 @@ class RankAllReduce(TreePath, HierarchicalPath):
         call = self.calls
         self.calls += 1
         with op._state_lock():
-            if self.deferred is not None and self.deferred[0] <= call:
-                op._fail(self.deferred[1], f"on another rank in allreduce() call {self.deferred[0]}")
+            deferred = self.deferred if self.deferred is not None and self.deferred[0] <= call else None
+        if deferred is not None:
+            op._fail_everywhere(deferred[1], f"on another rank in allreduce() call {deferred[0]}")
         op._raise_if_failed()
         n = len(self.ranks)
         is_array = isinstance(value, np.ndarray)
@@ -215,6 +216,11 @@ class RankAllReduce(TreePath, HierarchicalPath):
             raise ConfigError("via", "via='shm': the ranks of this operation cannot share memory (not all on "
                                      "one host, no /dev/shm, or not an x86-64 machine); use 'auto'")
         return self.shm
+
+    def tree_sum(self, value: Any, timeout: float) -> Any:
+        """``value`` reduced over the ranks by the tree path, as the operation's next call (so a
+        rendezvous of the ranks too): for helpers that exchange their set-up through the operation."""
+        return self._tree(value, self.next_call(), timeout)
 
     def next_call(self) -> int:
         """A fresh call number (every rank draws them in the same order)."""

@@ -11,7 +11,8 @@ Layout (one concept per module): ``arguments`` (modes, callbacks, task lists, ke
 ``operation`` (the :class:`Operation` class: construction, public calls, user-thread sends and waits),
 and its parts, mixins of that one class as the Context's are (they share one lock and one state):
 ``results`` (result sinks, readers, callbacks), ``failures`` (failing on every rank), ``plumbing``
-(handlers on the edges, non-blocking sends).
+(handlers on the edges, non-blocking sends); ``state`` declares the state and methods they share, for
+the type checker (the table paths of :mod:`collectives.columnar` are parts of the operations too).
 """
 
 from __future__ import annotations

@@ -16,12 +16,15 @@ MODES = ("streaming", "batch")
 def task_list(plan: Any, tasks: int | Iterable[int] | None, what: str, default: Sequence[int]) -> list[int]:
     if tasks is None:
         tasks = default
-    if isinstance(tasks, int) and not isinstance(tasks, bool):
+    bad = ConfigError(what, f"must be a task id or a collection of task ids, got {tasks!r}")
+    if isinstance(tasks, bool):
+        raise bad
+    if isinstance(tasks, int):
         tasks = [tasks]
     try:
         out = sorted(set(tasks))
     except TypeError:
-        raise ConfigError(what, f"must be a task id or a collection of task ids, got {tasks!r}") from None
+        raise bad from None
     if not out:
         raise ConfigError(what, "must name at least one task")
     for t in out:

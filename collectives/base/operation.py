@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar, overload
 from collections.abc import Callable, Iterable, Mapping
 
 from twisternet.errors import BackPressureTimeout, ClosedError, ConfigError, OperationTimeout
@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+_Op = TypeVar("_Op", bound="Operation")
+
 
 class Operation(ResultDelivery, FailureSpread, EdgePlumbing):
     """Base of all collectives: ``Op(ctx, sources, destinations, edge, ..., mode, callback)``.
@@ -33,11 +35,6 @@ class Operation(ResultDelivery, FailureSpread, EdgePlumbing):
     per queue in this process before it applies back pressure (default ``config.receive_pending_limit``);
     ``timeout`` bounds every blocking call (default ``config.timeout``); ``fanout`` is the arity of trees.
     """
-
-    # Declared for the type checker: the mixins set them too (their inferred type must not depend on
-    # which module mypy reads first).
-    _changed: bool
-    _active: bool
 
     operation: ClassVar[str] = "Operation"
 
@@ -64,7 +61,7 @@ class Operation(ResultDelivery, FailureSpread, EdgePlumbing):
         self.callback = callback
         self.limit: int = limit if limit is not None else ctx.config.receive_pending_limit
         #: Bytes of streaming results held per local destination before back pressure (see config).
-        self.byte_limit: int = getattr(ctx.config, "receive_pending_bytes", 64 << 20)
+        self.byte_limit: int = ctx.config.receive_pending_bytes
         self.timeout: float = timeout if timeout is not None else ctx.config.timeout
         self.fanout = fanout
         self.local_sources = [t for t in self.sources if self.plan.rank_of(t) == self.rank]
@@ -85,20 +82,19 @@ class Operation(ResultDelivery, FailureSpread, EdgePlumbing):
         self._changed = False
         self._active = False        # send/finish called or records handled: close() waits for duties
         self._spread: list[BaseException] = []   # local failures still to tell the other ranks about
+        self._deferral: Callable[[int, BaseException], bool] | None = None   # see _defer_failures_to
         self._listeners: list[Callable[[BaseException | None], None]] = []   # when_settled callbacks
         #: Ranks that take part in this operation (sources' and destinations'): a failure reaches them all.
         self.member_ranks = sorted(set(self.source_ranks) | set(self.destination_ranks))
         # the Context's (live) table of lost peers: every blocking call looks at it first, cheaply
-        lost_view = getattr(ctx, "lost_view", None)
-        self._ctx_lost: Mapping[int, str] = lost_view() if lost_view is not None else {}
+        self._ctx_lost: Mapping[int, str] = ctx.lost_view()
         #: Incarnation of the edge (the how-many-th operation on it in this process, alike on every rank).
         self.epoch = claim_edge(ctx, self.edge, f"{self.operation}(edge={self.edge})")
-        tag = getattr(ctx, "tag_edges", None)
-        if tag is not None:   # records of this incarnation carry its epoch and what it is (context doc)
-            tag(channel_edges(self.edge), self.epoch, self.fingerprint(), self._on_edge_error)
+        # records of this incarnation carry its epoch and what it is (see the twisternet.context doc)
+        ctx.tag_edges(channel_edges(self.edge), self.epoch, self.fingerprint(), self._on_edge_error)
         # Coflow hook (twisternet.coflow.live): with coflow_policy set, this operation instance is a
         # coflow (or joins the one of an enclosing ``ctx.coflow(...)`` block) until _teardown.
-        coflows = getattr(ctx, "coflows", None)
+        coflows = ctx.coflows
         try:
             if coflows is not None:
                 coflows.attach(self.edge, self.operation, self.source_ranks, self.destination_ranks)
@@ -228,7 +224,7 @@ class Operation(ResultDelivery, FailureSpread, EdgePlumbing):
         for fn in fns:
             fn(err)
 
-    def __enter__(self) -> Operation:
+    def __enter__(self: _Op) -> _Op:
         return self
 
     def __exit__(self, exc_type: Any, *exc: Any) -> None:
@@ -249,6 +245,11 @@ class Operation(ResultDelivery, FailureSpread, EdgePlumbing):
                              f"running on rank {self.rank}; local sources: {self.local_sources}")
         if task in self._finished_local:
             raise ValueError(f"source task {task} of {self.describe()} (edge {self.edge}) already finished")
+
+    @overload
+    def _dest(self, task: int | None, *, none_here: Literal[False] = False) -> int: ...
+    @overload
+    def _dest(self, task: int | None, *, none_here: bool) -> int | None: ...
 
     def _dest(self, task: int | None, *, none_here: bool = False) -> int | None:
         """The local destination ``task`` names (default: the only one here). With ``none_here``, a rank
@@ -319,9 +320,10 @@ class Operation(ResultDelivery, FailureSpread, EdgePlumbing):
             raise ClosedError(f"{self.describe()} on edge {self.edge} was closed")
 
     # ------------------------------------------------------------------ algorithm helpers' contract
-    # What an operation's algorithm helper (e.g. collectives.allreduce.RankAllReduce) may use, and all it
-    # may use, of the operation's state: its lock (the one record handlers run under), whether it is
-    # over, a handler on an edge offset, a failure spread to every rank, and a wake-up of waiters.
+    # What an operation's algorithm helper (e.g. collectives.allreduce.RankAllReduce) or driver (the
+    # functional calls) may use, and all it may use, of the operation's state: its lock (the one record
+    # handlers run under), whether it is over (failed, closed), a handler on an edge offset, a failure
+    # spread to every rank, a say in whether another rank's failure waits, and a wake-up of waiters.
 
     def _state_lock(self) -> threading.RLock:
         """The lock record handlers run under: hold it to touch state shared with a handler."""
@@ -330,6 +332,19 @@ class Operation(ResultDelivery, FailureSpread, EdgePlumbing):
     def _over(self) -> bool:
         """Failed or closed: a waiter must stop (then :meth:`_raise_if_failed` / ClosedError)."""
         return self._error is not None or self._closed
+
+    def _failure(self) -> BaseException | None:
+        """The error the operation failed with, or None."""
+        return self._error
+
+    def _is_closed(self) -> bool:
+        """Whether :meth:`close` or :meth:`abort` ran (a failed operation is not closed until then)."""
+        return self._closed
+
+    def _defer_failures_to(self, fn: Callable[[int, BaseException], bool]) -> None:
+        """``fn(call, err)`` decides whether a failure another rank had in its call ``call`` of a
+        rank-level collective waits (True: ``fn`` keeps it) instead of failing the operation now."""
+        self._deferral = fn
 
     def _add_handler(self, offset: int, fn: Callable[[int, Any], bool]) -> None:
         """Records on ``offset`` go to ``fn(src, record)`` under the lock; they do not mark the operation

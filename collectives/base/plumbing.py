@@ -7,52 +7,44 @@ State (made in ``Operation.__init__``): ``_registered`` (channel edges with a ha
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from collections.abc import Callable
 
 from twisternet.errors import BackPressureTimeout
 
 from ..edges import channel_edge, channel_edges, release_edge
 from ..reduction import own, own_values
-
-if TYPE_CHECKING:
-    from .operation import Operation
+from .state import OperationState
 
 log = logging.getLogger(__name__)
 
 
-class EdgePlumbing:
+class EdgePlumbing(OperationState):
     """Operation part: handlers on the edges, non-blocking sends, unregistering at the end."""
 
-    def _teardown(self: Operation) -> None:
+    def _teardown(self) -> None:
         for e in self._registered:
             try:
                 self.ctx.unregister(e)
             except Exception:  # noqa: BLE001 - the context may already be closed
                 log.debug("unregister of edge %d failed", e, exc_info=True)
         self._registered = []
-        coflows = getattr(self.ctx, "coflows", None)
-        if coflows is not None:
-            coflows.detach(self.edge)
-        untag = getattr(self.ctx, "untag_edges", None)
-        if untag is not None:
-            untag(channel_edges(self.edge))
+        if self.ctx.coflows is not None:
+            self.ctx.coflows.detach(self.edge)
+        self.ctx.untag_edges(channel_edges(self.edge))
         release_edge(self.ctx, self.edge)
         try:
             self._release_storage()
         except Exception:  # noqa: BLE001
             log.exception("%s: freeing storage failed", self.describe())
 
-    def _register(self: Operation, offset: int, fn: Callable[[int, Any], bool], *, activates: bool = True) -> None:
+    def _register(self, offset: int, fn: Callable[[int, Any], bool], *, activates: bool = True) -> None:
         e = channel_edge(self.edge, offset)
         name = f"{self.operation}(edge={self.edge})+{offset}"
-        if getattr(self.ctx, "tag_edges", None) is not None:
-            self.ctx.register(e, self._wrap(fn, activates), name=name, on_error=self._on_edge_error)
-        else:
-            self.ctx.register(e, self._wrap(fn, activates), name=name)
+        self.ctx.register(e, self._wrap(fn, activates), name=name, on_error=self._on_edge_error)
         self._registered.append(e)
 
-    def _wrap(self: Operation, fn: Callable[[int, Any], bool], activates: bool = True) -> Callable[[int, Any], bool]:
+    def _wrap(self, fn: Callable[[int, Any], bool], activates: bool = True) -> Callable[[int, Any], bool]:
         def handle(src: int, obj: Any) -> bool:
             with self._lock:
                 if self._closed or self._error is not None:
@@ -71,21 +63,19 @@ class EdgePlumbing:
             return ok
         return handle
 
-    def _in_handler(self: Operation) -> bool:
+    def _in_handler(self) -> bool:
         return getattr(self._tls, "in_handler", False)
 
-    def _own(self: Operation, value: Any) -> Any:
+    def _own(self, value: Any) -> Any:
         """A received ``value`` made safe to keep past the handler call (see ``reduction.own``): only
         records that may hold views of the receive buffer are walked."""
-        views = getattr(self.ctx, "record_views", None)
-        return own(value) if views is None or views() else value
+        return own(value) if self.ctx.record_views() else value
 
-    def _own_values(self: Operation, values: list) -> list:
+    def _own_values(self, values: list) -> list:
         """:meth:`_own` of every item of a freshly decoded list (in place)."""
-        views = getattr(self.ctx, "record_views", None)
-        return own_values(values) if views is None or views() else values
+        return own_values(values) if self.ctx.record_views() else values
 
-    def _emit(self: Operation, dst: int, offset: int, obj: Any) -> None:
+    def _emit(self, dst: int, offset: int, obj: Any) -> None:
         """Send ``obj`` to ``dst`` on channel edge ``offset`` without blocking (call under the lock)."""
         e = channel_edge(self.edge, offset)
         if self._in_handler():
@@ -95,12 +85,12 @@ class EdgePlumbing:
         else:
             self._backlog.append((dst, e, obj))
 
-    def _forward_backlog(self: Operation) -> None:
+    def _forward_backlog(self) -> None:
         while self._backlog:
             dst, e, obj = self._backlog.popleft()
             self.ctx.send(dst, e, obj)
 
-    def _try_drain(self: Operation) -> bool:
+    def _try_drain(self) -> bool:
         if not self._backlog:
             return True
         with self._lock:
@@ -111,10 +101,10 @@ class EdgePlumbing:
                 self._backlog.popleft()
             return True
 
-    def _settle(self: Operation, timeout: float | None) -> None:
+    def _settle(self, timeout: float | None) -> None:
         """Wait (outside the lock) until records parked by this thread are handed to the Context."""
         if not self._try_drain():
             self._wait(self._try_drain, "send blocked by back pressure", None, timeout, BackPressureTimeout)
 
-    def _can_send(self: Operation, dst: int, offset: int) -> bool:
+    def _can_send(self, dst: int, offset: int) -> bool:
         return dst == self.rank or self.ctx.can_send(dst, channel_edge(self.edge, offset))

@@ -7,15 +7,14 @@ and ``_cb_lock`` (results queued for the callback, and who runs it)."""
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from collections.abc import Callable, Iterator
 
 import numpy as np
 
 from twisternet.errors import TwisternetError
 
-if TYPE_CHECKING:
-    from .operation import Operation
+from .state import OperationState
 
 _BATCH_MARK = object()
 
@@ -54,10 +53,10 @@ class Sink:
         self.values: Callable[[], Iterator[Any]] | None = None   # batch values alone, if cheaper
         self.consumed = False
 
-class ResultDelivery:
+class ResultDelivery(OperationState):
     """Operation part: result sinks, their readers and the user callback."""
 
-    def results(self: Operation, task: int | None = None, *, timeout: float | None = None) -> Iterator[Any]:
+    def results(self, task: int | None = None, *, timeout: float | None = None) -> Iterator[Any]:
         """Results for local destination ``task`` (default: the only one in this process; on a rank
         that runs no destination task, nothing: every rank may iterate, as SPMD code does).
 
@@ -72,7 +71,7 @@ class ResultDelivery:
             return iter(())     # this rank runs no destination task: it has no results
         return self._iter_results(task, timeout)
 
-    def drain(self: Operation, task: int | None = None) -> list[Any]:
+    def drain(self, task: int | None = None) -> list[Any]:
         """Streaming: the results available now, without waiting (empty list if none)."""
         task = self._dest(task, none_here=True)
         if self.mode != "streaming":
@@ -89,7 +88,7 @@ class ResultDelivery:
             self._resume_all()
         return items
 
-    def done(self: Operation, task: int | None = None) -> bool:
+    def done(self, task: int | None = None) -> bool:
         """Whether destination ``task`` has its whole result (batch) or saw the end of the stream."""
         task = self._dest(task)
         with self._lock:
@@ -97,16 +96,16 @@ class ResultDelivery:
             return sink.complete if self.mode == "batch" else (sink.ended and not sink.items)
 
 
-    def _sink_room(self: Operation, task: int) -> bool:
+    def _sink_room(self, task: int) -> bool:
         if self.callback is not None or self.mode == "batch":
             return True
         sink = self._sinks[task]
         return len(sink.items) < self.limit and (sink.nbytes < self.byte_limit or not sink.items)
 
-    def _sinks_room(self: Operation) -> bool:
+    def _sinks_room(self) -> bool:
         return all(self._sink_room(t) for t in self._sinks)
 
-    def _deliver(self: Operation, task: int, item: Any) -> None:
+    def _deliver(self, task: int, item: Any) -> None:
         """Streaming result ``item`` for local destination ``task`` (under the lock)."""
         if self.callback is not None:
             self._cbq.append((task, item))
@@ -116,7 +115,7 @@ class ResultDelivery:
             sink.nbytes += record_nbytes(item)
         self._changed = True
 
-    def _deliver_many(self: Operation, task: int, items: list) -> None:
+    def _deliver_many(self, task: int, items: list) -> None:
         """:meth:`_deliver` of each of ``items``, in order (under the lock)."""
         if self.callback is not None:
             self._cbq.extend((task, it) for it in items)
@@ -129,12 +128,12 @@ class ResultDelivery:
             sink.nbytes += n
         self._changed = True
 
-    def _end(self: Operation, task: int) -> None:
+    def _end(self, task: int) -> None:
         """Streaming: destination ``task`` will get nothing more."""
         self._sinks[task].ended = True
         self._changed = True
 
-    def _complete(self: Operation, task: int, batch: Callable[[], Iterator[Any]],
+    def _complete(self, task: int, batch: Callable[[], Iterator[Any]],
                   values: Callable[[], Iterator[Any]] | None = None) -> None:
         """Batch: destination ``task``'s results are ready; ``batch()`` iterates them. Operations whose
         results are ``(source_task, value)`` pairs may pass ``values()``, iterating the values alone."""
@@ -146,14 +145,14 @@ class ResultDelivery:
         if self.callback is not None:
             self._cbq.append((task, _BATCH_MARK))
 
-    def _consumed(self: Operation, task: int) -> None:
+    def _consumed(self, task: int) -> None:
         with self._lock:
             self._sinks[task].consumed = True
             every = all(s.consumed for s in self._sinks.values())
         if every:
             self._release_storage()
 
-    def _iter_values(self: Operation, task: int | None, timeout: float | None) -> Iterator[Any]:
+    def _iter_values(self, task: int | None, timeout: float | None) -> Iterator[Any]:
         """Batch results that are ``(source_task, value)`` pairs, without the source tasks."""
         task = self._dest(task, none_here=True)
         if self.callback is not None:
@@ -164,7 +163,7 @@ class ResultDelivery:
             return iter(())     # this rank runs no destination task: it has no results
         return self._values_gen(task, timeout)
 
-    def _values_gen(self: Operation, task: int, timeout: float | None) -> Iterator[Any]:
+    def _values_gen(self, task: int, timeout: float | None) -> Iterator[Any]:
         sink = self._sinks[task]
         self._wait(lambda: sink.complete, "batch results not complete", task, timeout)
         if sink.values is not None:
@@ -174,7 +173,7 @@ class ResultDelivery:
                 yield item[1]
         self._consumed(task)
 
-    def _iter_results(self: Operation, task: int, timeout: float | None) -> Iterator[Any]:
+    def _iter_results(self, task: int, timeout: float | None) -> Iterator[Any]:
         sink = self._sinks[task]
         if self.mode == "batch":
             self._wait(lambda: sink.complete, "batch results not complete", task, timeout)
@@ -207,12 +206,14 @@ class ResultDelivery:
                 with self._lock:
                     sink.nbytes = max(0, sink.nbytes - in_hand)
 
-    def _resume_all(self: Operation) -> None:
+    def _resume_all(self) -> None:
         for e in self._registered:
             self.ctx.resume(e)
 
-    def _run_callbacks(self: Operation) -> None:
+    def _run_callbacks(self) -> None:
         cb = self.callback
+        if cb is None:   # only an operation with a callback queues results for it
+            raise TwisternetError(f"{self.describe()}: results queued for a callback it does not have")
         while self._cbq:
             if not self._cb_lock.acquire(blocking=False):
                 return

@@ -4,17 +4,26 @@ the memory bound)."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from collections.abc import Iterable, Iterator, Sequence
 
 from twisternet.arrowcodec import require_pyarrow
 
+from ..uptree import Node, UpTreeState
 from .sorting import sort_by_keys
 from .table_ops import TableOps
 
 
-class KeyedGatherTables(TableOps):
+class KeyedGatherTables(TableOps, UpTreeState):
     """``send_table`` / ``result_table`` of KeyedGather: rows sorted by key at their destination."""
+
+    # KeyedGather's (collectives.gather.keyed)
+    group: bool
+
+    if TYPE_CHECKING:
+        def _input_room(self, node: Node) -> bool: ...
+        def _push_cols(self, node: Node, keys: list[Any], tasks: list[Any], vals: list[Any], *, local: bool,
+                       direct: bool) -> None: ...
 
     def send_table(self, task: int, table: Any, key: str | Sequence[str], *, splitters: Any = None,
                    timeout: float | None = None) -> None:
@@ -70,8 +79,8 @@ class KeyedGatherTables(TableOps):
         limit = memory_limit or max(1 << 20, cfg.memory_limit // max(1, len(self.local_destinations)))
         runs = None
         try:
-            for t, is_first in self._checked_pieces(self._table_pairs(task, timeout)):
-                if is_first:
+            for t, _ in self._checked_pieces(self._table_pairs(task, timeout)):
+                if runs is None:    # the first piece: its metadata names the key columns
                     first = t.schema
                     meta = dict(first.metadata or {})
                     keys = json.loads(meta.pop(b"twisternet.keys", b"[]"))

@@ -4,7 +4,8 @@ destination; streaming readers fold each piece into running states."""
 from __future__ import annotations
 
 import json
-from typing import Any
+import functools
+from typing import TYPE_CHECKING, Any
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -15,13 +16,18 @@ from twisternet.errors import TableSchemaError
 from .aggregates import (_META_AGG, _check_aggregate, _final_aggregates, merge_aggregates, merge_states,
                          partial_aggregate)
 from .routing import destination_index, split_rows
+from ..uptree import Node, UpTreeState
 from .table_ops import TableOps
 
 
-class KeyedReduceTables(TableOps):
+class KeyedReduceTables(TableOps, UpTreeState):
     """``send_table`` / ``result_table`` of KeyedReduce: Arrow aggregations, one row per key. Streaming:
     each source's ``send_table`` call travels as its partial aggregates, and ``result_batches`` yields,
     per received piece, the updated aggregates of the keys that piece touched."""
+
+    if TYPE_CHECKING:   # KeyedReduce's (collectives.keyed_reduce)
+        def _room(self, node: Node) -> bool: ...
+        def _take(self, node: Node, pairs: Iterable[Any], copy: Any) -> None: ...
 
     def send_table(self, task: int, table: Any, key: str | Sequence[str], *,
                    aggregate: Mapping[str, str | Sequence[str]], timeout: float | None = None) -> None:
@@ -44,8 +50,8 @@ class KeyedReduceTables(TableOps):
                 for piece in self._pieces(part):
                     node = self._nodes[d]
                     tag = (task, self._table_seq(task))
-                    self._input(task, lambda node=node: self._room(node),
-                                lambda node=node, tag=tag, piece=piece: self._take(node, [(tag, piece)], _same),
+                    self._input(task, functools.partial(self._room, node),
+                                functools.partial(self._take, node, [(tag, piece)], _same),
                                 timeout=timeout)
 
     def _table_pairs(self, task: int, timeout: float | None) -> Iterable[tuple[int, Any]]:

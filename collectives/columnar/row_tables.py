@@ -3,14 +3,20 @@ Gather / AllGather."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from collections.abc import Iterable, Sequence
 
+from ..uptree import UpTreeState
 from .table_ops import TableOps
 
 
 class PartitionTables(TableOps):
     """``send_table`` / ``result_table`` of Partition and KeyedPartition (rows as sent)."""
+
+    if TYPE_CHECKING:   # Partition's (collectives.partition)
+        def _pick(self, task: int, value: Any, destination: int | None) -> int: ...
+        def _accept(self, dest: int, src: int, payload: Any) -> None: ...
+        def _flush(self, rank: int) -> None: ...
 
     def send_table(self, task: int, table: Any, key: str | Sequence[str] | None = None, *,
                    destination: int | None = None, splitters: Any = None, timeout: float | None = None) -> None:
@@ -50,6 +56,13 @@ class PartitionTables(TableOps):
 class BroadcastTables(TableOps):
     """``send_table`` / ``result_table`` of Broadcast."""
 
+    # DownTreeMixin's (collectives.downtree)
+    _down_children: list[int]
+
+    if TYPE_CHECKING:
+        def _down_room(self) -> bool: ...
+        def _down_local(self, values: list[Any]) -> None: ...
+
     def send_table(self, task: int, table: Any, *, timeout: float | None = None) -> None:
         """Send ``table`` from the source ``task`` to every destination."""
         table = self._table_in(task, table, [])
@@ -71,8 +84,11 @@ class BroadcastTables(TableOps):
         return ((src, t) for t in self.results(task, timeout=timeout))
 
 
-class GatherTables(TableOps):
+class GatherTables(TableOps, UpTreeState):
     """``send_table`` / ``result_table`` of Gather and AllGather."""
+
+    if TYPE_CHECKING:   # Gather's (collectives.gather)
+        def send(self, task: int, value: Any, *, timeout: float | None = None, copy: bool = True) -> None: ...
 
     def send_table(self, task: int, table: Any, *, timeout: float | None = None) -> None:
         """Send ``table``'s rows from local source ``task`` to the destination(s): pieces bound for other
@@ -83,24 +99,10 @@ class GatherTables(TableOps):
                 self.send(task, piece, timeout=timeout, copy=False)
 
     def _send_piece_direct(self, task: int, piece: Any, timeout: float | None) -> bool:
-        """Send ``piece`` on with blocking Context sends from this thread (so the Context sends its
-        buffers as they are, see :meth:`_send_direct`); False where the record path keeps it on this
-        rank instead (this rank holds the tree's root, or batch AllGather on one rank)."""
-        from ..edges import DIRECT, UP_BASE
-        if self.mode == "batch" and hasattr(self, "_emit_direct"):       # batch AllGather: direct exchange
-            peers = list(self._peers)
-            if not peers:
-                return False
-            chunk = [piece]
-
-            def keep() -> None:
-                self._flush_direct()
-                if self._store is not None:
-                    self._store.add_chunk(task, list(chunk))
-            for i, r in enumerate(peers):
-                self._send_direct(task, r, DIRECT, ("d", [task], [chunk]), timeout,
-                                  before=keep if i == 0 else None)
-            return True
+        """Send ``piece`` up the tree with a blocking Context send from this thread (so the Context sends
+        its buffers as they are, see :meth:`_send_direct`); False where the record path keeps it on
+        this rank instead (this rank holds the tree's root). Batch AllGather overrides it."""
+        from ..edges import UP_BASE
         node = next(iter(self._nodes.values()))
         if node.parent is None:
             return False

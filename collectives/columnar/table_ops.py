@@ -11,13 +11,15 @@ import numpy as np
 from twisternet.arrowcodec import is_arrow_data, require_pyarrow
 from twisternet.errors import TableSchemaError, TwisternetError
 
+from ..base.state import OperationState
+
 from .rechunk import rechunk
 from .routing import destination_index, range_index, split_rows
 from .schemas import _own_meta, _schema_diff
 from .table_input import check_key_columns, key_names, to_table
 
 
-class TableOps:
+class TableOps(OperationState):
     """What every operation's table path shares (mixed into the operation classes)."""
 
     #: Largest piece (bytes) a table is cut into for sending (zero-copy slices; spill granularity).
@@ -189,8 +191,8 @@ class TableOps:
         piece's schema is appended to ``seen``)."""
         def pieces() -> Iterator[Any]:
             first = None
-            for t, is_first in self._checked_pieces(self._table_pairs(task, timeout)):
-                if is_first:
+            for t, _ in self._checked_pieces(self._table_pairs(task, timeout)):
+                if first is None:   # the first piece
                     first = t.schema
                     if seen is not None:
                         seen.append(first)

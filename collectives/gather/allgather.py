@@ -89,6 +89,24 @@ class AllGather(DownTreeMixin, Gather):
         elif append_chunk(self._dbuf, task, vals) >= self.batch_records:
             self._flush_direct()
 
+    def _send_piece_direct(self, task: int, piece: Any, timeout: float | None) -> bool:
+        """Batch: a table piece goes straight to every other destination rank, sent from this thread (see
+        GatherTables); False on one rank (the record path keeps it). Streaming: up the tree."""
+        if self.mode != "batch":
+            return super()._send_piece_direct(task, piece, timeout)
+        peers = list(self._peers)
+        if not peers:
+            return False
+        chunk = [piece]
+
+        def keep() -> None:
+            self._flush_direct()
+            if self._store is not None:
+                self._store.add_chunk(task, list(chunk))
+        for i, r in enumerate(peers):
+            self._send_direct(task, r, DIRECT, ("d", [task], [chunk]), timeout, before=keep if i == 0 else None)
+        return True
+
     def _flush_direct(self) -> None:
         if self._dbuf:
             msg = ("d", *chunk_columns(self._dbuf))
@@ -165,7 +183,8 @@ class AllGather(DownTreeMixin, Gather):
 
     def _release_storage(self) -> None:
         if self.mode == "batch":
-            if getattr(self, "_store", None) is not None:
-                self._store.close()
+            store = getattr(self, "_store", None)   # None, or not made yet (a failed _setup)
+            if store is not None:
+                store.close()
             return
         super()._release_storage()

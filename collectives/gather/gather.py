@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 from collections.abc import Iterable, Iterator
@@ -105,7 +106,7 @@ class Gather(GatherTables, FinishQuorum, TreeGatherBase):
             if copy and (kept or not direct):
                 vals = [snapshot(v) for v in vals]
             self._input(task, self._local_room,
-                        lambda vals=vals, direct=direct: self._push_local(task, vals, direct),
+                        partial(self._push_local, task, vals, direct),
                         block=True, timeout=timeout)
 
     def _send(self, task: int, value: Any, block: bool, timeout: float | None, copy: bool = True) -> bool:

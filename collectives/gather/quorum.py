@@ -9,20 +9,25 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from twisternet.errors import ConfigError
 
-if TYPE_CHECKING:
-    from .gather import Gather
+from ..uptree import UpTreeState
 
 log = logging.getLogger(__name__)
 
 
-class FinishQuorum:
+class FinishQuorum(UpTreeState):
     """Gather part: the finish quorum (batch only)."""
 
-    def _quorum_barrier(self: Gather, quorum: Any, allowed: bool) -> Any:
+    # made in Gather.__init__ (and by _quorum_barrier)
+    _quorum: Any                           # None, or the partial barrier's state machine
+    _quorum_rules: dict[str, Any]
+    _quorum_timer: threading.Timer | None
+    left_out: list[int] | None
+
+    def _quorum_barrier(self, quorum: Any, allowed: bool) -> Any:
         """A partial barrier over the sources' finishes, run at the destination (None: wait for all).
 
         ``quorum`` is a dict (or BarrierSpec) of partial-barrier rules without ``max`` (the number of
@@ -42,33 +47,33 @@ class FinishQuorum:
         if unknown:
             raise ConfigError("quorum", f"unknown rules {sorted(unknown)}; use timeout, percent, min_wait, knee")
         self._quorum_rules = rules
-        self._quorum_timer: Any = None
+        self._quorum_timer = None
         return True   # the state machine is built by _build_quorum, once the sources are known
 
-    def _build_quorum(self: Gather) -> None:
+    def _build_quorum(self) -> None:
         """The quorum's state machine, from the rules, once the sources are known (in ``_setup``)."""
         if self._quorum is not None:
             from ..barrier.partial import PartialBarrier as _Rules   # the pure state machine
             self._quorum = _Rules(f"gather-quorum-{self.edge}", max=len(self.sources), late="pass",
                                   **self._quorum_rules)
 
-    def _root_finished(self: Gather, tasks: list[int]) -> None:
+    def _root_finished(self, tasks: list[int]) -> None:
         super()._root_finished(tasks)
         if self._quorum is None or self.left_out is not None:
             return
         now = time.monotonic()
-        releases = []
+        releases: list[Any] = []
         for t in tasks:
             releases.extend(self._quorum.enter(str(t), 0, now).releases)
         self._quorum_settle(releases)
 
-    def _quorum_tick(self: Gather) -> None:
+    def _quorum_tick(self) -> None:
         with self._lock:
             if self.left_out is None and not self._closed:
                 self._quorum_settle(self._quorum.tick(time.monotonic()))
         self._after()
 
-    def _quorum_settle(self: Gather, releases: list) -> None:
+    def _quorum_settle(self, releases: list[Any]) -> None:
         """Under the lock: complete on a fire, else arm a timer for the barrier's next deadline."""
         if releases:
             passed = {int(label) for label in releases[0].fire.passed}

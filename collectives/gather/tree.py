@@ -23,7 +23,7 @@ class TreeGatherBase(UpTreeOperation):
 
     def _new_state(self, node: Node) -> Any:
         if not hasattr(self, "_outbuf"):
-            self._outbuf: dict[int, list] = {}
+            self._outbuf: dict[int, Any] = {}   # per tree: what each operation buffers for its parent
         if node.is_root and self.mode == "batch":
             return self._new_store(chunked=self._chunked_store)
         return None

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from collectives import shm_allreduce
+from collectives.allreduce import shm as shm_allreduce
 from twisternet.testing import run_local
 
 from tests.collectives.launchers import run_scenario

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import collectives as C
-from collectives import shm_allreduce
+from collectives.allreduce import shm as shm_allreduce
 from tests.jobs import assert_survivors_saw_the_kill, lines, run_tcp
 from twisternet.errors import ConfigError, OperationTimeout
 from twisternet.testing import run_local

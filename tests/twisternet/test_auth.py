@@ -37,7 +37,7 @@ def run_both(a_token: bytes, b_token: bytes, a_hello: dict | None = None, b_hell
     def side(name: str, sock: socket.socket, token: bytes, initiator: bool, hello: dict) -> None:
         try:
             results[name] = handshake(sock, token, initiator=initiator, hello=hello, timeout=timeout)
-        except Exception as e:  # recorded for the assertions
+        except Exception as e:  # noqa: BLE001 - recorded for the assertions
             results[name] = e
 
     ta = threading.Thread(target=side, args=("a", a, a_token, True, a_hello or {"who": "a"}))

@@ -73,3 +73,63 @@ def test_mpi_channel_has_every_declared_attribute_and_method() -> None:
                                           ROOT / "twisternet" / "channel.py"])
     missing = [a for a in MPIChannelState.__annotations__ if a not in assigned]
     assert not missing, f"declared in MPIChannelState but never assigned: {missing}"
+
+
+def _operation_classes() -> list[type]:
+    """Every operation class the collectives package defines (Operation and its subclasses)."""
+    import collectives  # noqa: F401 - defines every operation class
+    from collectives.base import Operation
+
+    found: list[type] = [Operation]
+    for cls in found:
+        found += [s for s in cls.__subclasses__() if s not in found]
+    return found
+
+
+def test_operations_have_every_declared_attribute_and_method() -> None:
+    """The declarations of collectives/base/state.py (OperationState), collectives/uptree.py (UpTreeState)
+    and of the parts mixed into operations (table paths, Gather's finish quorum), checked against each
+    operation class whose parts they declare for."""
+    from collectives.base.state import OperationState
+    from collectives.columnar import GatherTables, PartitionTables
+    from collectives.uptree import UpTreeState
+
+    assert _type_checking_methods(OperationState) and _type_checking_methods(PartitionTables), \
+        "no cross-part methods found: the parser no longer sees the TYPE_CHECKING blocks"
+    assigned = _assigned_self_attributes(sorted((ROOT / "collectives").rglob("*.py")))
+    classes = _operation_classes()
+    names = {c.__name__ for c in classes}
+    assert {"Partition", "KeyedPartition", "Broadcast", "Gather", "AllGather", "KeyedGather", "KeyedReduce",
+            "Reduce", "AllReduce"} <= names, names
+    parts_seen: set[type] = set()
+    for cls in classes:
+        for part in cls.__mro__:
+            if not (isinstance(part, type) and issubclass(part, OperationState)):
+                continue
+            parts_seen.add(part)
+            missing_methods = [m for m in _type_checking_methods(part) if not callable(getattr(cls, m, None))]
+            assert not missing_methods, f"declared in {part.__name__}, defined by no part of {cls.__name__}: " \
+                                        f"{missing_methods}"
+            declared = part.__dict__.get("__annotations__", {})
+            missing = [a for a in declared if a not in assigned and not hasattr(cls, a)]
+            assert not missing, f"declared in {part.__name__}, never set on a {cls.__name__}: {missing}"
+    assert {OperationState, UpTreeState, GatherTables, PartitionTables} <= parts_seen
+
+
+def test_operation_state_is_set_on_live_operations() -> None:
+    from collectives import Gather, Partition
+    from collectives.base.state import OperationState
+
+    def job(ctx: Context) -> list[str]:
+        missing = []
+        for i, make in enumerate((Gather, Partition)):
+            with make(ctx, edge=10 + i) as op:
+                missing += [f"{make.__name__}.{a}" for a in OperationState.__annotations__ if not hasattr(op, a)]
+                for t in op.local_sources:
+                    op.finish(t)
+                if op.local_destinations:
+                    list(op.results())
+        return missing
+
+    for missing in run_local(2, job):
+        assert not missing, f"declared in OperationState but never set on an operation: {missing}"

@@ -63,7 +63,7 @@ class FrameReader:
             del self._buf[:_LEN.size + n]
             try:
                 msg = msgpack.unpackb(body, raw=False, strict_map_key=False)
-            except Exception as e:  # msgpack raises several unrelated types on corrupt input
+            except Exception as e:  # noqa: BLE001 - msgpack raises several unrelated types on corrupt input
                 raise ProtocolError(f"undecodable message on the master link: {e}") from None
             if not isinstance(msg, dict):
                 raise ProtocolError(f"master-link message must be a map, got {type(msg).__name__}")

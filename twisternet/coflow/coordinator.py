@@ -78,10 +78,10 @@ class CoflowCoordinator:
                     self._dirty = True
             elif op == "unregister":
                 cid = str(msg["id"])
-                owners = self._owners.get(cid)
-                if owners is not None:
-                    owners.discard(int(src))
-                    if not owners:
+                holders = self._owners.get(cid)
+                if holders is not None:
+                    holders.discard(int(src))
+                    if not holders:
                         del self._owners[cid]
                         if cid in self.table:
                             self.table.unregister(cid)

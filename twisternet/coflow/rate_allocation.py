@@ -8,6 +8,7 @@ All rates are bytes/s, all sizes bytes.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 import numpy as np
 
@@ -135,8 +136,11 @@ class CoflowLoads:
             return
         key_in, key_out = self._keys(coflows, n_in, n_out)
         rem = np.concatenate([c.remaining for c in coflows])
-        self.load_in = np.bincount(key_in, weights=rem, minlength=K * n_in).reshape(K, n_in)
-        self.load_out = np.bincount(key_out, weights=rem, minlength=K * n_out).reshape(K, n_out)
+        # float64 (the weights'), which numpy's stubs do not know of a weighted bincount
+        load_in = np.bincount(key_in, weights=rem, minlength=K * n_in)
+        load_out = np.bincount(key_out, weights=rem, minlength=K * n_out)
+        self.load_in = load_in.astype(np.float64, copy=False).reshape(K, n_in)
+        self.load_out = load_out.astype(np.float64, copy=False).reshape(K, n_out)
 
     def _from_rows(self, coflows: Sequence[Coflow], n_in: int, n_out: int) -> None:
         """Incremental build for versioned coflows: every coflow's per-port loads come from its
@@ -246,7 +250,7 @@ def greedy_fill(coflows: Sequence[Coflow], order: Sequence[int], res: ResidualCa
         rates[i] = rates[i] + extra
 
 
-def _live_shape(c: Coflow) -> tuple[np.ndarray, np.ndarray] | bool | None:
+def _live_shape(c: Coflow) -> tuple[np.ndarray, np.ndarray] | Literal[False] | None:
     """For a versioned coflow: (ingress ports, egress ports) if its live flows are exactly every
     pair of them, each once, and no finished flow joins two of them; False if it has no live flow;
     None otherwise or for an unversioned coflow (then the general path runs). Cached per version."""
@@ -263,7 +267,7 @@ def _live_shape(c: Coflow) -> tuple[np.ndarray, np.ndarray] | bool | None:
     if hit is not None and hit[0] == k:
         dd["shape"] = hit[1]
         return hit[1]
-    out: tuple[np.ndarray, np.ndarray] | bool | None
+    out: tuple[np.ndarray, np.ndarray] | Literal[False] | None
     if k == 0:
         out = False
     else:

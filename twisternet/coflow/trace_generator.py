@@ -70,6 +70,7 @@ def generate_trace(num_ports: int = 150, num_coflows: int = 500, seed: int = 0,
             m, r = _narrow_width(rng, num_ports), _narrow_width(rng, num_ports)
         mappers = rng.choice(num_ports, size=m, replace=False)
         reducers = rng.choice(num_ports, size=r, replace=False)
+        mb: np.ndarray
         if long_:
             mb = long_mb * (1.0 + rng.pareto(pareto_alpha, size=r))
         else:

@@ -10,9 +10,10 @@ Importing this package registers the backend with ``torch.distributed.Backend.re
 buckets through twisternet while the model's process group stays gloo. See docs/torch.md.
 """
 
-from .backend import (BACKEND_NAME, VIA_ENV, ProcessGroupTwisternet, TorchBackendError, init_process_group,
-                      register)
+from .backend import VIA_ENV, init_process_group, register
+from .group import BACKEND_NAME, ProcessGroupTwisternet
 from .hook import allreduce_hook
+from .tensors import TorchBackendError
 
 register()
 

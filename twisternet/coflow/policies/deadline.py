@@ -60,17 +60,17 @@ class DeadlineScheduler(Scheduler):
         return res
 
     def on_arrival(self, coflow: Coflow, now: float, capacities: PortCapacities) -> bool:
-        if coflow.deadline is None:
-            return True  # best-effort: nothing to guarantee
         d = coflow.absolute_deadline
+        if d is None:
+            return True  # best-effort: nothing to guarantee
         res = self.reserved_residual(now, capacities)
         cin, cout = available(res)
         gamma = effective_bottleneck(coflow, cin, cout)
-        if now + gamma <= d + _REL_TOL * max(1.0, abs(d)):  # type: ignore[operator]
+        if now + gamma <= d + _REL_TOL * max(1.0, abs(d)):
             self.admitted[coflow.id] = coflow
             return True
         return self.reject(coflow, f"needs {gamma:.6g}s on the unreserved capacity, "
-                                   f"{d - now:.6g}s left to its deadline")  # type: ignore[operator]
+                                   f"{d - now:.6g}s left to its deadline")
 
     def on_completion(self, coflow: Coflow, now: float) -> None:
         self.admitted.pop(coflow.id, None)
@@ -79,18 +79,21 @@ class DeadlineScheduler(Scheduler):
         rates = zero_rates(coflows)
         guaranteed: list[int] = []
         best_effort: list[int] = []
+        due: dict[int, float] = {}      # absolute deadline of each guaranteed coflow
         for i, c in enumerate(coflows):
-            if c.id in self.admitted and c.absolute_deadline is not None and c.absolute_deadline > now:
+            d = c.absolute_deadline
+            if c.id in self.admitted and d is not None and d > now:
                 guaranteed.append(i)
+                due[i] = d
             else:
                 best_effort.append(i)
-        guaranteed.sort(key=lambda i: (coflows[i].absolute_deadline, coflows[i].arrival, i))
+        guaranteed.sort(key=lambda i: (due[i], coflows[i].arrival, i))
         loads = CoflowLoads(coflows, capacities.num_ingress, capacities.num_egress)
         res = ResidualCapacity(capacities)
         if guaranteed:
             # The reservations' port loads come from the per-coflow port loads (remaining / time left),
             # so no per-flow pass is needed unless rounding pushed a port over its capacity.
-            left = np.array([coflows[i].absolute_deadline - now for i in guaranteed])
+            left = np.array([due[i] - now for i in guaranteed])
             lin = (loads.load_in[guaranteed] / left[:, None]).sum(axis=0)
             lout = (loads.load_out[guaranteed] / left[:, None]).sum(axis=0)
             for k, i in enumerate(guaranteed):
