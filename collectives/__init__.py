@@ -30,7 +30,7 @@ from .routing import KaryTree, hash_selector, stable_hash
 from .spill import SpillCorruptionError, SpillStore
 
 # Job-bound barriers (their coordinator runs on the bootstrap master or rank 0); the pure state
-# machines stay in collectives.barrier (e.g. collectives.barrier.PartialBarrier takes no Context).
+# machines stay in collectives.barrier (e.g. collectives.barrier.PartialBarrierMachine takes no Context).
 from .barrier import CatchUp, LATE_FIRE, FIRE
 from .barrier.distributed import Barrier, PartialBarrier, SemaphoreBarrier
 

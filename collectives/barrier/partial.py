@@ -1,6 +1,6 @@
 """Partial barriers (Albrecht et al., ATC 2006) as pure, deterministic state machines on an injected clock.
 
-Semantics of one *round* of ``PartialBarrier(name, max, timeout, percent, min_wait, late, callback,
+Semantics of one *round* of ``PartialBarrierMachine(name, max, timeout, percent, min_wait, late, callback,
 callback_timeout, knee=False)``; ``t0`` is the time of the round's first entry, ``n`` the number of unique
 labels entered so far:
 
@@ -90,7 +90,7 @@ def check_label_rank(label: object, rank: object) -> None:
         raise ValueError(f"rank must be an int >= 0, got {rank!r}")
 
 
-class PartialBarrier:
+class PartialBarrierMachine:
     """A named, reusable partial barrier; see the module docstring for the exact release rules."""
 
     def __init__(self, name: str, max: int, timeout: float | None = None, percent: float | None = None,
@@ -122,7 +122,7 @@ class PartialBarrier:
 
     @classmethod
     def from_spec(cls, name: str, spec: BarrierSpec, callback: EnterCallback | None = None,
-                  callback_timeout: float | None = None, history: int = 1024) -> PartialBarrier:
+                  callback_timeout: float | None = None, history: int = 1024) -> PartialBarrierMachine:
         """Build a barrier from a validated ``BarrierSpec``."""
         return cls(name, spec.max, spec.timeout, spec.percent, spec.min_wait, spec.late, callback,
                    callback_timeout, knee=spec.knee, history=history)
@@ -404,7 +404,7 @@ class PartialBarrier:
         return self._last_now
 
 
-class Barrier(PartialBarrier):
+class BarrierMachine(PartialBarrierMachine):
     """A classic barrier: a round fires only when all ``max`` unique labels have entered."""
 
     def __init__(self, name: str, max: int, late: str = "pass", *, history: int = 1024) -> None:

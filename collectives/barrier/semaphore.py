@@ -1,6 +1,6 @@
 """Semaphore barriers: at most ``limit`` labels inside at once, the rest wait in FIFO order.
 
-``SemaphoreBarrier(name, n, hold_timeout, release_callback, policy)``:
+``SemaphoreBarrierMachine(name, n, hold_timeout, release_callback, policy)``:
 
 * ``enter(label, rank, now)`` admits at once while fewer than ``limit`` (initially ``n``) hold a slot,
   otherwise queues the label (FIFO).
@@ -49,7 +49,7 @@ class AdmitOutcome:
         return self.own is None
 
 
-class SemaphoreBarrier:
+class SemaphoreBarrierMachine:
     """A counting semaphore with FIFO admission, failure presumption and pluggable concurrency policy."""
 
     def __init__(self, name: str, n: int, hold_timeout: float | None = None,

@@ -26,9 +26,9 @@ from typing import Any, cast
 from . import protocol as P
 from .concurrency import AdaptiveConcurrency, ConcurrencyPolicy
 from .errors import BarrierError, BarrierMismatchError, CatchUp
-from .partial import EnterCallback, PartialBarrier
+from .partial import EnterCallback, PartialBarrierMachine
 from .records import Admission, BarrierRelease
-from .semaphore import ReleaseCallback, SemaphoreBarrier
+from .semaphore import ReleaseCallback, SemaphoreBarrierMachine
 from .specs import AnySpec, BarrierSpec, SemaphoreSpec, ThrottleSpec, spec_from_dict
 from .throttle import ThrottledRelease
 
@@ -43,7 +43,7 @@ _KIND_OF_OP = {P.ENTER: "barrier", P.ACQUIRE: "semaphore", P.RELEASE: "semaphore
 @dataclass
 class _Named:
     spec: AnySpec
-    obj: PartialBarrier | SemaphoreBarrier | ThrottledRelease
+    obj: PartialBarrierMachine | SemaphoreBarrierMachine | ThrottledRelease
     # barrier: (round, label, rank) -> pending requests; semaphore/throttle: (label,) -> pending requests
     pending: dict[tuple, list[ReqId]] = field(default_factory=dict)
 
@@ -66,8 +66,8 @@ class BarrierService:
         """Install the enter-callback of barrier ``name`` (now, or when the barrier gets created)."""
         self._enter_cbs[name] = (callback, callback_timeout)
         named = self._objects.get(name)
-        if named is not None and isinstance(named.obj, PartialBarrier):
-            fresh = PartialBarrier.from_spec(name, cast(BarrierSpec, named.spec), callback,  # validates
+        if named is not None and isinstance(named.obj, PartialBarrierMachine):
+            fresh = PartialBarrierMachine.from_spec(name, cast(BarrierSpec, named.spec), callback,  # validates
                                              callback_timeout)
             named.obj.callback, named.obj.callback_timeout = fresh.callback, fresh.callback_timeout
 
@@ -75,7 +75,7 @@ class BarrierService:
         """Install the release-callback of semaphore ``name`` (now, or when it gets created)."""
         self._release_cbs[name] = callback
         named = self._objects.get(name)
-        if named is not None and isinstance(named.obj, SemaphoreBarrier):
+        if named is not None and isinstance(named.obj, SemaphoreBarrierMachine):
             named.obj.release_callback = callback
 
     def set_policy(self, name: str, policy: ConcurrencyPolicy) -> None:
@@ -84,7 +84,7 @@ class BarrierService:
             raise BarrierError(f"{name!r} already exists; set its policy before the first request")
         self._policies[name] = policy
 
-    def get(self, name: str) -> PartialBarrier | SemaphoreBarrier | ThrottledRelease | None:
+    def get(self, name: str) -> PartialBarrierMachine | SemaphoreBarrierMachine | ThrottledRelease | None:
         """The state machine behind ``name`` (for inspection), or None."""
         named = self._objects.get(name)
         return None if named is None else named.obj
@@ -122,7 +122,7 @@ class BarrierService:
         out: list[Reply] = []
         for named in self._objects.values():
             obj = named.obj
-            if isinstance(obj, PartialBarrier):
+            if isinstance(obj, PartialBarrierMachine):
                 out.extend(self._answer_releases(named, obj.tick(now)))
             else:
                 out.extend(self._answer_admissions(named, obj.tick(now)))
@@ -141,7 +141,7 @@ class BarrierService:
                     named.pending[wkey] = reqs
                 else:
                     del named.pending[wkey]
-            if isinstance(named.obj, (SemaphoreBarrier, ThrottledRelease)):
+            if isinstance(named.obj, (SemaphoreBarrierMachine, ThrottledRelease)):
                 out.extend(self._answer_admissions(named, named.obj.drop_rank(rank, now)))
         for req in [q for q in self._pending_ids if q[0] == rank]:
             del self._pending_ids[req]
@@ -158,7 +158,7 @@ class BarrierService:
         named = self._lookup(op, name, msg.get("spec"))
         obj = named.obj
         if op == P.ENTER:
-            assert isinstance(obj, PartialBarrier)
+            assert isinstance(obj, PartialBarrierMachine)
             r = msg.get("round")
             if r is None:
                 r = obj.next_round_of(label, src)
@@ -182,7 +182,7 @@ class BarrierService:
                 out.append(self._reply_release(key, outcome.own))
             return out
         if op in (P.ACQUIRE, P.THROTTLE):
-            assert isinstance(obj, (SemaphoreBarrier, ThrottledRelease))
+            assert isinstance(obj, (SemaphoreBarrierMachine, ThrottledRelease))
             wkey2 = (label,)
             named.pending.setdefault(wkey2, []).append(key)
             self._pending_ids[key] = name
@@ -198,7 +198,7 @@ class BarrierService:
             return out
         # release (semaphore) or complete (throttle): acknowledged at once
         if op == P.RELEASE:
-            assert isinstance(obj, SemaphoreBarrier)
+            assert isinstance(obj, SemaphoreBarrierMachine)
             admissions = obj.release(label, now)
             if (label,) in named.pending and label not in obj.waiting:   # withdrawn from the queue
                 for req in named.pending.pop((label,)):
@@ -239,15 +239,15 @@ class BarrierService:
                                            f"but this participant asks for {spec}")
         return named
 
-    def _create(self, name: str, spec: AnySpec) -> PartialBarrier | SemaphoreBarrier | ThrottledRelease:
+    def _create(self, name: str, spec: AnySpec) -> PartialBarrierMachine | SemaphoreBarrierMachine | ThrottledRelease:
         if isinstance(spec, BarrierSpec):
             cb, cbt = self._enter_cbs.get(name, (None, None))
-            return PartialBarrier.from_spec(name, spec, cb, cbt, history=self.history)
+            return PartialBarrierMachine.from_spec(name, spec, cb, cbt, history=self.history)
         policy = self._policies.get(name)
         if policy is None and spec.adaptive_window is not None:
             policy = AdaptiveConcurrency(spec.adaptive_window)
         if isinstance(spec, SemaphoreSpec):
-            return SemaphoreBarrier(name, spec.n, spec.hold_timeout, self._release_cbs.get(name), policy=policy,
+            return SemaphoreBarrierMachine(name, spec.n, spec.hold_timeout, self._release_cbs.get(name), policy=policy,
                                     max_concurrency=spec.max_concurrency)
         assert isinstance(spec, ThrottleSpec)
         return ThrottledRelease(name, spec.period, spec.count, spec.percent, spec.max, policy=policy)

@@ -54,7 +54,7 @@ def percent_count(percent: float, total: int) -> int:
 
 @dataclass(frozen=True)
 class BarrierSpec:
-    """Parameters of a (partial) barrier; see ``PartialBarrier`` for their exact semantics."""
+    """Parameters of a (partial) barrier; see ``PartialBarrierMachine`` for their exact semantics."""
 
     max: int
     timeout: float | None = None
@@ -95,7 +95,7 @@ class BarrierSpec:
 
 @dataclass(frozen=True)
 class SemaphoreSpec:
-    """Parameters of a ``SemaphoreBarrier``: ``n`` initial holders, hold timeout, optional adaptive window."""
+    """Parameters of a ``SemaphoreBarrierMachine``: ``n`` initial holders, hold timeout, optional adaptive window."""
 
     n: int
     hold_timeout: float | None = None

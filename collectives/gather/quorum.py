@@ -53,7 +53,7 @@ class FinishQuorum(UpTreeState):
     def _build_quorum(self) -> None:
         """The quorum's state machine, from the rules, once the sources are known (in ``_setup``)."""
         if self._quorum is not None:
-            from ..barrier.partial import PartialBarrier as _Rules   # the pure state machine
+            from ..barrier.partial import PartialBarrierMachine as _Rules
             self._quorum = _Rules(f"gather-quorum-{self.edge}", max=len(self.sources), late="pass",
                                   **self._quorum_rules)
 

@@ -1,5 +1,5 @@
 """Knee detection: the EWMA arithmetic on fixed traces (numbers worked out by hand in the comments) and the
-adaptive release of PartialBarrier(knee=True) with its gates, several knees and late groups."""
+adaptive release of PartialBarrierMachine(knee=True) with its gates, several knees and late groups."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collectives.barrier import CatchUp, FireReason, KneeDetector, PartialBarrier, Status
+from collectives.barrier import CatchUp, FireReason, KneeDetector, PartialBarrierMachine, Status
 
 approx = pytest.approx
 
@@ -37,7 +37,7 @@ def test_estimator_on_a_fixed_trace():
 
 
 def test_knee_release_fires_at_the_knee_with_everyone_so_far():
-    b = PartialBarrier("k", 5, percent=60, knee=True)         # gate: 3 labels
+    b = PartialBarrierMachine("k", 5, percent=60, knee=True)         # gate: 3 labels
     for i, t in enumerate([0.0, 1.0, 2.0, 4.0]):
         assert b.enter(f"t{i}", i, t).waiting
     assert b.next_deadline() == approx(7.125)
@@ -51,7 +51,7 @@ def test_knee_release_fires_at_the_knee_with_everyone_so_far():
 
 
 def test_knee_before_the_percent_gate_does_not_fire():
-    b = PartialBarrier("k", 5, percent=60, knee=True)
+    b = PartialBarrierMachine("k", 5, percent=60, knee=True)
     b.enter("a", 0, 0.0)
     b.enter("b", 1, 1.0)                      # deadline 1 + 1 + 4*.5 = 4
     assert b.tick(4.0) == []                  # knee with 2 < 3 labels: recorded, no fire
@@ -64,7 +64,7 @@ def test_knee_before_the_percent_gate_does_not_fire():
 
 
 def test_knee_before_min_wait_fires_when_min_wait_elapses():
-    b = PartialBarrier("k", 10, min_wait=10.0, knee=True)
+    b = PartialBarrierMachine("k", 10, min_wait=10.0, knee=True)
     for i, t in enumerate([0.0, 1.0, 2.0]):
         b.enter(f"t{i}", i, t)                # knee at 4.5
     assert b.tick(9.9) == [] and b.knees(0) == [(4.5, 3)]
@@ -73,7 +73,7 @@ def test_knee_before_min_wait_fires_when_min_wait_elapses():
 
 
 def test_arrival_after_knee_resets_it_before_min_wait():
-    b = PartialBarrier("k", 10, min_wait=10.0, knee=True)
+    b = PartialBarrierMachine("k", 10, min_wait=10.0, knee=True)
     for i, t in enumerate([0.0, 1.0, 2.0]):
         b.enter(f"t{i}", i, t)                # knee at 4.5
     b.tick(5.0)
@@ -84,7 +84,7 @@ def test_arrival_after_knee_resets_it_before_min_wait():
 
 
 def test_later_knees_release_later_groups_of_late_arrivals():
-    b = PartialBarrier("k", 6, knee=True)
+    b = PartialBarrierMachine("k", 6, knee=True)
     for i, t in enumerate([0.0, 1.0, 2.0]):
         b.enter(f"t{i}", i, t)
     first = b.tick(4.5)                       # knee at 4.5, no gate
@@ -103,7 +103,7 @@ def test_later_knees_release_later_groups_of_late_arrivals():
 
 
 def test_timeout_ends_holding_late_arrivals():
-    b = PartialBarrier("k", 6, knee=True, timeout=8.0)
+    b = PartialBarrierMachine("k", 6, knee=True, timeout=8.0)
     for i, t in enumerate([0.0, 1.0, 2.0]):
         b.enter(f"t{i}", i, t)
     b.tick(4.5)
@@ -114,7 +114,7 @@ def test_timeout_ends_holding_late_arrivals():
 
 
 def test_knee_with_catch_up_tells_late_arrivals_to_skip():
-    b = PartialBarrier("k", 4, knee=True, late="catch_up")
+    b = PartialBarrierMachine("k", 4, knee=True, late="catch_up")
     for i, t in enumerate([0.0, 1.0, 2.0]):
         b.enter(f"t{i}", i, t)
     b.tick(4.5)
@@ -124,7 +124,7 @@ def test_knee_with_catch_up_tells_late_arrivals_to_skip():
 
 
 def test_single_arrival_never_makes_a_knee():
-    b = PartialBarrier("k", 3, knee=True)
+    b = PartialBarrierMachine("k", 3, knee=True)
     b.enter("a", 0, 0.0)
     assert b.next_deadline() is None and b.tick(1e6) == []
 
@@ -173,7 +173,7 @@ def test_adaptive_fire_matches_reference_model(gaps, mx, percent, min_wait):
     for g in gaps[1:]:
         arrivals.append(arrivals[-1] + g)
     arrivals = arrivals[:mx]
-    b = PartialBarrier("k", mx, percent=percent, min_wait=min_wait, knee=True)
+    b = PartialBarrierMachine("k", mx, percent=percent, min_wait=min_wait, knee=True)
     fired = []
     for i, a in enumerate(arrivals):
         if b.current_round > 0:

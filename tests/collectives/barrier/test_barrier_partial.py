@@ -1,4 +1,4 @@
-"""Release rules of Barrier / PartialBarrier on a manual clock: precedence, labels, late modes, rounds,
+"""Release rules of BarrierMachine / PartialBarrierMachine on a manual clock: precedence, labels, late modes, rounds,
 callbacks. Expected values are worked out by hand from the rules (or by an independent reference model)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collectives.barrier import (Barrier, BarrierProtocolError, BarrierSpecError, CatchUp, FireReason,
-                                 PartialBarrier, Status)
+from collectives.barrier import (BarrierMachine, BarrierProtocolError, BarrierSpecError, CatchUp, FireReason,
+                                 PartialBarrierMachine, Status)
 
 
 def labels_of(releases):
@@ -19,7 +19,7 @@ def labels_of(releases):
 
 # ---------------------------------------------------------------------------- classic
 def test_classic_barrier_fires_only_when_all_entered():
-    b = Barrier("b", 3)
+    b = BarrierMachine("b", 3)
     assert b.enter("a", 0, 0.0).waiting
     assert b.enter("b", 1, 100.0).waiting
     assert b.next_deadline() is None          # a classic barrier has no timer
@@ -33,7 +33,7 @@ def test_classic_barrier_fires_only_when_all_entered():
 
 
 def test_partial_without_relaxations_is_classic():
-    b = PartialBarrier("b", 2)
+    b = PartialBarrierMachine("b", 2)
     assert b.spec.classic
     b.enter("a", 0, 0.0)
     assert b.tick(1e6) == []
@@ -41,7 +41,7 @@ def test_partial_without_relaxations_is_classic():
 
 # ---------------------------------------------------------------------------- precedence
 def test_max_fires_before_min_wait_and_percent():
-    b = PartialBarrier("b", 3, percent=50, min_wait=10.0, timeout=100.0)
+    b = PartialBarrierMachine("b", 3, percent=50, min_wait=10.0, timeout=100.0)
     b.enter("a", 0, 0.0)
     b.enter("b", 1, 1.0)                      # 2 >= ceil(1.5) but min_wait not elapsed
     out = b.enter("c", 2, 2.0)
@@ -49,7 +49,7 @@ def test_max_fires_before_min_wait_and_percent():
 
 
 def test_timeout_counts_from_first_entry_and_fires_whatever_the_count():
-    b = PartialBarrier("b", 10, timeout=5.0)
+    b = PartialBarrierMachine("b", 10, timeout=5.0)
     b.enter("a", 0, 1.0)
     b.enter("b", 1, 3.0)
     assert b.next_deadline() == 6.0
@@ -60,20 +60,20 @@ def test_timeout_counts_from_first_entry_and_fires_whatever_the_count():
 
 
 def test_timeout_overrides_min_wait_that_comes_later():
-    b = PartialBarrier("b", 4, timeout=3.0, min_wait=5.0)
+    b = PartialBarrierMachine("b", 4, timeout=3.0, min_wait=5.0)
     b.enter("a", 0, 0.0)
     rel = b.tick(10.0)
     assert rel[0].fire.reason is FireReason.TIMEOUT and rel[0].fire.time == 3.0
 
 
 def test_timeout_wins_a_tie_with_min_wait():
-    b = PartialBarrier("b", 4, timeout=5.0, min_wait=5.0)
+    b = PartialBarrierMachine("b", 4, timeout=5.0, min_wait=5.0)
     b.enter("a", 0, 0.0)
     assert b.tick(5.0)[0].fire.reason is FireReason.TIMEOUT
 
 
 def test_percent_alone_fires_at_the_rounded_up_count():
-    b = PartialBarrier("b", 10, percent=25)   # ceil(2.5) = 3
+    b = PartialBarrierMachine("b", 10, percent=25)   # ceil(2.5) = 3
     assert b.spec.percent_threshold == 3
     b.enter("a", 0, 0.0)
     assert b.enter("b", 1, 1.0).waiting
@@ -82,13 +82,13 @@ def test_percent_alone_fires_at_the_rounded_up_count():
 
 
 def test_percent_threshold_is_exact_for_decimal_percentages():
-    assert PartialBarrier("b", 30, percent=10).spec.percent_threshold == 3
-    assert PartialBarrier("b", 3, percent=100).spec.percent_threshold == 3
-    assert PartialBarrier("b", 7, percent=1).spec.percent_threshold == 1
+    assert PartialBarrierMachine("b", 30, percent=10).spec.percent_threshold == 3
+    assert PartialBarrierMachine("b", 3, percent=100).spec.percent_threshold == 3
+    assert PartialBarrierMachine("b", 7, percent=1).spec.percent_threshold == 1
 
 
 def test_min_wait_alone_fires_after_min_wait_with_any_count():
-    b = PartialBarrier("b", 10, min_wait=4.0)
+    b = PartialBarrierMachine("b", 10, min_wait=4.0)
     b.enter("a", 0, 2.0)
     assert b.next_deadline() == 6.0
     rel = b.tick(6.0)
@@ -96,7 +96,7 @@ def test_min_wait_alone_fires_after_min_wait_with_any_count():
 
 
 def test_percent_and_min_wait_both_needed_percent_first():
-    b = PartialBarrier("b", 4, percent=50, min_wait=10.0)
+    b = PartialBarrierMachine("b", 4, percent=50, min_wait=10.0)
     b.enter("a", 0, 0.0)
     assert b.enter("b", 1, 1.0).waiting       # percent met, min_wait not
     assert b.tick(9.99) == []
@@ -105,7 +105,7 @@ def test_percent_and_min_wait_both_needed_percent_first():
 
 
 def test_percent_and_min_wait_both_needed_min_wait_first():
-    b = PartialBarrier("b", 4, percent=75, min_wait=1.0)
+    b = PartialBarrierMachine("b", 4, percent=75, min_wait=1.0)
     b.enter("a", 0, 0.0)
     assert b.tick(5.0) == []                  # min_wait met, 1 < 3
     assert b.enter("b", 1, 6.0).waiting
@@ -115,7 +115,7 @@ def test_percent_and_min_wait_both_needed_min_wait_first():
 
 def test_late_tick_gives_the_same_result_as_punctual_ticks():
     def run(ticks):
-        b = PartialBarrier("b", 5, percent=40, min_wait=3.0, timeout=8.0)
+        b = PartialBarrierMachine("b", 5, percent=40, min_wait=3.0, timeout=8.0)
         b.enter("a", 0, 0.0)
         b.enter("b", 1, 1.0)
         out = []
@@ -127,7 +127,7 @@ def test_late_tick_gives_the_same_result_as_punctual_ticks():
 
 # ---------------------------------------------------------------------------- labels
 def test_duplicate_label_copies_count_once_and_all_pass():
-    b = PartialBarrier("b", 3)
+    b = PartialBarrierMachine("b", 3)
     b.enter("x", 0, 0.0)
     b.enter("x", 1, 0.5)                      # a replica of task x on rank 1
     assert b.enter("y", 2, 1.0).waiting       # 2 unique labels of 3
@@ -137,7 +137,7 @@ def test_duplicate_label_copies_count_once_and_all_pass():
 
 
 def test_repeated_entry_is_idempotent():
-    b = PartialBarrier("b", 2)
+    b = PartialBarrierMachine("b", 2)
     assert b.enter("a", 0, 0.0).waiting
     assert b.enter("a", 0, 0.1).waiting       # the same (label, rank) again: no double count
     assert b.entered(0) == {"a": 0}
@@ -148,7 +148,7 @@ def test_repeated_entry_is_idempotent():
 
 
 def test_bad_label_and_rank_are_rejected():
-    b = PartialBarrier("b", 2)
+    b = PartialBarrierMachine("b", 2)
     with pytest.raises(TypeError):
         b.enter(3, 0, 0.0)
     with pytest.raises(ValueError):
@@ -157,7 +157,7 @@ def test_bad_label_and_rank_are_rejected():
 
 # ---------------------------------------------------------------------------- late arrivals and rounds
 def test_late_pass_returns_late_fire_with_the_fire_info():
-    b = PartialBarrier("b", 3, timeout=1.0)
+    b = PartialBarrierMachine("b", 3, timeout=1.0)
     b.enter("a", 0, 0.0)
     fired = b.tick(1.0)
     out = b.enter("c", 2, 5.0, round=0)
@@ -167,7 +167,7 @@ def test_late_pass_returns_late_fire_with_the_fire_info():
 
 
 def test_late_catch_up_raises_with_next_round():
-    b = PartialBarrier("b", 2, timeout=1.0, late="catch_up")
+    b = PartialBarrierMachine("b", 2, timeout=1.0, late="catch_up")
     b.enter("a", 0, 0.0)
     b.tick(1.0)                               # round 0 fires with a only
     b.enter("a", 0, 2.0)                      # a enters round 1 (its own next round)
@@ -181,7 +181,7 @@ def test_late_catch_up_raises_with_next_round():
 
 
 def test_rounds_follow_each_label_and_rank():
-    b = PartialBarrier("b", 2)
+    b = PartialBarrierMachine("b", 2)
     for r in range(3):
         b.enter("a", 0, float(r))
         out = b.enter("b", 1, r + 0.5)
@@ -191,13 +191,13 @@ def test_rounds_follow_each_label_and_rank():
 
 
 def test_entering_a_future_round_is_a_protocol_error():
-    b = PartialBarrier("b", 2)
+    b = PartialBarrierMachine("b", 2)
     with pytest.raises(BarrierProtocolError):
         b.enter("a", 0, 0.0, round=1)
 
 
 def test_late_pass_behind_several_rounds_passes_one_by_one():
-    b = PartialBarrier("b", 2, timeout=1.0)
+    b = PartialBarrierMachine("b", 2, timeout=1.0)
     for r in range(3):
         b.enter("a", 0, 10.0 * r)
         b.tick(10.0 * r + 1.0)
@@ -208,7 +208,7 @@ def test_late_pass_behind_several_rounds_passes_one_by_one():
 
 
 def test_forgotten_rounds_give_a_clear_error():
-    b = PartialBarrier("b", 1, history=2)
+    b = PartialBarrierMachine("b", 1, history=2)
     for r in range(5):
         b.enter("a", 0, float(r))
     with pytest.raises(BarrierProtocolError, match="older"):
@@ -224,7 +224,7 @@ def test_callback_sees_the_default_and_can_veto_then_force_on_its_own_timer():
         calls.append((label, rank, default))
         return allow["fire"]
 
-    b = PartialBarrier("b", 2, callback=cb, callback_timeout=3.0)
+    b = PartialBarrierMachine("b", 2, callback=cb, callback_timeout=3.0)
     assert b.enter("a", 0, 0.0).waiting
     assert calls == [("a", 0, False)]
     assert b.enter("b", 1, 1.0).waiting       # max reached (default True) but vetoed
@@ -239,21 +239,21 @@ def test_callback_sees_the_default_and_can_veto_then_force_on_its_own_timer():
 
 
 def test_callback_can_force_a_fire_the_rules_would_not_take():
-    b = PartialBarrier("b", 5, callback=lambda label, rank, default: label == "boss")
+    b = PartialBarrierMachine("b", 5, callback=lambda label, rank, default: label == "boss")
     b.enter("a", 0, 0.0)
     out = b.enter("boss", 1, 1.0)
     assert out.own.fire.reason is FireReason.CALLBACK and labels_of(out.releases) == ["a", "boss"]
 
 
 def test_timeout_overrides_a_callback_veto():
-    b = PartialBarrier("b", 5, timeout=2.0, callback=lambda *a: False)
+    b = PartialBarrierMachine("b", 5, timeout=2.0, callback=lambda *a: False)
     b.enter("a", 0, 0.0)
     assert b.tick(2.0)[0].fire.reason is FireReason.TIMEOUT
 
 
 def test_callback_is_consulted_when_a_timer_makes_the_rules_fire():
     calls = []
-    b = PartialBarrier("b", 5, min_wait=2.0, callback=lambda l, r, d: calls.append((l, r, d)) or False)
+    b = PartialBarrierMachine("b", 5, min_wait=2.0, callback=lambda l, r, d: calls.append((l, r, d)) or False)
     b.enter("a", 0, 0.0)
     assert b.tick(2.0) == [] and calls[-1] == (None, None, True)
 
@@ -261,7 +261,7 @@ def test_callback_is_consulted_when_a_timer_makes_the_rules_fire():
 def test_a_raising_callback_falls_back_to_the_default():
     def cb(label, rank, default):
         raise RuntimeError("boom")
-    b = PartialBarrier("b", 2, callback=cb)
+    b = PartialBarrierMachine("b", 2, callback=cb)
     b.enter("a", 0, 0.0)
     assert b.enter("b", 1, 1.0).status is Status.FIRE
 
@@ -275,7 +275,7 @@ def test_a_raising_callback_falls_back_to_the_default():
 ])
 def test_bad_parameters_name_the_parameter(kwargs, param):
     with pytest.raises(BarrierSpecError) as ei:
-        PartialBarrier("b", **kwargs)
+        PartialBarrierMachine("b", **kwargs)
     assert ei.value.param == param
 
 
@@ -315,7 +315,7 @@ def test_fire_matches_reference_model(gaps, mx, timeout, percent, min_wait):
     for g in gaps[1:]:
         arrivals.append(arrivals[-1] + g)
     arrivals = arrivals[:mx]                  # never more unique labels than max
-    b = PartialBarrier("b", mx, timeout=timeout, percent=percent, min_wait=min_wait)
+    b = PartialBarrierMachine("b", mx, timeout=timeout, percent=percent, min_wait=min_wait)
     seen = []
     for i, a in enumerate(arrivals):
         seen += b.enter(f"t{i}", i, float(a), round=0).releases if b.current_round == 0 else []
@@ -330,3 +330,16 @@ def test_fire_matches_reference_model(gaps, mx, timeout, percent, min_wait):
     assert fired[0].fire.time == t
     assert fired[0].fire.reason.value == reason
     assert sorted(fired[0].fire.passed) == sorted(f"t{i}" for i in passed)
+
+
+def test_old_state_machine_names_warn_and_give_the_machines() -> None:
+    """The state machines once shared their names with the job-bound barriers of ``collectives``."""
+    import collectives
+    import collectives.barrier as pure
+    for old, new in (("Barrier", BarrierMachine), ("PartialBarrier", PartialBarrierMachine),
+                     ("SemaphoreBarrier", pure.SemaphoreBarrierMachine)):
+        with pytest.warns(DeprecationWarning, match=f"renamed {new.__name__}"):
+            assert getattr(pure, old) is new
+        assert getattr(collectives, old) is not new          # the job-bound barrier keeps the name
+    with pytest.raises(AttributeError):
+        pure.NoSuchBarrier  # noqa: B018

@@ -1,11 +1,11 @@
-"""SemaphoreBarrier on a manual clock: FIFO admission, hold timeouts, release callbacks, adaptive policy."""
+"""SemaphoreBarrierMachine on a manual clock: FIFO admission, hold timeouts, release callbacks, adaptive policy."""
 
 from __future__ import annotations
 
 import pytest
 
 from collectives.barrier import (AdaptiveConcurrency, AdmitReason, BarrierProtocolError, BarrierSpecError,
-                                 SemaphoreBarrier)
+                                 SemaphoreBarrierMachine)
 
 
 def admitted(adms):
@@ -13,7 +13,7 @@ def admitted(adms):
 
 
 def test_at_most_n_inside_and_fifo_admission():
-    s = SemaphoreBarrier("s", 2)
+    s = SemaphoreBarrierMachine("s", 2)
     assert s.enter("a", 0, 0.0).own.reason is AdmitReason.FREE
     assert s.enter("b", 1, 0.0).own is not None
     for i, lab in enumerate("cde"):
@@ -25,7 +25,7 @@ def test_at_most_n_inside_and_fifo_admission():
 
 
 def test_newcomer_does_not_jump_the_queue():
-    s = SemaphoreBarrier("s", 1)
+    s = SemaphoreBarrierMachine("s", 1)
     s.enter("a", 0, 0.0)
     s.enter("b", 1, 0.0)
     s.release("a", 1.0)                       # b admitted
@@ -33,7 +33,7 @@ def test_newcomer_does_not_jump_the_queue():
 
 
 def test_hold_timeout_presumes_failure_and_admits_the_next():
-    s = SemaphoreBarrier("s", 1, hold_timeout=5.0)
+    s = SemaphoreBarrierMachine("s", 1, hold_timeout=5.0)
     s.enter("a", 0, 0.0)
     s.enter("b", 1, 1.0)
     assert s.next_deadline() == 5.0
@@ -45,7 +45,7 @@ def test_hold_timeout_presumes_failure_and_admits_the_next():
 
 
 def test_hold_timeouts_chain_in_time_order():
-    s = SemaphoreBarrier("s", 1, hold_timeout=5.0)
+    s = SemaphoreBarrierMachine("s", 1, hold_timeout=5.0)
     s.enter("a", 0, 0.0)
     s.enter("b", 1, 0.0)
     s.enter("c", 2, 0.0)
@@ -62,7 +62,7 @@ def test_release_callback_decides_how_many_to_admit():
         seen.append((label, rank, held))
         return decisions.pop(0)
 
-    s = SemaphoreBarrier("s", 1, release_callback=cb)
+    s = SemaphoreBarrierMachine("s", 1, release_callback=cb)
     s.enter("a", 0, 0.0)
     for i, lab in enumerate("bcdef"):
         s.enter(lab, i + 1, 0.0)
@@ -74,7 +74,7 @@ def test_release_callback_decides_how_many_to_admit():
 
 
 def test_adaptive_policy_grows_then_shrinks_concurrency():
-    s = SemaphoreBarrier("s", 1, policy=AdaptiveConcurrency(window=1), max_concurrency=3)
+    s = SemaphoreBarrierMachine("s", 1, policy=AdaptiveConcurrency(window=1), max_concurrency=3)
     s.enter("a", 0, 0.0)
     for i, lab in enumerate("bcdefg"):
         s.enter(lab, i + 1, 0.0)
@@ -86,20 +86,20 @@ def test_adaptive_policy_grows_then_shrinks_concurrency():
 
 
 def test_releasing_a_waiting_label_withdraws_it():
-    s = SemaphoreBarrier("s", 1)
+    s = SemaphoreBarrierMachine("s", 1)
     s.enter("a", 0, 0.0)
     s.enter("b", 1, 0.0)
     assert s.release("b", 1.0) == [] and s.waiting == []
 
 
 def test_release_of_a_stranger_is_an_error():
-    s = SemaphoreBarrier("s", 1)
+    s = SemaphoreBarrierMachine("s", 1)
     with pytest.raises(BarrierProtocolError):
         s.release("ghost", 0.0)
 
 
 def test_repeated_enter_is_idempotent():
-    s = SemaphoreBarrier("s", 1)
+    s = SemaphoreBarrierMachine("s", 1)
     first = s.enter("a", 0, 0.0).own
     assert s.enter("a", 0, 1.0).own == first
     s.enter("b", 1, 1.0)
@@ -108,8 +108,8 @@ def test_repeated_enter_is_idempotent():
 
 def test_bad_parameters():
     with pytest.raises(BarrierSpecError):
-        SemaphoreBarrier("s", 0)
+        SemaphoreBarrierMachine("s", 0)
     with pytest.raises(BarrierSpecError):
-        SemaphoreBarrier("s", 1, hold_timeout=0)
+        SemaphoreBarrierMachine("s", 1, hold_timeout=0)
     with pytest.raises(BarrierSpecError):
-        SemaphoreBarrier("s", 3, max_concurrency=2)
+        SemaphoreBarrierMachine("s", 3, max_concurrency=2)
