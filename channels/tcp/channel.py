@@ -36,6 +36,7 @@ from .wire import (
     HEADER_SIZE,
     HEARTBEAT,
     MAX_ABORT_REASON,
+    MAX_FRAME,
     WITH_PAYLOAD,
     check_header,
     header,
@@ -499,7 +500,8 @@ class TCPChannel(Channel):
         mv = memoryview(buf)
         while end - pos >= HEADER_SIZE:
             kind, edge, length = HDR.unpack_from(buf, pos)
-            check_header(p.rank, kind, length)
+            if kind != DATA or length > MAX_FRAME:
+                check_header(p.rank, kind, length)
             if kind not in WITH_PAYLOAD:
                 pos += HEADER_SIZE
                 self._frame(p, kind, edge, length, mv[0:0])

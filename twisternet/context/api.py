@@ -275,8 +275,7 @@ class Context(Outbound, OwnSend, ProgressEngine, Inbound, PeerLoss, Lifecycle):
         spin_until = start + self._busy_poll
         flushed = False
         while True:
-            with self._lock:
-                gen = self._gen
+            gen = self._gen     # (read before the predicate: a change after it ends the wait below)
             if predicate():
                 return
             if not flushed:
