@@ -386,12 +386,15 @@ def to_env(config: Config) -> dict[str, str]:
     return out
 
 
-def busy_poll_seconds(config: Config, world: int, load: float | None = None) -> float:
-    """How long a waiting thread busy-polls (see ``busy_poll_us``): the explicit value, or with -1 the
-    ``spin_time`` if ``world`` ranks fit the cores this process may run on and the load average is
-    below their count, else 0. ``load`` (the 1-minute load average) is read from the system if None."""
+def busy_poll_seconds(config: Config, world: int, load: float | None = None, *,
+                      auto: float | None = None) -> float:
+    """How long a waiting thread busy-polls (see ``busy_poll_us``): the explicit value, or with -1
+    ``auto`` (default: ``spin_time``) if ``world`` ranks (those on this host) fit the cores this process
+    may run on and the load average is below their count, else 0. ``load`` (the 1-minute load average)
+    is read from the system if None."""
     if config.busy_poll_us >= 0:
         return config.busy_poll_us * 1e-6
+    window = config.spin_time if auto is None else auto
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -401,4 +404,4 @@ def busy_poll_seconds(config: Config, world: int, load: float | None = None) -> 
             load = os.getloadavg()[0]
         except (AttributeError, OSError):
             load = 0.0
-    return config.spin_time if world <= cores and load < cores else 0.0
+    return window if world <= cores and load < cores else 0.0

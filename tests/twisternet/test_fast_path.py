@@ -118,6 +118,11 @@ def test_busy_poll_rule() -> None:
     assert busy_poll_seconds(cfg, 1, load=cores + 5.0) == 0.0                  # busy machine: sleep
     assert busy_poll_seconds(Config(busy_poll_us=50), cores + 1) == pytest.approx(50e-6)
     assert busy_poll_seconds(Config(busy_poll_us=0), 1) == 0.0
+    # the MPI channel's own window (1 ms) follows the same rule: off for more ranks than cores
+    assert busy_poll_seconds(cfg, cores, load=0.0, auto=1e-3) == pytest.approx(1e-3)
+    assert busy_poll_seconds(cfg, cores + 1, load=0.0, auto=1e-3) == 0.0
+    assert busy_poll_seconds(cfg, 1, load=cores + 5.0, auto=1e-3) == 0.0
+    assert busy_poll_seconds(Config(busy_poll_us=20), cores + 1, auto=1e-3) == pytest.approx(20e-6)
     with pytest.raises(ConfigError):
         Config(busy_poll_us=-2)
 

@@ -117,10 +117,14 @@ class Outbound(ContextState):
 
     def _send_small(self, dst: int, edge: int, parts: list[Buffer], n: int) -> bool:
         """The fast path of Nagle's rule (see ``_send``): a record to a stream with nothing on its way is
-        written by this thread at once, in one frame, by ``channel.send_small``: no queued message, no
-        token, no progress round. False (nothing done) if the engine is busy or the stream or link is not
+        written by this thread at once, in one frame, by ``channel.send_small`` (over MPI one eager
+        ``Isend``): no queued message, no token, no progress round, no hand-off to the progress thread.
+        False (nothing done) if the engine is busy (see ``_take_engine``) or the stream or link is not
         idle: the caller then takes the ordinary path."""
-        if not self._chan_lock.acquire(blocking=False):
+        s = self._out.get((dst, edge))
+        if (s is not None and (s.queue or s.packer.pending_bytes)) or not self.channel.idle(dst, edge):
+            return False    # (unlocked hints, checked again below: a busy stream batches, see _send)
+        if not self._take_engine():
             return False
         try:
             with self._lock:
