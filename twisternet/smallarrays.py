@@ -19,6 +19,8 @@ Buffer = Any    # bytes-like: what an encoder returns as parts
 
 #: Kinds (dtype, shape) remembered at most, each way; the tables are emptied when full.
 _KINDS = 256
+#: Kinds remembered at most for one record length (each costs a comparison when decoding).
+_PER_LENGTH = 4
 
 
 class SmallArrays:
@@ -76,4 +78,6 @@ class SmallArrays:
             return
         if len(self._by_len) >= _KINDS:
             self._by_len.clear()
-        self._by_len.setdefault(len(mv), []).append((head, value.dtype, value.shape))
+        kinds = self._by_len.setdefault(len(mv), [])
+        if len(kinds) < _PER_LENGTH:
+            kinds.append((head, value.dtype, value.shape))
