@@ -87,7 +87,8 @@ class Config:
     #: woken), else 0: on an oversubscribed job or machine a spinning rank takes the core from the
     #: very rank whose reply it waits for (measured: 2 ranks on a 2-core machine at load 30 had twice
     #: the latency with 200 us of polling than without). The MPI channel also polls back to back for
-    #: this long after its last activity before it sleeps (auto: 1000 us there, its long-standing window).
+    #: this long after its last activity before it sleeps (auto: 1000 us there, its long-standing window,
+    #: under the same rule: 0 when the ranks on its host outnumber the cores or the machine is busy).
     busy_poll_us: int = -1
     #: Seconds a partly filled buffer may wait for more records before it is sent (batching small
     #: records); ``flush()`` and any blocking wait send at once.

@@ -65,7 +65,8 @@ class SmallArrays:
         for head, dtype, shape in kinds:
             n = len(head)
             if mv[:n] == head:
-                return np.frombuffer(mv[n:], dtype=dtype).reshape(shape).copy()
+                arr: np.ndarray = np.frombuffer(mv[n:], dtype=dtype).reshape(shape).copy()
+                return arr
         return None
 
     def remember(self, mv: memoryview, value: np.ndarray) -> None:

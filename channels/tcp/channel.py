@@ -156,6 +156,7 @@ class TCPChannel(Channel):
                 or self._inflight.get((peer, edge))):
             return False
         self._ledger.charge((peer, edge), nbytes)
+        frames: list[Buffer]
         if self._ledger.owes:
             frames = [header(CREDIT, e, m) for e, m in self._ledger.take_owed(peer)]
             frames.append(HDR.pack(DATA, edge, nbytes))
