@@ -164,6 +164,17 @@ class Channel(ABC):
         hint. The default (False) always batches."""
         return False
 
+    #: True if :meth:`send_small` may write a small message at once (the core's fast path).
+    can_send_small: bool = False
+
+    def send_small(self, peer: int, edge: int, parts: Sequence[Buffer], nbytes: int) -> bool:
+        """Send one small message (the concatenation of ``parts``, ``nbytes`` in all) to ``peer`` on
+        ``edge`` at once, without a token: the channel copies ``parts`` and keeps no reference to them.
+        Only if nothing for ``peer`` is queued here and nothing on (peer, edge) is unacknowledged (see
+        :meth:`idle`); otherwise returns False and does nothing (the core then queues it and uses
+        :meth:`send`). Called holding the engine, like :meth:`send`. The default returns False."""
+        return False
+
     #: Whether the ranks of a job are separate processes (False for the in-process local channel, whose
     #: ranks are threads sharing one address space): e.g. shared-memory segments between ranks only pay
     #: off, and only work as intended, when this is True.

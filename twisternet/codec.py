@@ -42,6 +42,7 @@ import numpy as np
 from . import arrowcodec, pickling
 from .channel import Buffer
 from .errors import CodecError
+from .smallarrays import SmallArrays
 
 _EXT_TUPLE = 1
 _EXT_NDARRAY = 2        # inline: [dtype, shape, bytes]
@@ -354,11 +355,15 @@ class Codec:
         self._array_bodies: dict[bytes, tuple[np.dtype, tuple[int, ...]]] = {}
         #: And the other way: (dtype, shape) -> the first three parts of such a record.
         self._array_heads: dict[tuple[np.dtype, tuple[int, ...]], list[bytes]] = {}
+        #: Lone arrays below the threshold, both ways, without msgpack (twisternet.smallarrays).
+        self._small = SmallArrays(lambda a: _Encoder(allow_pickle, oob_threshold).encode(a), oob_threshold)
 
     def encode(self, obj: Any) -> list[Buffer]:
         """Buffers whose concatenation is the record for ``obj``; large arrays/bytes are not copied."""
         if type(obj) is np.ndarray:
             parts = self._large_array(obj)
+            if parts is None:
+                parts = self._small.encode(obj)
             if parts is not None:
                 return parts
         elif _is_torch_tensor(obj):
@@ -425,9 +430,15 @@ class Codec:
         kind = mv[0]
         try:
             if kind == KIND_PLAIN:   # no out-of-band buffers: nothing can be a view of the record
+                small = self._small.decode(mv)
+                if small is not None:
+                    return small, False
                 dec = _Decoder(self.allow_pickle, (), copy)
-                return msgpack.unpackb(mv[1:], ext_hook=dec.ext_hook, raw=False, strict_map_key=False,
-                                       max_bin_len=1 << 62, max_str_len=1 << 62), False
+                plain = msgpack.unpackb(mv[1:], ext_hook=dec.ext_hook, raw=False, strict_map_key=False,
+                                        max_bin_len=1 << 62, max_str_len=1 << 62)
+                if type(plain) is np.ndarray:
+                    self._small.remember(mv, plain)
+                return plain, False
             if kind == KIND_OOB:
                 if len(mv) < _OOB_HEAD.size:
                     raise CodecError("truncated record header")

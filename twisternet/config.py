@@ -87,7 +87,8 @@ class Config:
     #: woken), else 0: on an oversubscribed job or machine a spinning rank takes the core from the
     #: very rank whose reply it waits for (measured: 2 ranks on a 2-core machine at load 30 had twice
     #: the latency with 200 us of polling than without). The MPI channel also polls back to back for
-    #: this long after its last activity before it sleeps (auto: 1000 us there, its long-standing window).
+    #: this long after its last activity before it sleeps (auto: 1000 us there, its long-standing window,
+    #: under the same rule: 0 when the ranks on its host outnumber the cores or the machine is busy).
     busy_poll_us: int = -1
     #: Seconds a partly filled buffer may wait for more records before it is sent (batching small
     #: records); ``flush()`` and any blocking wait send at once.
@@ -386,12 +387,15 @@ def to_env(config: Config) -> dict[str, str]:
     return out
 
 
-def busy_poll_seconds(config: Config, world: int, load: float | None = None) -> float:
-    """How long a waiting thread busy-polls (see ``busy_poll_us``): the explicit value, or with -1 the
-    ``spin_time`` if ``world`` ranks fit the cores this process may run on and the load average is
-    below their count, else 0. ``load`` (the 1-minute load average) is read from the system if None."""
+def busy_poll_seconds(config: Config, world: int, load: float | None = None, *,
+                      auto: float | None = None) -> float:
+    """How long a waiting thread busy-polls (see ``busy_poll_us``): the explicit value, or with -1
+    ``auto`` (default: ``spin_time``) if ``world`` ranks (those on this host) fit the cores this process
+    may run on and the load average is below their count, else 0. ``load`` (the 1-minute load average)
+    is read from the system if None."""
     if config.busy_poll_us >= 0:
         return config.busy_poll_us * 1e-6
+    window = config.spin_time if auto is None else auto
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -401,4 +405,4 @@ def busy_poll_seconds(config: Config, world: int, load: float | None = None) -> 
             load = os.getloadavg()[0]
         except (AttributeError, OSError):
             load = 0.0
-    return config.spin_time if world <= cores and load < cores else 0.0
+    return window if world <= cores and load < cores else 0.0

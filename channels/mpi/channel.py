@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from collections.abc import Callable, Sequence
 
 from twisternet.channel import MAX_EDGE, Buffer, Channel, ChannelHandler
+from twisternet.config import busy_poll_seconds
 from twisternet.errors import ClosedError, ConfigError, PeerLostError, TwisternetError
 
 from .. import shm_slots
@@ -112,8 +113,11 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Requ
         # channel; ``_poll_owner``: the thread holding it (0: none).
         self._poll_lock = threading.Lock()
         self._poll_owner = 0
-        # busy_poll_us -1 (auto): the 1 ms window this channel has always polled after activity
-        self._busy_poll = (config.busy_poll_us if config.busy_poll_us >= 0 else 1000) / 1e6
+        # busy_poll_us -1 (auto): the 1 ms window this channel has always polled after activity, unless
+        # the ranks on this host outnumber its cores or the machine is busy: then a polling rank takes
+        # the core (and its engine thread the GIL) from the one whose message it waits for
+        here = sum(1 for h in self.hosts if h == self.hosts[self.rank])
+        self._busy_poll = busy_poll_seconds(config, here, auto=1e-3)
 
         self._requests = RequestTable(MPI)
 
@@ -330,6 +334,20 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Requ
         self.stats["msgs_sent"] += 1
         self.stats["bytes_sent"] += size
         return True
+
+    def idle(self, peer: int, edge: int) -> bool:
+        return (0 <= peer < self.world and not self._sendq[peer] and not self._credit_ledger.inflight((peer, edge))
+                and peer not in self._slot_deferred)
+
+    can_send_small = True
+
+    def send_small(self, peer: int, edge: int, parts: Sequence[Buffer], nbytes: int) -> bool:
+        # One eager Isend of a copy (send() of an eager message copies its parts), if idle (see idle).
+        if (nbytes > self._eager_limit or not self.idle(peer, edge) or peer in self._lost
+                or peer in self._bye_from or self._bye_sent or self._closed or not self._started
+                or (self._owner_thread is not None and threading.get_ident() != self._owner_thread)):
+            return False
+        return self.send(peer, edge, parts)
 
     def flush_released(self) -> None:
         """Return what the handlers just released (slots are granted back at once: their sender may

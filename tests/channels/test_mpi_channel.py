@@ -196,3 +196,8 @@ def test_small_messages_carry_credit_back_and_poll_only_the_oldest_receives() ->
 @pytest.mark.timeout(120)
 def test_two_threads_may_drive_the_channel_at_once() -> None:
     assert_all_ok(2, "two_drivers")
+
+
+@pytest.mark.timeout(120)
+def test_small_messages_go_at_once_to_an_idle_edge_and_wait_behind_credit() -> None:
+    assert_all_ok(2, "small_fast")

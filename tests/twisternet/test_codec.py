@@ -214,3 +214,37 @@ def test_unserializable_values_are_codec_errors_that_name_the_type() -> None:
     for bad in (threading.Lock(), {"k": [threading.Lock()]}, (x for x in range(3))):
         with pytest.raises(CodecError, match="cannot encode a value of type"):
             codec.encode(bad)
+
+
+def test_small_lone_arrays_skip_msgpack_once_their_kind_is_known(monkeypatch):
+    """Below the out-of-band threshold a lone array's record is the general encoder's bytes, built from
+    a remembered head (encode) and recognised by its length and head (decode), without msgpack; a record
+    of the same length with another head still takes the general path."""
+    import msgpack
+
+    from twisternet import codec as codec_mod
+    c = Codec(oob_threshold=64 << 10)
+    a = np.arange(256, dtype=np.int32)
+    rec = join(c.encode(a))
+    assert rec == _generic_record(c, a)
+    assert same(c.decode(rec), a)                           # the general way: now remembered
+    other = np.arange(256, dtype=np.float32)                # same length, another dtype in the head
+    other_rec = join(c.encode(other))
+    assert len(other_rec) == len(rec)
+
+    unpackb = msgpack.unpackb
+
+    def no_msgpack(*args, **kwargs):
+        raise AssertionError("msgpack used")
+    monkeypatch.setattr(codec_mod.msgpack, "unpackb", no_msgpack)
+    monkeypatch.setattr(codec_mod.msgpack, "packb", no_msgpack)
+    b = np.arange(256, dtype=np.int32)[::-1].copy()
+    rec_b = join(c.encode(b))                               # encoded from the remembered head
+    value, views = c.decode_views(bytearray(rec_b))         # decoded without msgpack
+    assert same(value, b) and not views and value.flags.writeable
+    value[0] = -1
+    assert rec_b == join(c.encode(b))                       # a copy, not a view of the record
+    with pytest.raises(CodecError):                         # not recognised: the general path (patched)
+        c.decode(other_rec)
+    monkeypatch.setattr(codec_mod.msgpack, "unpackb", unpackb)
+    assert same(c.decode(other_rec), other)

@@ -118,6 +118,11 @@ def test_busy_poll_rule() -> None:
     assert busy_poll_seconds(cfg, 1, load=cores + 5.0) == 0.0                  # busy machine: sleep
     assert busy_poll_seconds(Config(busy_poll_us=50), cores + 1) == pytest.approx(50e-6)
     assert busy_poll_seconds(Config(busy_poll_us=0), 1) == 0.0
+    # the MPI channel's own window (1 ms) follows the same rule: off for more ranks than cores
+    assert busy_poll_seconds(cfg, cores, load=0.0, auto=1e-3) == pytest.approx(1e-3)
+    assert busy_poll_seconds(cfg, cores + 1, load=0.0, auto=1e-3) == 0.0
+    assert busy_poll_seconds(cfg, 1, load=cores + 5.0, auto=1e-3) == 0.0
+    assert busy_poll_seconds(Config(busy_poll_us=20), cores + 1, auto=1e-3) == pytest.approx(20e-6)
     with pytest.raises(ConfigError):
         Config(busy_poll_us=-2)
 
@@ -182,3 +187,127 @@ def test_small_record_to_an_idle_stream_goes_at_once_unbatched() -> None:
         t.join(60)
     assert not errors, errors
     assert got == [b"first", b"second", b"third"]
+
+
+def test_send_small_writes_one_frame_at_once_with_owed_credit() -> None:
+    """The channel's fast path: one frame, the credit owed to the peer in front of it, written inside
+    send_small (no token, no queue); refused (nothing done) while the edge has bytes in flight."""
+    ch0, ch1, h0, h1, a, b = _pair()
+    try:
+        assert ch1.send_small(0, 3, [b"p" * 300], 300)
+        ch0.progress(0.5)
+        assert h0.messages == [(1, 3, b"p" * 300)]
+        h0.releases.pop()()                              # 300 bytes owed to rank 1
+        assert not ch1.send_small(0, 3, [b"again"], 5), "bytes in flight on (0, 3): not idle"
+        assert ch0.send_small(1, 8, [b"he", b"llo"], 5)
+        assert _readable(b) and not ch0.has_pending() and h0.sent == []
+        assert not ch0._ledger.owes
+        ch1.progress(0.5)
+        assert h1.messages == [(0, 8, b"hello")]
+        assert ch1._inflight[(0, 3)] == 0, "the owed credit should have come in front of the message"
+        assert ch1.send_small(0, 3, [b"again"], 5)
+    finally:
+        ch0.abort("test over")
+        ch1.abort("test over")
+
+
+def test_send_small_leaves_what_the_socket_refuses_to_the_engine() -> None:
+    """A message larger than the socket takes at once: send_small writes what fits and queues the rest,
+    which the engine's progress rounds write; the peer receives it whole and in order."""
+    ch0, ch1, h0, h1, a, b = _pair()
+    try:
+        a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        big = bytes(range(256)) * 1024                  # 256 KiB: more than the socket buffers hold
+        assert ch0.send_small(1, 4, [big], len(big))
+        assert ch0.has_pending(1), "the rest should wait in the queue"
+        assert not ch0.send_small(1, 5, [b"x"], 1), "a link with something queued is not idle"
+        assert ch0.send(1, 5, [b"after"])
+        for _ in range(2000):
+            if len(h1.messages) == 2:
+                break
+            ch0.progress(0.01)
+            ch1.progress(0.01)
+        assert h1.messages == [(0, 4, big), (0, 5, b"after")]
+        assert not ch0.has_pending()
+    finally:
+        ch0.abort("test over")
+        ch1.abort("test over")
+
+
+def _context_pair(**cfg_kw):
+    from twisternet.config import load_config
+    from twisternet.context import Context
+
+    a, b = socket.socketpair()
+    cfg = load_config(env={}, channel="tcp", timeout=60.0, heartbeat_interval=30.0, peer_timeout=60.0,
+                      **cfg_kw)
+    chans = [TCPChannel(0, 2, cfg, {1: _Peer(1, a, "unix")}, [], b"t" * 16),
+             TCPChannel(1, 2, cfg, {0: _Peer(0, b, "unix")}, [], b"t" * 16)]
+    return [Context(ch, cfg) for ch in chans], (a, b)
+
+
+def test_context_send_writes_a_small_record_itself_without_the_engine() -> None:
+    """With no progress thread and no progress call, a small record to an idle stream is on the socket
+    when send() returns; old code queued it until the next progress round."""
+    (c0, c1), (a, b) = _context_pair(progress="manual")
+    got: list[object] = []
+    try:
+        c1.register(2, lambda src, obj: got.append((src, obj)) is None)
+        c0.send(1, 2, {"k": 1})
+        assert _readable(b), "the record should have been written by send()"
+        c1.wait_until(lambda: len(got) == 1, timeout=30.0)
+        assert got == [(0, {"k": 1})]
+    finally:
+        for c in (c0, c1):
+            c.channel.abort("test over")
+
+
+def test_threads_sending_small_records_while_a_waiter_drives_the_engine() -> None:
+    """Several threads of rank 0 send small records on one edge (fast path or queued, as the engine is
+    free or not) while rank 1's main thread waits for replies and sends them: every record arrives once,
+    each thread's in order, and every reply wait sees its reply."""
+    import threading
+
+    (c0, c1), _ = _context_pair()
+    n_threads, per_thread, pings = 3, 300, 200
+    seen: dict[int, list[int]] = {t: [] for t in range(n_threads)}
+    pongs: list[int] = []
+    pinged: list[int] = []
+    errors: list[BaseException] = []
+    try:
+        c1.register(1, lambda src, obj: seen[obj[0]].append(obj[1]) is None)
+        c1.register(2, lambda src, obj: pinged.append(obj) is None)
+        c0.register(3, lambda src, obj: pongs.append(obj) is None)
+
+        def streamer(t: int) -> None:
+            try:
+                for i in range(per_thread):
+                    c0.send(1, 1, (t, i))
+                c0.flush()
+            except BaseException as e:  # noqa: BLE001
+                errors.append(e)
+
+        def responder() -> None:
+            try:
+                for i in range(pings):
+                    c1.wait_until(lambda i=i: len(pinged) > i, timeout=60.0)
+                    c1.send(0, 3, pinged[i])
+            except BaseException as e:  # noqa: BLE001
+                errors.append(e)
+
+        threads = [threading.Thread(target=streamer, args=(t,)) for t in range(n_threads)]
+        threads.append(threading.Thread(target=responder))
+        for t in threads:
+            t.start()
+        for i in range(pings):
+            c0.send(1, 2, i)
+            c0.wait_until(lambda i=i: len(pongs) > i, timeout=60.0)
+        for t in threads:
+            t.join(120)
+        assert not errors, errors
+        c1.wait_until(lambda: sum(map(len, seen.values())) == n_threads * per_thread, timeout=60.0)
+        assert pongs == list(range(pings))
+        assert all(seen[t] == list(range(per_thread)) for t in range(n_threads))
+    finally:
+        for c in (c0, c1):
+            c.close(timeout=10.0)

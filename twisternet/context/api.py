@@ -106,6 +106,9 @@ class Context(Outbound, OwnSend, ProgressEngine, Inbound, PeerLoss, Lifecycle):
         # with scheduling on, records up to this size are sliced into pool buffers so others can overtake
         self._slice_limit = (min(config.coflow_slice_limit, config.buffer_size * config.pool_buffers // 2)
                              if self.coflows is not None else -1)
+        #: Whether a small record to an idle stream is written at once by its sender (``_send_small``):
+        #: a channel that can, and no coflow scheduler (which decides the order of all sends).
+        self._small_ok = self.channel.can_send_small and self.coflows is None
         self.channel.start(self)
         self._left_peers: set[int] = set()
         self.register_control_handler(_LEAVE_EDGE, self._on_leave)
@@ -272,8 +275,7 @@ class Context(Outbound, OwnSend, ProgressEngine, Inbound, PeerLoss, Lifecycle):
         spin_until = start + self._busy_poll
         flushed = False
         while True:
-            with self._lock:
-                gen = self._gen
+            gen = self._gen     # (read before the predicate: a change after it ends the wait below)
             if predicate():
                 return
             if not flushed:

@@ -136,12 +136,17 @@ class ProgressEngine(ContextState):
             self._in_progress.active = True
             try:
                 self._seen = False
-                did = self._pump()
+                # (unlocked peeks, as below: nothing queued, nothing to hand over; a waiter's round
+                # for its reply usually finds nothing)
+                queued = bool(self._out_ready or self._out_partial or self._coflow_pump is not None)
+                did = self._pump() if queued else False
                 seen = did
                 if self.coflows is not None:
                     self.coflows.flush_outbox()   # coordinator reports, outside the Context lock
                 if did or self._in_dirty:
                     timeout = 0.0
+                elif not queued:
+                    self._sleep_until = time.monotonic() + timeout
                 else:
                     with self._lock:
                         if self._out_partial:
@@ -208,9 +213,7 @@ class ProgressEngine(ContextState):
         # A blocked caller drives the engine itself when it is free, as MPI does: the reply it waits
         # for is then received, handled and seen in this thread, with no hand-off between threads.
         if not getattr(self._in_progress, "active", False) and self._take_engine():
-            with self._lock:
-                changed = self._gen != gen
-            if changed or self._stop:
+            if self._gen != gen or self._stop:
                 self._chan_lock.release()
                 return
             self._driven_at = time.monotonic() + min(timeout, 0.005)   # driving until then at most

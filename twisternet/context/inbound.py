@@ -34,10 +34,12 @@ class Inbound(ContextState):
 
     def on_message(self, peer: int, edge: int, data: memoryview, release: Callable[[], None]) -> None:
         key = (peer, edge)
-        with self._lock:
-            ins = self._in.get(key)
-            if ins is None:
-                ins = self._in[key] = _InStream(peer, edge)
+        ins = self._in.get(key)     # (streams are only ever added, under the lock)
+        if ins is None:
+            with self._lock:
+                ins = self._in.get(key)
+                if ins is None:
+                    ins = self._in[key] = _InStream(peer, edge)
         tag = data[:1]
         mark = None
         if tag == _TAGGED:
@@ -100,11 +102,14 @@ class Inbound(ContextState):
         did = False
         now = time.monotonic()
         with self._lock:
-            for key, t in list(self._refused.items()):
-                if now - t >= _RETRY_INTERVAL:
-                    del self._refused[key]
-                    self._in_dirty.add(key)
-            work = [k for k in self._in_dirty if k not in self._refused]
+            if self._refused:
+                for key, t in list(self._refused.items()):
+                    if now - t >= _RETRY_INTERVAL:
+                        del self._refused[key]
+                        self._in_dirty.add(key)
+                work = [k for k in self._in_dirty if k not in self._refused]
+            else:
+                work = list(self._in_dirty)
             self._in_dirty.clear()
         for key in work:
             with self._lock:

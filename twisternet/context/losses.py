@@ -84,6 +84,8 @@ class PeerLoss(ContextState):
         self.notify()
 
     def _raise_failures(self) -> None:
+        if self._failure is None and not self._lost:
+            return      # (unlocked peek: the common case, checked by every wait)
         with self._lock:
             failure = self._failure
             lost = next(iter(self._lost.items()), None)

@@ -55,6 +55,9 @@ class Outbound(ContextState):
         direct = n >= self._zc and n > self._slice_limit
         if direct and block and wait_sent and not forced and self._can_push:
             return self._send_own(dst, edge, parts, n, deadline, limit)
+        if (not direct and block and not forced and not closing and self._small_ok
+                and self._send_small(dst, edge, parts, n)):
+            return True if wait_sent else SendHandle(self, None, dst, edge, deadline, limit)
         key = (dst, edge)
         done: _Sent | None = None
         while True:
@@ -111,6 +114,30 @@ class Outbound(ContextState):
         if done is not None:
             self._wait_sent(done, dst, edge, deadline, limit)
         return True
+
+    def _send_small(self, dst: int, edge: int, parts: list[Buffer], n: int) -> bool:
+        """The fast path of Nagle's rule (see ``_send``): a record to a stream with nothing on its way is
+        written by this thread at once, in one frame, by ``channel.send_small`` (over MPI one eager
+        ``Isend``): no queued message, no token, no progress round, no hand-off to the progress thread.
+        False (nothing done) if the engine is busy (see ``_take_engine``) or the stream or link is not
+        idle: the caller then takes the ordinary path."""
+        s = self._out.get((dst, edge))
+        if (s is not None and (s.queue or s.packer.pending_bytes)) or not self.channel.idle(dst, edge):
+            return False    # (unlocked hints, checked again below: a busy stream batches, see _send)
+        if not self._take_engine():
+            return False
+        try:
+            with self._lock:
+                s = self._stream(dst, edge)
+                if s.queue or s.packer.pending_bytes:
+                    return False
+                head = _DIRECT if s.stamp is None else s.stamp + _DIRECT
+                if not self.channel.send_small(dst, edge, [head, *parts], n + len(head)):
+                    return False
+                s.stamp = None
+                return True
+        finally:
+            self._chan_lock.release()
 
     def _stream(self, dst: int, edge: int) -> _OutStream:
         """The stream of messages to ``dst`` on ``edge`` (made on first use); PeerLostError if ``dst`` is

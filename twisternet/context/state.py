@@ -46,6 +46,7 @@ class ContextState:
     _coflow_pump: CoflowPump | None
     _slice_limit: int
     _can_push: bool
+    _small_ok: bool
     _left_peers: set[int]
     # shared by all parts: the Context lock and condition (waiters wake on a change of _gen)
     _lock: threading.RLock

@@ -231,3 +231,35 @@ def scenario_two_drivers() -> None:
     spin(ch, lambda: not ch.has_pending(), "sends to complete")
     ch.close(10)
     ok(ch.rank, received=len(got))
+
+
+def scenario_small_fast() -> None:
+    """The core's small-message fast path over MPI: ``idle`` while nothing is queued or unacknowledged
+    on (peer, edge); ``send_small`` then posts one eager message at once, and refuses (doing nothing)
+    while the credit of the previous one is out; a message too large to go eagerly is refused too."""
+    ch, rec = make_channel(buffer_size=64 << 10)
+    peer = 1 - ch.rank
+    got: list[bytes] = []
+    rec.on_message_hook = lambda p, e, d, r: (got.append(bytes(d)), r())
+    n, size = 100, 1000
+    sent = refused = 0
+    for i in range(n):
+        if ch.rank == 0:
+            check(ch.idle(peer, 4), f"ping {i}: (peer, 4) should be idle once the reply came back")
+            check(ch.send_small(peer, 4, [payload(0, 1, 4, i, size)], size), f"ping {i} refused")
+            sent += 1
+            if not ch.idle(peer, 4):        # its credit is out (unless it already came back)
+                refused += not ch.send_small(peer, 4, [b"never"], 5)
+            spin(ch, lambda i=i: len(got) == i + 1, f"reply {i}")
+            check(got[i] == payload(1, 0, 4, i, size), f"reply {i} corrupt or out of order")
+            spin(ch, lambda: ch.idle(peer, 4), f"credit of ping {i}")
+        else:
+            spin(ch, lambda i=i: len(got) == i + 1, f"ping {i}")
+            check(got[i] == payload(0, 1, 4, i, size), f"ping {i} corrupt or out of order")
+            spin(ch, lambda i=i: ch.send_small(peer, 4, [payload(1, 0, 4, i, size)], size), f"reply {i}")
+    check(not ch.send_small(peer, 9, [bytes(65 << 10)], 65 << 10), "a message over the eager limit went")
+    ch.comm.Barrier()
+    check(ch.rank == 1 or refused == sent, f"send_small went {sent - refused} times while credit was out")
+    spin(ch, lambda: not ch.has_pending(), "sends to complete")
+    ch.close(10)
+    ok(ch.rank, sent=sent, refused=refused)

@@ -1,0 +1,84 @@
+"""Records of lone small numpy arrays without msgpack: the codec's fast path for small messages.
+
+A lone array below the out-of-band threshold is encoded by the general encoder as ``KIND_PLAIN``, then
+a msgpack ext whose last bytes are the array's data: for a given dtype and shape everything before the
+data is the same. :class:`SmallArrays` remembers that head per (dtype, shape), so encoding such an array
+again is a dict look-up and a copy of its bytes, and recognises records of a remembered kind by their
+length and head, so decoding one is ``np.frombuffer`` and a copy. The bytes are exactly the general
+encoder's (a peer without this path reads them), and decoded arrays are copies, as the general path's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+Buffer = Any    # bytes-like: what an encoder returns as parts
+
+#: Kinds (dtype, shape) remembered at most, each way; the tables are emptied when full.
+_KINDS = 256
+#: Kinds remembered at most for one record length (each costs a comparison when decoding).
+_PER_LENGTH = 4
+
+
+class SmallArrays:
+    """Heads of lone small-array records by (dtype, shape), and by record length for decoding."""
+
+    def __init__(self, generic: Callable[[np.ndarray], Sequence[Buffer]], limit: int) -> None:
+        self._generic = generic          # the general encoder's record of an array, as parts
+        self._limit = limit              # arrays of at least this many bytes are not small
+        self._heads: dict[tuple[np.dtype, tuple[int, ...]], bytes | None] = {}
+        self._by_len: dict[int, list[tuple[bytes, np.dtype, tuple[int, ...]]]] = {}
+
+    def _head(self, a: np.ndarray) -> bytes | None:
+        """The record of ``a`` up to its data (None: not a small lone array this path can take)."""
+        key = (a.dtype, a.shape)
+        try:
+            return self._heads[key]
+        except KeyError:
+            pass
+        head = None
+        if a.dtype.names is None and not a.dtype.hasobject:
+            record = b"".join(bytes(memoryview(p)) for p in self._generic(a))
+            data = a.tobytes()
+            if record[:1] == b"\x00" and record.endswith(data):
+                head = record[:len(record) - len(data)]
+        if len(self._heads) >= _KINDS:
+            self._heads.clear()
+        self._heads[key] = head
+        return head
+
+    def encode(self, a: np.ndarray) -> list[Buffer] | None:
+        """The parts of ``a``'s record (its bytes copied), or None if ``a`` is not a small lone array."""
+        if a.nbytes >= self._limit or not a.flags.c_contiguous:
+            return None
+        head = self._head(a)
+        return None if head is None else [head, a.tobytes()]
+
+    def decode(self, mv: memoryview) -> np.ndarray | None:
+        """A copy of the array a remembered kind of record holds, or None if ``mv`` is not one."""
+        kinds = self._by_len.get(len(mv))
+        if kinds is None:
+            return None
+        for head, dtype, shape in kinds:
+            n = len(head)
+            if mv[:n] == head:
+                arr: np.ndarray = np.frombuffer(mv[n:], dtype=dtype).reshape(shape).copy()
+                return arr
+        return None
+
+    def remember(self, mv: memoryview, value: np.ndarray) -> None:
+        """``mv`` decoded (the general way) to ``value``: if it is exactly the record this path makes
+        for ``value``, recognise records of its kind from now on."""
+        if value.nbytes >= self._limit or not value.flags.c_contiguous:
+            return
+        head = self._head(value)
+        if head is None or len(mv) != len(head) + value.nbytes or mv[:len(head)] != head:
+            return
+        if len(self._by_len) >= _KINDS:
+            self._by_len.clear()
+        kinds = self._by_len.setdefault(len(mv), [])
+        if len(kinds) < _PER_LENGTH:
+            kinds.append((head, value.dtype, value.shape))
