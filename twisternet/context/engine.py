@@ -106,13 +106,7 @@ class ProgressEngine(ContextState):
                 with self._lock:
                     if self._in_dirty:
                         continue
-                    timeout = 0.05
-                    if self._out_partial:
-                        timeout = max(0.0, min(timeout, min(self._out_partial.values()) - time.monotonic()))
-                    if self._out_ready and self._coflow_pump is not None:
-                        # scheduled sends wait for pacing tokens or channel room: poll at least this often
-                        timeout = max(0.0, min(timeout, self._coflow_pump.pace_until - time.monotonic(), 0.01))
-                    self._sleep_until = time.monotonic() + timeout
+                    timeout = self._sleep_for(0.05)
                 if self._chan_lock.locked():
                     # a thread drives the engine: it would wake with us for every message it waits for
                     self._sleep_until = float("inf")
@@ -128,6 +122,18 @@ class ProgressEngine(ContextState):
                 if self._failure is None:
                     self._failure = e
             self.notify()
+
+    def _sleep_for(self, timeout: float) -> float:
+        """How long the channel may wait (at most ``timeout``): until the first partly filled buffer is
+        due, and no longer than 10 ms while scheduled sends wait for pacing tokens or channel room; notes
+        the wake-up time in ``_sleep_until``. Called with ``_lock`` held."""
+        now = time.monotonic()
+        if self._out_partial:
+            timeout = max(0.0, min(timeout, min(self._out_partial.values()) - now))
+        if self._out_ready and self._coflow_pump is not None:
+            timeout = max(0.0, min(timeout, self._coflow_pump.pace_until - now, 0.01))
+        self._sleep_until = now + timeout
+        return timeout
 
     def _progress_once(self, timeout: float, *, lock_held: bool = False, deliver: bool = True) -> bool:
         if not lock_held:
@@ -149,12 +155,7 @@ class ProgressEngine(ContextState):
                     self._sleep_until = time.monotonic() + timeout
                 else:
                     with self._lock:
-                        if self._out_partial:
-                            timeout = max(0.0, min(timeout, min(self._out_partial.values()) - time.monotonic()))
-                        if self._out_ready and self._coflow_pump is not None:
-                            # scheduled sends wait for pacing tokens or channel room: poll at least this often
-                            timeout = max(0.0, min(timeout, self._coflow_pump.pace_until - time.monotonic(), 0.01))
-                        self._sleep_until = time.monotonic() + timeout
+                        timeout = self._sleep_for(timeout)
                 did = self.channel.progress(timeout) or did
                 self._sleep_until = float("inf") if timeout > 0 else self._sleep_until
                 # (unlocked peeks: whoever fills these after the peek wakes the channel, see _kick)
