@@ -13,8 +13,15 @@ so every worker picks the same index. ``N`` (``num_aggregators``) must equal the
 
 **Window.** ``cwnd`` bounds the fragments in flight. AIMD: slow start (+1 per ACK) up to ``max_window``,
 then +1 per window of ACKs; halved (at most once per round-trip) on a parameter packet carrying ``ecn``.
-The window never exceeds ``max_window``, and no fragment is sent ``max_window`` or more ahead of the
-oldest unacknowledged one.
+The window never exceeds ``max_window`` nor ``window_cap`` (what the receive buffers hold: a larger
+window only loses packets), and no fragment is sent ``max_window`` or more ahead of the oldest
+unacknowledged one. A call starts with the window the previous one ended with (``keep_window``).
+
+**Batches.** Each pass sends all the fragments the window admits in one call and receives everything
+queued in one call (``innet.hostio.RowIO``: ``recvmmsg``/``sendmmsg`` when the C helper is built); the
+received results are checked and applied as arrays. ACKs of one batch count as arriving together: one
+RTT sample (the oldest fresh fragment's), at most one ECN halving, the window grown by the batch's
+unmarked ACKs.
 
 **Loss recovery.** A fragment unacknowledged after the RTO (Jacobson estimate, exponential back-off per
 fragment, capped at ``2**max_backoff_exponent`` times the RTO) or overtaken by ``reorder_threshold``
@@ -108,7 +115,7 @@ class AtpWorker:
                  num_aggregators: int = 4096, scale: float = 2.0**20, rack_size: int | None = None,
                  max_window: int = 128, initial_window: int = 8, reorder_threshold: int = 8,
                  rto_initial: float = 0.2, rto_min: float = 0.03, rto_max: float = 1.0,
-                 max_backoff_exponent: int = 2,
+                 max_backoff_exponent: int = 2, keep_window: bool = True,
                  fallback_timeout: float = 10.0, timeout: float = 300.0, loss: LossConfig | None = None,
                  bind: tuple[str, int] = ("127.0.0.1", 0)) -> None:
         if not 1 <= job_id <= MAX_JOB_ID:
@@ -146,6 +153,9 @@ class AtpWorker:
         self.rto_min, self.rto_max = float(rto_min), float(rto_max)
         self.rto_initial = float(rto_initial)
         self.max_backoff_exponent = int(max_backoff_exponent)
+        #: start each call with the window (and threshold) the last one ended with
+        self.keep_window = bool(keep_window)
+        self._carried: tuple[float, float, bool] | None = None    # (cwnd, ssthresh, via the PS)
         self.fallback_timeout = float(fallback_timeout)
         self.timeout = float(timeout)
         self.loss = loss
@@ -324,8 +334,11 @@ class AtpWorker:
         if use_direct:
             self._go_direct("switch unreachable earlier in this job", stats)
 
-        cwnd = float(self.initial_window)
-        ssthresh = float(self.max_window)
+        # the window a call ended with is where the next one starts (the path's measured capacity;
+        # a call must not pay slow start again), if the next one takes the same path (switch or PS)
+        cwnd, ssthresh = float(self.initial_window), float(self.max_window)
+        if self._carried is not None and self._carried[2] == use_direct:
+            cwnd, ssthresh = self._carried[0], self._carried[1]
         stats.min_window = cwnd
         last_decrease = -1.0
         lowest = 0
@@ -427,7 +440,12 @@ class AtpWorker:
                         self._switch_answered = True          # a result through the switch: it is back
                     acked[new_i] = True
                     self.acked_fragments += len(new_i)
-                    result[new_i] = rows[r, HEADER_SIZE:psize].view(">f4")
+                    values = rows[:, HEADER_SIZE:psize].view(">f4")
+                    lo, hi_i = int(new_i[0]), int(new_i[-1]) + 1
+                    if hi_i - lo == len(new_i) and bool((np.diff(r) == 1).all()):
+                        result[lo:hi_i] = values[int(r[0]):int(r[-1]) + 1]   # in order: one pass, no gather
+                    else:
+                        result[new_i] = values[r]
                     last_progress = now
                     fl = flags[r]
                     coll = (fl & FLAG_COLLISION) != 0
@@ -482,6 +500,7 @@ class AtpWorker:
                     send(late + lowest, True)
                 next_timeout_pass = now + self.rto_min / 2
         stats.final_window = cwnd
+        self._carried = (cwnd, ssthresh, use_direct) if self.keep_window else None
         stats.elapsed = time.monotonic() - t_start
         self.last_stats = stats
         if stats.fallback:

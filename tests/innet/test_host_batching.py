@@ -274,29 +274,58 @@ def test_socket_buffer_window_counts_the_kernel_charge() -> None:
         s.close()
 
 
+def _direct_jobs(ps: PSThread, world: int, V: int, **opts) -> tuple[list[InnetJob], socket.socket]:
+    """Workers of job 1 that talk to the PS straight (no switch), registered at ``ps``."""
+    nowhere = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    nowhere.bind(("127.0.0.1", 0))
+    jobs = [InnetJob(1, r, world, None, ps.address, value_count=V, **opts) for r in range(world)]
+    ps.server.add_job(PSJobConfig(1, world, 2.0**20, nowhere.getsockname(),
+                                  workers=tuple(j.direct_address for j in jobs)))
+    return jobs, nowhere
+
+
+def _sum_checked(jobs: list[InnetJob], n: int, seed: int) -> None:
+    from tests.innet.rank_threads import run_ranks
+    xs = [np.random.default_rng([seed, r]).standard_normal(n).astype(np.float32) for r in range(len(jobs))]
+    outs = run_ranks([lambda j=j, x=x: j.allreduce(x) for j, x in zip(jobs, xs)])
+    ref = np.sum([x.astype(np.float64) for x in xs], axis=0)
+    for o in outs:
+        assert (np.abs(o - ref) <= error_bound(ref, 2.0**20, len(jobs))).all()
+
+
 def test_the_window_never_exceeds_what_the_receive_buffer_holds(monkeypatch) -> None:
     monkeypatch.setattr("innet.transport._RECV_BUF", 64 * 1024)
-    V, world = 62, 2
-    with PSThread(("127.0.0.1", 0), V) as ps:
-        nowhere = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        nowhere.bind(("127.0.0.1", 0))
+    with PSThread(("127.0.0.1", 0), 62) as ps:
+        jobs, nowhere = _direct_jobs(ps, 2, 62, max_window=1024, initial_window=1024)
         try:
-            jobs = [InnetJob(1, r, world, None, ps.address, value_count=V, max_window=1024,
-                             initial_window=1024) for r in range(world)]
-            ps.server.add_job(PSJobConfig(1, world, 2.0**20, nowhere.getsockname(),
-                                          workers=tuple(j.direct_address for j in jobs)))
-            from tests.innet.rank_threads import run_ranks
-            xs = [np.random.default_rng(r).standard_normal(40_000).astype(np.float32) for r in range(world)]
-            outs = run_ranks([lambda j=j, x=x: j.allreduce(x) for j, x in zip(jobs, xs)])
-            ref = xs[0].astype(np.float64) + xs[1]
-            for o in outs:
-                assert (np.abs(o - ref) <= error_bound(ref, 2.0**20, world)).all()
+            _sum_checked(jobs, 40_000, 1)
             for j in jobs:
                 cap = j.worker.window_cap
                 assert cap < 1024
                 assert 0 < j.last_stats.peak_inflight <= cap
-                j.close()
         finally:
+            for j in jobs:
+                j.close()
+            nowhere.close()
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_a_call_starts_with_the_window_the_last_one_ended_with(keep: bool) -> None:
+    with PSThread(("127.0.0.1", 0), 62) as ps:
+        jobs, nowhere = _direct_jobs(ps, 2, 62, max_window=256, initial_window=4, keep_window=keep)
+        try:
+            _sum_checked(jobs, 20_000, 2)
+            first = [j.last_stats.final_window for j in jobs]
+            assert all(w > 4 for w in first)
+            _sum_checked(jobs, 20_000, 3)
+            for j, w in zip(jobs, first):
+                # min_window starts at the call's initial window (it only goes down from there)
+                assert j.last_stats.min_window == (min(w, j.last_stats.min_window) if keep else 4)
+                if keep:
+                    assert j.last_stats.min_window > 4
+        finally:
+            for j in jobs:
+                j.close()
             nowhere.close()
 
 
