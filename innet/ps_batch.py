@@ -135,11 +135,10 @@ def handle_batch(ps: ParameterServer, rows: np.ndarray, lengths: np.ndarray, key
                 fast &= ~this
                 continue
             ok = this & (keys[:n] == np.uint64(sw))
-            pairs = np.unique(np.stack([hdr["bitmap0"][ok].astype(np.int64), hdr["bitmap1"][ok].astype(np.int64)]),
-                              axis=1) if ok.any() else np.zeros((2, 0), np.int64)
-            for b0, b1 in pairs.T.tolist():
-                if js.contribution(b0, b1) != js.full:
-                    ok &= ~((hdr["bitmap0"] == b0) & (hdr["bitmap1"] == b1))
+            bits = hdr["bitmap0"].astype(np.int64) << 32 | hdr["bitmap1"].astype(np.int64)
+            for pair in np.unique(bits[ok]).tolist():
+                if js.contribution(pair >> 32, pair & 0xFFFFFFFF) != js.full:
+                    ok &= bits != pair
             seqs = job_seq & SEQ_MASK
             known = np.fromiter((s in js.pending or s in js.completed for s in seqs[ok].tolist()), np.bool_,
                                 int(ok.sum()))
