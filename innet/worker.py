@@ -186,15 +186,16 @@ class AtpWorker:
         self._io, self._dio = RowIO(self.transport), RowIO(self._direct)
         self._ps_key = addr_key(self._ps_source)
         self._source_keys = np.array([addr_key(a) for a in self._sources], np.uint64)
-        drain = 4 * self.max_window + 256
-        self._rx = np.zeros((drain, self.packet_size + 1), np.uint8)
-        self._rx_len = np.zeros(drain, np.int64)
-        self._rx_addr = np.zeros(drain, np.uint64)
         self._packets: FragmentPackets | None = None
         #: the most fragments in flight: every result queued at once must fit the receive buffer, and
         #: so must every rank's fragments at the switch (sized as this socket's buffer)
         self.window_cap = min(self.max_window,
                               socket_buffer_window(self.transport.sock, self.packet_size, self.world))
+        # room for a window of results and duplicates; more queued is read on the next pass
+        drain = 2 * self.window_cap + 256
+        self._rx = np.zeros((drain, self.packet_size + 1), np.uint8)
+        self._rx_len = np.zeros(drain, np.int64)
+        self._rx_addr = np.zeros(drain, np.uint64)
         self._rttvar = 0.0
         self.last_stats: WorkerStats | None = None
         #: fragments of the current (or last) call acknowledged so far: progress for monitoring
