@@ -65,7 +65,11 @@ class RowIO:
     def __init__(self, transport: UdpTransport, *, compiled: bool | None = None) -> None:
         self.transport = transport
         if compiled is None:
-            compiled = os.environ.get(HOSTIO_ENV, "auto") != "python"
+            mode = os.environ.get(HOSTIO_ENV, "auto")
+            if mode == "c" and _hostio is None:
+                raise RuntimeError(f"{HOSTIO_ENV}=c but the compiled helper innet._hostio is not built "
+                                   "(python setup.py build_ext --inplace, or pip install .)")
+            compiled = mode != "python"
         self.compiled = bool(compiled and _hostio is not None and not transport.loss.active)
         self.gso = True
 

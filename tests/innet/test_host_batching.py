@@ -343,3 +343,23 @@ def test_compiled_and_python_host_io_give_the_same_sums(monkeypatch) -> None:
     for a, b in zip(results["python"], results["auto"]):
         assert np.array_equal(a.view(np.int32), b.view(np.int32))
         assert (np.abs(a - ref) <= error_bound(ref, 2.0**20, 3)).all()
+
+
+def test_hostio_env_is_a_config_key(monkeypatch) -> None:
+    """TWISTERNET_INNET_HOSTIO is read by the config loader too: a job launched with it set loads, a
+    wrong value is a ConfigError naming the key."""
+    from twisternet.config import load_config
+    from twisternet.errors import ConfigError
+    assert load_config(env={"TWISTERNET_INNET_HOSTIO": "python"}).innet_hostio == "python"
+    with pytest.raises(ConfigError, match="innet_hostio"):
+        load_config(env={"TWISTERNET_INNET_HOSTIO": "fast"})
+    monkeypatch.setattr(hostio, "_hostio", None)           # as on a machine without a compiler
+    monkeypatch.setenv(hostio.HOSTIO_ENV, "c")
+    tr = UdpTransport(("127.0.0.1", 0))
+    try:
+        with pytest.raises(RuntimeError, match="not built"):
+            RowIO(tr)
+        monkeypatch.setenv(hostio.HOSTIO_ENV, "auto")
+        assert not RowIO(tr).compiled
+    finally:
+        tr.close()
