@@ -1,4 +1,5 @@
-"""Optional compiled switch dataplane (innet._fastpath); everything else is in pyproject.toml.
+"""Optional compiled switch dataplane (innet._fastpath) and host I/O (innet._hostio); the rest is in
+pyproject.toml.
 
 The extension needs only a C compiler and the Python headers (no third-party build dependencies). When
 it cannot be built (no compiler, no headers, a non-Linux libc without recvmmsg), the install still
@@ -31,8 +32,8 @@ class OptionalBuildExt(build_ext):
 
     @staticmethod
     def _skip(e: BaseException) -> None:
-        msg = (f"twisternet: building the optional C switch dataplane (innet._fastpath) failed: {e}; "
-               "the pure-Python dataplane will be used")
+        msg = (f"twisternet: building an optional C extension (innet._fastpath, innet._hostio) failed: {e}; "
+               "the pure-Python code will be used")
         log.warning(msg)
         sys.stderr.write(f"WARNING: {msg}\n")
 
@@ -40,5 +41,7 @@ class OptionalBuildExt(build_ext):
 ext_modules = []
 if sys.platform.startswith("linux"):   # recvmmsg / sendmmsg
     ext_modules.append(Extension("innet._fastpath", ["innet/_fastpath.c"], extra_compile_args=["-O2"]))
+    # batched datagram I/O of workers and PS (innet/hostio.py falls back to Python loops without it)
+    ext_modules.append(Extension("innet._hostio", ["innet/_hostio.c"], extra_compile_args=["-O2"]))
 
 setup(ext_modules=ext_modules, cmdclass={"build_ext": OptionalBuildExt})

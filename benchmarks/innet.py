@@ -307,6 +307,15 @@ def _rate_section(opts: SuiteOptions, res: SuiteResult, raw: dict[str, Any], bar
                               agg / med("per_packet", "cpu_agg_pps") >= 25))
 
 
+def _load() -> float:
+    """The 1-minute load average (timings on a shared host mean little without it)."""
+    try:
+        with open("/proc/loadavg", encoding="ascii") as f:
+            return float(f.read().split()[0])
+    except (OSError, ValueError):
+        return float("nan")
+
+
 def allreduce_vs_ring(world: int, nbytes: int, via: str, reps: int, values: int = 62) -> dict[str, Any]:
     """One ``twisternet run -n world`` job timing ``reps`` float32 allreduces of ``nbytes`` via ``via``."""
     from benchmarks.common import run_tagged, twisternet_run
@@ -322,12 +331,14 @@ def _allreduce_section(opts: SuiteOptions, res: SuiteResult, raw: dict[str, Any]
     rows = []
     for n in opts.workers:
         bar.step(f"{n} workers: {nbytes >> 20} MB allreduce via ring, innet (62 values), innet ({wide} values)")
+        load = _load()
         ring = allreduce_vs_ring(n, nbytes, "ring", reps)
         atp = allreduce_vs_ring(n, nbytes, "innet", reps)
         wide_r = allreduce_vs_ring(n, nbytes, "innet", reps, wide)
-        runs[str(n)] = {"ring": ring, "innet": atp, "innet_wide": wide_r}
+        runs[str(n)] = {"ring": ring, "innet": atp, "innet_wide": wide_r, "load": [load, _load()]}
         rows.append([n, round(ring["median_s"], 3), round(atp["median_s"], 3), round(wide_r["median_s"], 3),
-                     round(atp["median_s"] / ring["median_s"], 1), round(wide_r["median_s"] / ring["median_s"], 1)])
+                     round(atp["median_s"] / ring["median_s"], 1), round(wide_r["median_s"] / ring["median_s"], 1),
+                     f"{load:.1f}-{_load():.1f}"])
         best = min(atp["median_s"], wide_r["median_s"])
         res.targets.append(Target(f"via='innet' vs via='ring', {nbytes >> 20} MB float32, {n} workers, loopback",
                                   "<= 2x the ring's time", f"{best / ring['median_s']:.1f}x "
@@ -336,7 +347,8 @@ def _allreduce_section(opts: SuiteOptions, res: SuiteResult, raw: dict[str, Any]
     res.tables.append(Table(
         f"float32 allreduce of {nbytes >> 20} MB under twisternet run (loopback), median of {reps} after a "
         "warm-up call",
-        ["workers", "ring s", "innet s (62 values)", f"innet s ({wide} values)", "x ring (62)", f"x ring ({wide})"],
+        ["workers", "ring s", "innet s (62 values)", f"innet s ({wide} values)", "x ring (62)", f"x ring ({wide})",
+         "load (1 min)"],
         rows, note="innet: switch and PS subprocesses started by the operation; results checked on every rank"))
 
 
@@ -346,11 +358,13 @@ def run(opts: SuiteOptions) -> SuiteResult:
     values = opts.get("values", 20_000 if opts.quick else 500_000)
     repeat = opts.repeats()
     packet = HEADER_SIZE + 4 * DEFAULT_VALUE_COUNT
+    # --set innet.sections=allreduce (or any of ps,tenancy,ecn,rate,allreduce) runs only those sections
+    sections = set(opts.get("sections", ["ps", "tenancy", "ecn", "rate", "allreduce"]))
     bar = opts.bar(NAME)
     bar.set_total(len(opts.workers) * repeat * 2 + 2 * repeat + 3 * repeat + repeat + len(opts.workers))
     rows = []
     raw: dict[str, Any] = {"values": values, "packet_bytes": packet, "runs": {}}
-    for n in opts.workers:
+    for n in (opts.workers if "ps" in sections else []):
         sw_runs, ns_runs = [], []
         for rep in range(repeat):
             bar.step(f"{n} workers, run {rep + 1}/{repeat}: through the switch")
@@ -368,16 +382,19 @@ def run(opts: SuiteOptions) -> SuiteResult:
         res.targets.append(Target(f"PS bytes with the switch, {n} workers",
                                   f"<= 1/{n} + 5% of the no-switch bytes (ratio <= {1 / n + 0.05:.3f})",
                                   f"{ratio:.3f}", ratio <= 1 / n + 0.05))
-    res.tables.append(Table(
-        f"One float32 allreduce of {values:,} values ({values * 4 / 1e6:.1f} MB per worker), median of {repeat}",
-        ["workers", "PS MB (switch)", "PS MB (no switch)", "ratio", "target ratio", "switch agg. pkts/s",
-         "s (switch)", "s (no switch)"], rows,
-        note="PS bytes = packets the PS received x packet size; results checked against the float64 sum"))
-    _tenancy_section(opts, res, raw, bar)
-    _ecn_section(opts, res, raw, bar)
-    if opts.get("rate", True):
+    if rows:
+        res.tables.append(Table(
+            f"One float32 allreduce of {values:,} values ({values * 4 / 1e6:.1f} MB per worker), median of {repeat}",
+            ["workers", "PS MB (switch)", "PS MB (no switch)", "ratio", "target ratio", "switch agg. pkts/s",
+             "s (switch)", "s (no switch)"], rows,
+            note="PS bytes = packets the PS received x packet size; results checked against the float64 sum"))
+    if "tenancy" in sections:
+        _tenancy_section(opts, res, raw, bar)
+    if "ecn" in sections:
+        _ecn_section(opts, res, raw, bar)
+    if "rate" in sections and opts.get("rate", True):
         _rate_section(opts, res, raw, bar)
-    if opts.get("allreduce", True):
+    if "allreduce" in sections and opts.get("allreduce", True):
         _allreduce_section(opts, res, raw, bar)
     res.raw = raw
     bar.finish()

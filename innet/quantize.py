@@ -64,6 +64,47 @@ class Quantizer:
             q[overflow] = frags[overflow].astype(np.float32).view(np.int32)
         return q, overflow
 
+    def quantize_into(self, x: np.ndarray, out: np.ndarray, scratch: np.ndarray | None = None) -> np.ndarray:
+        """Quantize the flat array ``x`` into ``out``, an (n, V) int32 matrix of any byte order (e.g. the
+        big-endian payload view of a packet buffer), zero-padded past ``x.size``; returns bool[n] overflow
+        (those rows hold the float32 bit patterns of the input, as in ``quantize_fragments``).
+
+        float32 input with a power-of-two scale >= 1 takes one pass in float32 (the product and its rounding
+        are exact there, so the result equals ``quantize_fragments``); ``scratch`` is an optional float32
+        buffer of ``out``'s shape; anything else goes through ``quantize_fragments``."""
+        nrow, width = out.shape
+        size = x.size
+        if size > nrow * width:
+            raise ValueError(f"{size} values do not fit {nrow} x {width}")
+        mant, _ = np.frexp(self.scale)
+        if x.dtype != np.float32 or mant != 0.5 or self.scale < 1:
+            padded = np.zeros(nrow * width, np.float64 if x.dtype == np.float64 else np.float32)
+            padded[:size] = x
+            q, ovf = self.quantize_fragments(padded.reshape(nrow, width))
+            out[...] = q
+            return ovf
+        buf = scratch if scratch is not None and scratch.shape == out.shape else np.empty(out.shape, np.float32)
+        flat = buf.reshape(-1)
+        np.multiply(x, np.float32(self.scale), out=flat[:size])
+        flat[size:] = 0
+        np.rint(buf, out=buf)
+        # the largest float32 <= limit: a float32 product above it is above limit
+        thr = np.float32(self.limit)
+        if float(thr) > self.limit:
+            thr = np.nextafter(thr, np.float32(0))
+        with np.errstate(invalid="ignore"):
+            overflow = ~(np.abs(buf).max(axis=1) <= thr)      # also NaN and +-inf
+        if overflow.any():
+            buf[overflow] = 0
+        np.copyto(out, buf, casting="unsafe")
+        if overflow.any():
+            rows = np.zeros((int(overflow.sum()), width), np.float32)
+            for k, r in enumerate(np.nonzero(overflow)[0]):
+                part = x[r * width:(r + 1) * width]
+                rows[k, :part.size] = part
+            out[overflow] = rows.view(np.int32)
+        return cast(np.ndarray, overflow)
+
     def dequantize_sum(self, int_sum: np.ndarray) -> np.ndarray:
         """The float64 value of a sum of quantized values."""
         return np.asarray(int_sum, dtype=np.float64) / self.scale

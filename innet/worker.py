@@ -13,8 +13,15 @@ so every worker picks the same index. ``N`` (``num_aggregators``) must equal the
 
 **Window.** ``cwnd`` bounds the fragments in flight. AIMD: slow start (+1 per ACK) up to ``max_window``,
 then +1 per window of ACKs; halved (at most once per round-trip) on a parameter packet carrying ``ecn``.
-The window never exceeds ``max_window``, and no fragment is sent ``max_window`` or more ahead of the
-oldest unacknowledged one.
+The window never exceeds ``max_window`` nor ``window_cap`` (what the receive buffers hold: a larger
+window only loses packets), and no fragment is sent ``max_window`` or more ahead of the oldest
+unacknowledged one. A call starts with the window the previous one ended with (``keep_window``).
+
+**Batches.** Each pass sends all the fragments the window admits in one call and receives everything
+queued in one call (``innet.hostio.RowIO``: ``recvmmsg``/``sendmmsg`` when the C helper is built); the
+received results are checked and applied as arrays. ACKs of one batch count as arriving together: one
+RTT sample (the oldest fresh fragment's), at most one ECN halving, the window grown by the batch's
+unmarked ACKs.
 
 **Loss recovery.** A fragment unacknowledged after the RTO (Jacobson estimate, exponential back-off per
 fragment, capped at ``2**max_backoff_exponent`` times the RTO) or overtaken by ``reorder_threshold``
@@ -34,7 +41,6 @@ from __future__ import annotations
 
 import logging
 import select
-import struct
 import time
 from dataclasses import dataclass
 from collections.abc import Callable
@@ -43,18 +49,16 @@ import numpy as np
 
 from twisternet.errors import OperationTimeout
 
+from .fragments import FragmentPackets, aggregator_indices, decode_headers, rehash_indices
+from .hostio import RowIO, addr_key, socket_buffer_window
 from .quantize import Quantizer
 from .transport import ROLE_WORKER, LossConfig, UdpTransport
-from .wire import (DEFAULT_VALUE_COUNT, FLAG_ACK, FLAG_COLLISION, FLAG_ECN, FLAG_OVERFLOW, FLAG_RESEND,
-                   HEADER_SIZE, MAX_FAN_IN, MAX_JOB_ID, SEQ_MASK, WireError, decode_header, encode_flags,
-                   packet_size)
+from .wire import (DEFAULT_VALUE_COUNT, FLAG_ACK, FLAG_COLLISION, FLAG_ECN, HEADER_SIZE, MAX_FAN_IN,
+                   MAX_JOB_ID, SEQ_BITS, SEQ_MASK, WireError, decode_header, encode_flags, packet_size)
 
 __all__ = ["WorkerStats", "AtpWorker", "aggregator_index", "rehash_index"]
 
 log = logging.getLogger(__name__)
-
-_HEAD = struct.Struct("!IIHHI")     # innet.wire's header layout
-
 
 def _mix32(x: int) -> int:
     x &= 0xFFFFFFFF
@@ -99,6 +103,7 @@ class WorkerStats:
     fallback_reason: str = ""
     min_window: float = 0.0
     final_window: float = 0.0
+    peak_inflight: int = 0         # most fragments in flight at once (never above AtpWorker.window_cap)
     elapsed: float = 0.0
 
 
@@ -110,7 +115,7 @@ class AtpWorker:
                  num_aggregators: int = 4096, scale: float = 2.0**20, rack_size: int | None = None,
                  max_window: int = 128, initial_window: int = 8, reorder_threshold: int = 8,
                  rto_initial: float = 0.2, rto_min: float = 0.03, rto_max: float = 1.0,
-                 max_backoff_exponent: int = 2,
+                 max_backoff_exponent: int = 2, keep_window: bool = True,
                  fallback_timeout: float = 10.0, timeout: float = 300.0, loss: LossConfig | None = None,
                  bind: tuple[str, int] = ("127.0.0.1", 0)) -> None:
         if not 1 <= job_id <= MAX_JOB_ID:
@@ -148,6 +153,9 @@ class AtpWorker:
         self.rto_min, self.rto_max = float(rto_min), float(rto_max)
         self.rto_initial = float(rto_initial)
         self.max_backoff_exponent = int(max_backoff_exponent)
+        #: start each call with the window (and threshold) the last one ended with
+        self.keep_window = bool(keep_window)
+        self._carried: tuple[float, float, bool] | None = None    # (cwnd, ssthresh, via the PS)
         self.fallback_timeout = float(fallback_timeout)
         self.timeout = float(timeout)
         self.loss = loss
@@ -173,6 +181,21 @@ class AtpWorker:
         self._slot_index = np.full(self.max_window, -1, np.int64)
         self._slot_collided = np.zeros(self.max_window, np.bool_)
         self._srtt: float | None = None
+        # batched I/O: results are received into preallocated rows (one byte wider than a packet, so
+        # an oversize datagram shows as too long), fragments sent from FragmentPackets rows
+        self._io, self._dio = RowIO(self.transport), RowIO(self._direct)
+        self._ps_key = addr_key(self._ps_source)
+        self._source_keys = np.array([addr_key(a) for a in self._sources], np.uint64)
+        self._packets: FragmentPackets | None = None
+        #: the most fragments in flight: every result queued at once must fit the receive buffer, and
+        #: so must every rank's fragments at the switch (sized as this socket's buffer)
+        self.window_cap = min(self.max_window,
+                              socket_buffer_window(self.transport.sock, self.packet_size, self.world))
+        # room for a window of results and duplicates; more queued is read on the next pass
+        drain = 2 * self.window_cap + 256
+        self._rx = np.zeros((drain, self.packet_size + 1), np.uint8)
+        self._rx_len = np.zeros(drain, np.int64)
+        self._rx_addr = np.zeros(drain, np.uint64)
         self._rttvar = 0.0
         self.last_stats: WorkerStats | None = None
         #: fragments of the current (or last) call acknowledged so far: progress for monitoring
@@ -240,6 +263,29 @@ class AtpWorker:
                     self.ps_addr, reason)
 
     # ------------------------------------------------------------------ the protocol
+    def _packets_for(self, nfrag: int) -> FragmentPackets:
+        pk = self._packets
+        if pk is None or pk.nfrag != nfrag:
+            pk = self._packets = FragmentPackets(nfrag, self.value_count)
+        return pk
+
+    def _indices_for(self, gseqs: np.ndarray) -> np.ndarray:
+        """``_index_for`` of consecutive sequence numbers (at most ``max_window``: distinct slots)."""
+        slots = gseqs % self.max_window
+        prev = self._slot_index[slots]
+        fresh = aggregator_indices(self.job_id, gseqs, self.num_aggregators)
+        moved = rehash_indices(np.maximum(prev, 0), gseqs, self.num_aggregators)
+        idx = np.where(prev < 0, fresh, np.where(self._slot_collided[slots], moved, prev))
+        self._slot_index[slots] = idx
+        self._slot_collided[slots] = False
+        return idx
+
+    def _receive(self) -> int:
+        """Drain both sockets into the receive rows; the count."""
+        got = self._io.recv(self._rx, self._rx_len, self._rx_addr, len(self._rx))
+        return got + self._dio.recv(self._rx[got:], self._rx_len[got:], self._rx_addr[got:],
+                                    len(self._rx) - got)
+
     # Complexity accepted: the worker window loop: send, receive, resend.
     def allreduce_sum(self, array: np.ndarray, *, timeout: float | None = None,  # noqa: C901
                       abort: Callable[[], None] | None = None) -> tuple[np.ndarray, WorkerStats]:
@@ -248,36 +294,36 @@ class AtpWorker:
         float64 input is quantized from float64 (``Quantizer.quantize_fragments``); anything else as
         float32. ``timeout`` (default: the worker's ``timeout``) bounds the call: OperationTimeout past
         it. ``abort`` is called about every 50 ms while waiting; whatever it raises (e.g. PeerLostError
-        when a rank of the job died) ends the call at once."""
+        when a rank of the job died) ends the call at once.
+
+        Batched: a window's new fragments go out in one send call, everything queued is received in
+        one call into preallocated rows and checked and applied as a whole (``_receive``)."""
         t_start = time.monotonic()
         limit = self.timeout if timeout is None else float(timeout)
         dtype = np.float64 if np.asarray(array).dtype == np.float64 else np.float32
         x = np.ascontiguousarray(array, dtype=dtype).reshape(-1)
         n = x.size
         V = self.value_count
+        psize = self.packet_size
         nfrag = -(-n // V)
         stats = WorkerStats(fragments=nfrag)
         if nfrag == 0:
             self.last_stats = stats
             return np.zeros(np.shape(array), np.float32), stats
-        padded = np.zeros(nfrag * V, dtype)
-        padded[:n] = x
-        q, ovf = self.quantizer.quantize_fragments(padded.reshape(nfrag, V))
+        base = self._next_seq
+        self._next_seq += nfrag
+        pk = self._packets_for(nfrag)
+        ovf = pk.fill(x, self.quantizer, bitmap0=self.bitmap0, bitmap1=self.bitmap1,
+                      flags_word=encode_flags(self.fan_in0, self.fan_in1, 0),
+                      job_seq0=(self.job_id << 24) | (base & SEQ_MASK))
         stats.overflow_fragments = int(ovf.sum())
-        qbytes = q.astype(">i4")
-        result = np.empty(nfrag * V, np.float32)
+        result = np.empty((nfrag, V), np.float32)
         acked = np.zeros(nfrag, np.bool_)
         send_time = np.zeros(nfrag, np.float64)
         tries = np.zeros(nfrag, np.int32)
         later_acks = np.zeros(nfrag, np.int32)
         indices = np.zeros(nfrag, np.int64)
-        base = self._next_seq
-        self._next_seq += nfrag
         self.acked_fragments = 0
-        # the header's constant part, packed once (fields were validated in __init__)
-        fan_word = encode_flags(self.fan_in0, self.fan_in1, 0)
-        pack_head = _HEAD.pack
-        b0, b1, job_bits = self.bitmap0, self.bitmap1, self.job_id << 24
         if self.switch_dead and self.switch_addr is not None and not self._switch_answered:
             self._drain_switch_socket()          # results of the last call that came late
         if self.switch_dead and self._switch_answered and self.switch_addr is not None:
@@ -289,8 +335,11 @@ class AtpWorker:
         if use_direct:
             self._go_direct("switch unreachable earlier in this job", stats)
 
-        cwnd = float(self.initial_window)
-        ssthresh = float(self.max_window)
+        # the window a call ended with is where the next one starts (the path's measured capacity;
+        # a call must not pay slow start again), if the next one takes the same path (switch or PS)
+        cwnd, ssthresh = float(self.initial_window), float(self.max_window)
+        if self._carried is not None and self._carried[2] == use_direct:
+            cwnd, ssthresh = self._carried[0], self._carried[1]
         stats.min_window = cwnd
         last_decrease = -1.0
         lowest = 0
@@ -299,22 +348,17 @@ class AtpWorker:
         next_timeout_pass = 0.0
         recover_point = 0      # loss-driven decreases: one per loss episode (until this fragment is acked)
         refused0 = self.transport.refused
-        drain = 4 * self.max_window + 256
+        ack_b0, ack_b1, job_id = self._ack_bitmap0, self._ack_bitmap1, self.job_id
+        ps_key = self._ps_key
 
-        def send(i: int, resend: bool) -> None:
-            gseq = base + i
-            flags = (FLAG_OVERFLOW if ovf[i] else 0) | (FLAG_RESEND if resend else 0)
-            data = pack_head(b0, b1, fan_word | flags, int(indices[i]), job_bits | (gseq & SEQ_MASK)
-                             ) + qbytes[i].tobytes()
-            if use_direct:
-                self._direct.send(data)
-            else:
-                self.transport.send(data)
-            send_time[i] = time.monotonic()
-            tries[i] += 1
-            stats.packets_sent += 1
+        def send(rows: np.ndarray, resend: bool) -> None:
             if resend:
-                stats.retransmits += 1
+                pk.mark_resend(rows)
+                stats.retransmits += len(rows)
+            (self._dio if use_direct else self._io).send(pk.rows, rows, psize)
+            send_time[rows] = time.monotonic()
+            tries[rows] += 1
+            stats.packets_sent += len(rows)
 
         while lowest < nfrag:
             now = time.monotonic()
@@ -337,23 +381,23 @@ class AtpWorker:
                     self.switch_dead = True
                     self._go_direct(reason, stats)
                     use_direct = True
-                    for i in range(lowest, nxt):
-                        if not acked[i]:
-                            send(i, True)
+                    send(np.nonzero(~acked[lowest:nxt])[0] + lowest, True)
                     last_progress = now
             # --- send new fragments within the window
             # the window bounds the fragments in flight (sent, unacknowledged); a fragment that waits
             # for recovery does not block the others, but no fragment may run max_window ahead of the
-            # oldest unacknowledged one (its aggregator slot must have been released)
+            # oldest unacknowledged one (its aggregator slot must have been released). The window never
+            # exceeds what the receive buffers hold (window_cap): a larger one only loses packets.
             send_limit = min(nfrag, lowest + self.max_window)
             inflight = (nxt - lowest) - int(np.count_nonzero(acked[lowest:nxt]))
-            while nxt < send_limit and inflight < int(cwnd):
-                indices[nxt] = self._index_for(base + nxt)
-                send(nxt, False)
-                nxt += 1
-                inflight += 1
+            room = min(send_limit - nxt, int(min(cwnd, self.window_cap)) - inflight)
+            if room > 0:
+                indices[nxt:nxt + room] = self._indices_for(np.arange(base + nxt, base + nxt + room))
+                pk.set_indices(slice(nxt, nxt + room), indices[nxt:nxt + room])
+                send(np.arange(nxt, nxt + room), False)
+                nxt += room
+                stats.peak_inflight = max(stats.peak_inflight, inflight + room)
             # --- wait for parameter packets
-            socks = [self.transport.sock, self._direct.sock]
             rto = self._rto()
             seg = slice(lowest, nxt)
             open_ = ~acked[seg]
@@ -363,74 +407,83 @@ class AtpWorker:
                     np.minimum(tries[seg][open_] - 1, self.max_backoff_exponent))
                 first = max(float(deadlines.min()), next_timeout_pass)
                 wait = max(0.0, min(0.05, first - time.monotonic()))
-            select.select(socks, [], [], wait)
+            select.select([self.transport.sock, self._direct.sock], [], [], wait)
             # drain everything queued (a window's worth of results can wait after a stall of this
             # process): a result left unread would look like a loss to the timeout pass below
-            batch = []
-            for tr in (self.transport, self._direct):
-                batch.extend(tr.recv_batch(drain))
+            got = self._receive()
             now = time.monotonic()
-            for data, src in batch:
-                if len(data) != self.packet_size or src not in self._sources:
-                    stats.rejected_acks += 1
-                    continue
-                try:
-                    h = decode_header(data)
-                except WireError:
-                    stats.rejected_acks += 1
-                    continue
-                if not h.flags & FLAG_ACK or h.job_id != self.job_id:
-                    stats.stale_acks += 1
-                    continue
-                if h.bitmap0 != self._ack_bitmap0 or h.bitmap1 != self._ack_bitmap1:
-                    stats.rejected_acks += 1      # not the sum over this job's whole world
-                    continue
-                i = (h.seq - base) & SEQ_MASK
-                if i >= nxt:
-                    stats.stale_acks += 1
-                    continue
-                if h.agg_index != indices[i]:
-                    stats.rejected_acks += 1      # not the aggregator this fragment was sent through
-                    continue
-                if acked[i]:
-                    stats.duplicate_acks += 1
-                    continue
-                if use_direct and src != self._ps_source:
-                    self._switch_answered = True          # a result through the switch: it is back
-                acked[i] = True
-                self.acked_fragments += 1
-                result[i * V:(i + 1) * V] = np.frombuffer(data, ">f4", V, HEADER_SIZE)
-                last_progress = now
-                slot = (base + i) % self.max_window
-                if h.flags & FLAG_COLLISION:
-                    self._slot_collided[slot] = True
-                    stats.collided_fragments += 1
-                if tries[i] == 1:
-                    self._rtt_sample(now - send_time[i])
-                if h.flags & FLAG_ECN:
-                    stats.ecn_signals += 1
-                    if now - last_decrease > (self._srtt or self.rto_initial):
-                        ssthresh = cwnd = max(1.0, cwnd / 2)
-                        last_decrease = now
-                        stats.min_window = min(stats.min_window, cwnd)
-                elif cwnd < ssthresh:
-                    cwnd = min(cwnd + 1.0, float(self.max_window))
-                else:
-                    cwnd = min(cwnd + 1.0 / cwnd, float(self.max_window))
-                if i > lowest and self.reorder_threshold > 0:
-                    seg = slice(lowest, i)
-                    later_acks[seg] += ~acked[seg]
-                    hit = np.nonzero(~acked[seg] & (later_acks[seg] >= self.reorder_threshold))[0]
-                    if hit.size and lowest >= recover_point:
-                        ssthresh = cwnd = max(1.0, cwnd / 2)      # loss signal: multiplicative decrease
-                        recover_point = nxt
-                        stats.min_window = min(stats.min_window, cwnd)
-                    for j in hit[:max(1, int(cwnd))] + lowest:
-                        later_acks[j] = 0
-                        stats.fast_retransmits += 1
-                        send(int(j), True)
-                while lowest < nfrag and acked[lowest]:
-                    lowest += 1
+            if got:
+                rows = self._rx[:got]
+                ok = (self._rx_len[:got] == psize) & np.isin(self._rx_addr[:got], self._source_keys)
+                hdr = decode_headers(rows)
+                job_seq = hdr["job_seq"].astype(np.int64)
+                ok &= (job_seq >> SEQ_BITS) != 0                          # a garbled header
+                stats.rejected_acks += int(np.count_nonzero(~ok))
+                flags = hdr["flags"].astype(np.int64)
+                mine = ok & (flags & FLAG_ACK != 0) & ((job_seq >> SEQ_BITS) == job_id)
+                stats.stale_acks += int(np.count_nonzero(ok & ~mine))
+                whole = mine & (hdr["bitmap0"] == ack_b0) & (hdr["bitmap1"] == ack_b1)
+                stats.rejected_acks += int(np.count_nonzero(mine & ~whole))  # not the whole world's sum
+                i_all = (job_seq - base) & SEQ_MASK
+                live = whole & (i_all < nxt)
+                stats.stale_acks += int(np.count_nonzero(whole & ~live))
+                i_clip = np.where(live, i_all, 0)
+                right = live & (hdr["agg_index"].astype(np.int64) == indices[i_clip])
+                stats.rejected_acks += int(np.count_nonzero(live & ~right))  # not this fragment's aggregator
+                fresh = right & ~acked[i_clip]
+                stats.duplicate_acks += int(np.count_nonzero(right & ~fresh))
+                cand = np.nonzero(fresh)[0]
+                new_i, first = np.unique(i_all[cand], return_index=True)    # sorted, first arrival of each
+                stats.duplicate_acks += len(cand) - len(new_i)
+                if len(new_i):
+                    r = cand[first]
+                    if use_direct and bool((self._rx_addr[r] != ps_key).any()):
+                        self._switch_answered = True          # a result through the switch: it is back
+                    acked[new_i] = True
+                    self.acked_fragments += len(new_i)
+                    values = rows[:, HEADER_SIZE:psize].view(">f4")
+                    lo, hi_i = int(new_i[0]), int(new_i[-1]) + 1
+                    if hi_i - lo == len(new_i) and bool((np.diff(r) == 1).all()):
+                        result[lo:hi_i] = values[int(r[0]):int(r[-1]) + 1]   # in order: one pass, no gather
+                    else:
+                        result[new_i] = values[r]
+                    last_progress = now
+                    fl = flags[r]
+                    coll = (fl & FLAG_COLLISION) != 0
+                    if coll.any():
+                        self._slot_collided[(base + new_i[coll]) % self.max_window] = True
+                        stats.collided_fragments += int(coll.sum())
+                    first_try = tries[new_i] == 1
+                    if first_try.any():                         # the slowest fresh sample: no spurious RTO
+                        self._rtt_sample(float(now - send_time[new_i[first_try]].min()))
+                    ecn = (fl & FLAG_ECN) != 0
+                    n_ecn = int(ecn.sum())
+                    if n_ecn:
+                        stats.ecn_signals += n_ecn
+                        if now - last_decrease > (self._srtt or self.rto_initial):
+                            ssthresh = cwnd = max(1.0, cwnd / 2)
+                            last_decrease = now
+                            stats.min_window = min(stats.min_window, cwnd)
+                    cwnd = _grow(cwnd, ssthresh, len(new_i) - n_ecn, float(self.max_window))
+                    hi = int(new_i[-1])
+                    if hi > lowest and self.reorder_threshold > 0:
+                        seg = slice(lowest, hi)
+                        open_ = ~acked[seg]
+                        later = len(new_i) - np.searchsorted(new_i, np.arange(lowest, hi), "right")
+                        later_acks[seg] += np.where(open_, later, 0).astype(np.int32)
+                        hit = np.nonzero(open_ & (later_acks[seg] >= self.reorder_threshold))[0]
+                        if hit.size and lowest >= recover_point:
+                            ssthresh = cwnd = max(1.0, cwnd / 2)      # loss signal: multiplicative decrease
+                            recover_point = nxt
+                            stats.min_window = min(stats.min_window, cwnd)
+                        if hit.size:
+                            again = hit[:max(1, int(cwnd))] + lowest
+                            later_acks[again] = 0
+                            stats.fast_retransmits += len(again)
+                            send(again, True)
+                    if acked[lowest]:
+                        gap = np.nonzero(~acked[lowest:])[0]
+                        lowest = nfrag if not gap.size else lowest + int(gap[0])
             # --- retransmit on timeout. Each fragment has its own timer with a capped exponential
             # back-off, so retransmissions never exceed about a window per RTO; the window is halved
             # once per loss episode (a loss is a congestion signal, if a weaker one than ECN).
@@ -443,15 +496,29 @@ class AtpWorker:
                         ssthresh = cwnd = max(1.0, cwnd / 2)
                         recover_point = nxt
                         stats.min_window = min(stats.min_window, cwnd)
-                    for j in late + lowest:
-                        stats.timeouts += 1
-                        later_acks[j] = 0
-                        send(int(j), True)
+                    stats.timeouts += len(late)
+                    later_acks[late + lowest] = 0
+                    send(late + lowest, True)
                 next_timeout_pass = now + self.rto_min / 2
         stats.final_window = cwnd
+        self._carried = (cwnd, ssthresh, use_direct) if self.keep_window else None
         stats.elapsed = time.monotonic() - t_start
         self.last_stats = stats
         if stats.fallback:
             log.warning("job %d worker %d: allreduce completed via PS fallback (%s)", self.job_id,
                         self.rank, stats.fallback_reason)
-        return result[:n].reshape(np.shape(array)), stats
+        return result.reshape(-1)[:n].reshape(np.shape(array)), stats
+
+
+def _grow(cwnd: float, ssthresh: float, acks: int, max_window: float) -> float:
+    """The window after ``acks`` unmarked ACKs: +1 each in slow start (below ``ssthresh``), then about
+    +1/cwnd each (``cwnd**2`` grows by 2 per ACK), never above ``max_window``."""
+    if acks <= 0:
+        return cwnd
+    if cwnd < ssthresh:
+        step = min(acks, max(1, int(np.ceil(ssthresh - cwnd))))
+        cwnd += step
+        acks -= step
+    if acks > 0:
+        cwnd = float(np.sqrt(cwnd * cwnd + 2.0 * acks))
+    return min(cwnd, max_window)

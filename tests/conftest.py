@@ -38,7 +38,8 @@ settings.load_profile("twisternet")
 
 
 def _build_fastpath_in_place() -> None:
-    """Build the optional C switch dataplane (``innet._fastpath``) next to its source when it is missing.
+    """Build the optional C extensions (``innet._fastpath``, the switch dataplane, and ``innet._hostio``,
+    the end hosts' batched I/O) next to their sources when one is missing.
 
     The tests import this checkout's packages, not the installed copies, and ``pip install .`` puts the
     compiled module in site-packages only: without this the C dataplane would go untested after the
@@ -51,7 +52,8 @@ def _build_fastpath_in_place() -> None:
 
     # by file, not by import: importing innet here would fix innet.fastpath's answer before the build
     root = Path(__file__).resolve().parents[1]
-    if any((root / "innet" / f"_fastpath{suffix}").exists() for suffix in importlib.machinery.EXTENSION_SUFFIXES):
+    if all(any((root / "innet" / f"{name}{suffix}").exists() for suffix in importlib.machinery.EXTENSION_SUFFIXES)
+           for name in ("_fastpath", "_hostio")):
         return
     with tempfile.TemporaryDirectory(prefix="twisternet-build-") as tmp:
         subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace", "--build-temp", tmp],

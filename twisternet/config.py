@@ -196,6 +196,10 @@ class Config:
     #: Engine of the software switch's batched dataplane: "auto" (the compiled core when built, else
     #: Python), "c" or "python" (innet.fastpath; read by the switch from TWISTERNET_INNET_DATAPLANE).
     innet_dataplane: str = "auto"
+    #: Datagram I/O of the ATP workers and PS: "auto" (the compiled recvmmsg/sendmmsg helper when built,
+    #: else Python loops), "c" (an error if it is not built) or "python" (innet.hostio; read by the
+    #: workers from TWISTERNET_INNET_HOSTIO; a PS or switch the job starts always uses "auto").
+    innet_hostio: str = "auto"
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -272,6 +276,8 @@ def _validate(c: Config) -> None:  # noqa: C901
         raise ConfigError("innet_values", f"must be in 1..16000 values per packet, got {c.innet_values}")
     if c.innet_dataplane not in ("auto", "c", "python"):
         raise ConfigError("innet_dataplane", f"must be auto, c or python, got {c.innet_dataplane!r}")
+    if c.innet_hostio not in ("auto", "c", "python"):
+        raise ConfigError("innet_hostio", f"must be auto, c or python, got {c.innet_hostio!r}")
     if c.token is not None:
         from .tokens import HOW_TO_MAKE_ONE, token_problem
         problem = token_problem(c.token)

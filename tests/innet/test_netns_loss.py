@@ -69,6 +69,10 @@ def two_namespaces():
         _sh("ip", "addr", "add", f"{wk_ip}/24", "dev", f"v{tag}b", ns=wk)
         _sh("ip", "link", "set", f"v{tag}a", "up", ns=sw)
         _sh("ip", "link", "set", f"v{tag}b", "up", ns=wk)
+        # one datagram per frame, as on a wire: a UDP GSO train (switch and workers send them) would
+        # otherwise cross the veth, and meet the drop rule, as one unit
+        for end, ns in ((f"v{tag}a", sw), (f"v{tag}b", wk)):
+            _sh("ip", "link", "set", "dev", end, "gso_max_segs", "1", ns=ns)
         yield sw, wk, sw_ip, wk_ip
     finally:
         for ns in (sw, wk):
