@@ -197,7 +197,7 @@ def fill_matrix(W: np.ndarray, cap_i: np.ndarray, cap_o: np.ndarray, t_i: np.nda
     """Progressive filling on a dense matrix: ``W[i, j]`` flows (counts, as floats) from ingress row
     ``i`` (capacity ``cap_i[i]``, saturation tolerance ``t_i[i]``) to egress column ``j``; every
     row and column must have a flow. Returns the max-min fair rate of each cell's flows and which
-    rows and columns saturated. ``W``, ``cap_i`` and ``cap_o`` are used up (overwritten).
+    rows and columns saturated. ``W`` is used up (overwritten).
 
     Every unfrozen flow holds the same rate (the water level), so a round raises the level to the
     next port's saturation (the least residual / unfrozen flows), freezes the flows of every port
@@ -205,41 +205,46 @@ def fill_matrix(W: np.ndarray, cap_i: np.ndarray, cap_o: np.ndarray, t_i: np.nda
     their rows and columns: a few operations on per-port vectors, at most one round per port.
     """
     a, b = W.shape
-    cnt_i = W.sum(axis=1)
-    cnt_o = W.sum(axis=0)
+    # Rows and columns as one vector of a + b ports (rows first): one division, one min and one
+    # saturation test per round. The element-wise arithmetic is the same as with separate row and
+    # column vectors, and the counts are integer-valued, so every sum of them is exact.
+    cap = np.concatenate((cap_i, cap_o))
+    tol = np.concatenate((t_i, t_o))
+    cnt = np.concatenate((W.sum(axis=1), W.sum(axis=0)))
+    cnt_i = cnt[:a]
+    cnt_o = cnt[a:]
     inf = np.inf
     # A cell's flows freeze at the level of the first of its row and column to saturate (the
     # level only rises), so the rates are min(row level, column level) with inf for never.
-    lev_i = np.full(a, inf)
-    lev_o = np.full(b, inf)
+    lev_p = np.full(a + b, inf)
     level = 0.0
     amin = np.minimum.reduce
+    search = np.searchsorted
     with np.errstate(divide="ignore", invalid="ignore"):
         while True:
-            sh_i = cap_i / cnt_i
-            sh_o = cap_o / cnt_o
-            inc = min(float(amin(sh_i)), float(amin(sh_o)))
+            sh = cap / cnt
+            inc = float(amin(sh))
             if not inc < inf:
                 break
             level += inc
-            cap_i -= inc * cnt_i
-            cap_o -= inc * cnt_o
+            cap -= inc * cnt
             lim = inc * (1.0 + 1e-9)
-            si = ((sh_i <= lim) | (cap_i <= t_i)).nonzero()[0]
-            so = ((sh_o <= lim) | (cap_o <= t_o)).nonzero()[0]
+            sat = ((sh <= lim) | (cap <= tol)).nonzero()[0]
+            cut = int(search(sat, a))
             # Ingress ports first, then egress ports, so a flow with both ends saturated freezes once.
-            if si.size:
+            if cut:
+                si = sat[:cut]
                 cnt_o -= W[si].sum(axis=0)
                 W[si] = 0.0
-                lev_i[si] = level
-                cap_i[si] = inf
-                cnt_i[si] = 0.0
-            if so.size:
+            if cut < sat.shape[0]:
+                so = sat[cut:] - a
                 cnt_i -= W[:, so].sum(axis=1)
                 W[:, so] = 0.0
-                lev_o[so] = level
-                cap_o[so] = inf
-                cnt_o[so] = 0.0
+            lev_p[sat] = level
+            cap[sat] = inf
+            cnt[sat] = 0.0
+    lev_i = lev_p[:a]
+    lev_o = lev_p[a:]
     lev = np.minimum(lev_i[:, None], lev_o[None, :])
     sat_i = lev_i < inf
     sat_o = lev_o < inf

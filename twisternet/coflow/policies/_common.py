@@ -47,11 +47,14 @@ def build_allocation(coflows: Sequence[Coflow], order: Sequence[int],
 
 
 def clip_to_capacity(coflows: Sequence[Coflow], rates: list[np.ndarray], caps: PortCapacities) -> None:
-    """Scale rates down (in place) at any port an LP or rounding pushed past its capacity."""
+    """Scale rates down (in place) at any port an LP or rounding pushed past its capacity. Shared
+    zero vectors are skipped: they add exact zeros to the sums and stay zero when scaled."""
     n_in, n_out = caps.num_ingress, caps.num_egress
     lin = np.zeros(n_in)
     lout = np.zeros(n_out)
     for c, r in zip(coflows, rates):
+        if is_shared_zeros(r):
+            continue
         lin += np.bincount(c.src, weights=r, minlength=n_in)
         lout += np.bincount(c.dst, weights=r, minlength=n_out)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -59,7 +62,8 @@ def clip_to_capacity(coflows: Sequence[Coflow], rates: list[np.ndarray], caps: P
         fout = np.where(lout > caps.egress, caps.egress / np.where(lout > 0, lout, 1.0), 1.0)
     if (fin < 1).any() or (fout < 1).any():
         for i, c in enumerate(coflows):
-            rates[i] = rates[i] * np.minimum(fin[c.src], fout[c.dst])
+            if not is_shared_zeros(rates[i]):
+                rates[i] = rates[i] * np.minimum(fin[c.src], fout[c.dst])
 
 
 def available(res: ResidualCapacity) -> tuple[np.ndarray, np.ndarray]:
