@@ -219,7 +219,7 @@ def fill_matrix(W: np.ndarray, cap_i: np.ndarray, cap_o: np.ndarray, t_i: np.nda
     lev_p = np.full(a + b, inf)
     level = 0.0
     amin = np.minimum.reduce
-    search = np.searchsorted
+    add = np.add.reduce
     with np.errstate(divide="ignore", invalid="ignore"):
         while True:
             sh = cap / cnt
@@ -230,15 +230,15 @@ def fill_matrix(W: np.ndarray, cap_i: np.ndarray, cap_o: np.ndarray, t_i: np.nda
             cap -= inc * cnt
             lim = inc * (1.0 + 1e-9)
             sat = ((sh <= lim) | (cap <= tol)).nonzero()[0]
-            cut = int(search(sat, a))
+            cut = int(sat.searchsorted(a))
             # Ingress ports first, then egress ports, so a flow with both ends saturated freezes once.
             if cut:
                 si = sat[:cut]
-                cnt_o -= W[si].sum(axis=0)
+                cnt_o -= add(W[si], axis=0)
                 W[si] = 0.0
             if cut < sat.shape[0]:
                 so = sat[cut:] - a
-                cnt_i -= W[:, so].sum(axis=1)
+                cnt_i -= add(W[:, so], axis=1)
                 W[:, so] = 0.0
             lev_p[sat] = level
             cap[sat] = inf
