@@ -36,6 +36,13 @@ class ResidualCapacity:
         np.maximum(self.res_in, 0.0, out=self.res_in)
         np.maximum(self.res_out, 0.0, out=self.res_out)
 
+    def take_sums(self, sum_in: np.ndarray, sum_out: np.ndarray) -> None:
+        """:meth:`take` given the rates' per-port sums (``bincount`` of the rates by port)."""
+        self.res_in -= sum_in
+        self.res_out -= sum_out
+        np.maximum(self.res_in, 0.0, out=self.res_in)
+        np.maximum(self.res_out, 0.0, out=self.res_out)
+
     def take_loads(self, load_in: np.ndarray, load_out: np.ndarray, scale: float) -> None:
         """Subtract per-port loads times ``scale`` (MADD: bytes per port / Γ)."""
         self.res_in -= load_in * scale

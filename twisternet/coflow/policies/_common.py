@@ -46,17 +46,25 @@ def build_allocation(coflows: Sequence[Coflow], order: Sequence[int],
     return Allocation(rates=out, order=[coflows[i].id for i in order])
 
 
-def clip_to_capacity(coflows: Sequence[Coflow], rates: list[np.ndarray], caps: PortCapacities) -> None:
+def clip_to_capacity(coflows: Sequence[Coflow], rates: list[np.ndarray],
+                     caps: PortCapacities) -> dict[int, tuple[np.ndarray, np.ndarray]] | None:
     """Scale rates down (in place) at any port an LP or rounding pushed past its capacity. Shared
-    zero vectors are skipped: they add exact zeros to the sums and stay zero when scaled."""
+    zero vectors are skipped: they add exact zeros to the sums and stay zero when scaled.
+
+    Returns None if it scaled anything; otherwise each summed coflow's per-port rate sums (ingress,
+    egress), exactly what :meth:`ResidualCapacity.take` of its rates would subtract."""
     n_in, n_out = caps.num_ingress, caps.num_egress
     lin = np.zeros(n_in)
     lout = np.zeros(n_out)
-    for c, r in zip(coflows, rates):
+    sums: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    for i, (c, r) in enumerate(zip(coflows, rates)):
         if is_shared_zeros(r):
             continue
-        lin += np.bincount(c.src, weights=r, minlength=n_in)
-        lout += np.bincount(c.dst, weights=r, minlength=n_out)
+        si = np.bincount(c.src, weights=r, minlength=n_in)
+        so = np.bincount(c.dst, weights=r, minlength=n_out)
+        lin += si
+        lout += so
+        sums[i] = (si, so)
     with np.errstate(divide="ignore", invalid="ignore"):
         fin = np.where(lin > caps.ingress, caps.ingress / np.where(lin > 0, lin, 1.0), 1.0)
         fout = np.where(lout > caps.egress, caps.egress / np.where(lout > 0, lout, 1.0), 1.0)
@@ -64,6 +72,20 @@ def clip_to_capacity(coflows: Sequence[Coflow], rates: list[np.ndarray], caps: P
         for i, c in enumerate(coflows):
             if not is_shared_zeros(rates[i]):
                 rates[i] = rates[i] * np.minimum(fin[c.src], fout[c.dst])
+        return None
+    return sums
+
+
+def take_rates(res: ResidualCapacity, coflows: Sequence[Coflow], which: Sequence[int],
+               rates: list[np.ndarray], sums: dict[int, tuple[np.ndarray, np.ndarray]] | None) -> None:
+    """``res.take`` of the rates of coflows ``which`` in that order, from the per-port sums of
+    :func:`clip_to_capacity` where it kept them (the same subtractions, no second ``bincount``)."""
+    for i in which:
+        hit = None if sums is None else sums.get(i)
+        if hit is None:
+            res.take(coflows[i].src, coflows[i].dst, rates[i])
+        else:
+            res.take_sums(hit[0], hit[1])
 
 
 def available(res: ResidualCapacity) -> tuple[np.ndarray, np.ndarray]:
@@ -85,7 +107,7 @@ def madd_in_order(coflows: Sequence[Coflow], order: Sequence[int], loads: Coflow
             continue  # nothing left to send
         ri = res_in[pi]
         ro = res_out[po]
-        if (ri <= tol_in[pi]).any() or (ro <= tol_out[po]).any():
+        if np.count_nonzero(ri <= tol_in[pi]) or np.count_nonzero(ro <= tol_out[po]):
             continue  # a needed port is saturated: Γ' is infinite
         g = max(float((li / ri).max()), float((lo / ro).max()))
         if not (g > 0) or not np.isfinite(g):
