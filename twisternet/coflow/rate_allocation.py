@@ -227,7 +227,7 @@ def greedy_fill(coflows: Sequence[Coflow], order: Sequence[int], res: ResidualCa
         cand = (((loads.load_in > 0) & ok_in).any(axis=1)
                 & ((loads.load_out > 0) & ok_out).any(axis=1))
         order = [i for i in order if cand[i]]
-    count = np.count_nonzero   # a builtin: cheaper than ndarray.any on a few ports
+    count = np.count_nonzero   # cheaper than ndarray.any on a few ports
     done = not count(ok_in) or not count(ok_out)
     for i in order:
         if done:
