@@ -26,7 +26,7 @@ import numpy as np
 
 from .errors import CoflowError, SimulationError
 from .model import Coflow, PortCapacities
-from .policies._common import is_shared_zeros
+from .policies._common import shared_zeros_base
 from .rate_allocation import effective_bottleneck
 from .scheduler import Scheduler, get_policy
 
@@ -345,15 +345,15 @@ class _MovingFlows:
         got = alloc.rates
         cand: list[int] = []
         parts = []
+        zeros = shared_zeros_base()
         for j, c in enumerate(active):
             r = got.get(c.id)
-            if r is None or is_shared_zeros(r):
+            if r is None or r.base is zeros:
                 continue
-            if getattr(r, "shape", None) != (len(c),):
+            if getattr(r, "shape", None) != c.size.shape:    # flows: at least one, 1-d
                 raise SimulationError(f"policy {name!r} returned invalid rates for coflow {c.id!r}")
-            if r.shape[0]:
-                cand.append(j)
-                parts.append(r)
+            cand.append(j)
+            parts.append(r)
         if not cand:
             return cand, np.zeros(0)
         rates = np.asarray(np.concatenate(parts) if len(parts) > 1 else parts[0], dtype=np.float64)

@@ -29,6 +29,12 @@ def is_shared_zeros(r: np.ndarray) -> bool:
     return r.base is _ZEROS[0]
 
 
+def shared_zeros_base() -> np.ndarray:
+    """The buffer that :func:`shared_zeros` hands out views of now: ``r.base is`` it is
+    :func:`is_shared_zeros` without a call per vector."""
+    return _ZEROS[0]
+
+
 def zero_rates(coflows: Sequence[Coflow]) -> list[np.ndarray]:
     """One zero vector per coflow: for versioned coflows (the simulator's) read-only shared zeros
     that the policies replace, never write; fresh arrays otherwise."""
@@ -36,8 +42,13 @@ def zero_rates(coflows: Sequence[Coflow]) -> list[np.ndarray]:
 
 
 def build_allocation(coflows: Sequence[Coflow], order: Sequence[int],
-                     rates: list[np.ndarray]) -> Allocation:
-    """Package per-coflow rate vectors and a positional order; finished flows get rate 0."""
+                     rates: list[np.ndarray], zeroed: bool = False) -> Allocation:
+    """Package per-coflow rate vectors and a positional order; finished flows get rate 0.
+    ``zeroed=True``: the rates are already exactly 0 on every finished flow (e.g.
+    :func:`~twisternet.coflow.policies.fair.fair_share`'s), so they are used as they are."""
+    if zeroed:
+        return Allocation(rates={c.id: r for c, r in zip(coflows, rates)},
+                          order=[coflows[i].id for i in order])
     out = {}
     for c, r in zip(coflows, rates):
         if not is_shared_zeros(r):
