@@ -227,23 +227,40 @@ def fill_matrix(W: np.ndarray, cap_i: np.ndarray, cap_o: np.ndarray, t_i: np.nda
     level = 0.0
     amin = np.minimum.reduce
     add = np.add.reduce
+    sh = np.empty(a + b)
+    tmp = np.empty(a + b)
+    m1 = np.empty(a + b, dtype=bool)
+    m2 = np.empty(a + b, dtype=bool)
     with np.errstate(divide="ignore", invalid="ignore"):
         while True:
-            sh = cap / cnt
+            np.divide(cap, cnt, out=sh)
             inc = float(amin(sh))
             if not inc < inf:
                 break
             level += inc
-            cap -= inc * cnt
-            lim = inc * (1.0 + 1e-9)
-            sat = ((sh <= lim) | (cap <= tol)).nonzero()[0]
+            np.multiply(cnt, inc, out=tmp)
+            cap -= tmp
+            np.less_equal(sh, inc * (1.0 + 1e-9), out=m1)
+            np.less_equal(cap, tol, out=m2)
+            m1 |= m2
+            sat = m1.nonzero()[0]
+            n_sat = sat.shape[0]
             cut = int(sat.searchsorted(a))
             # Ingress ports first, then egress ports, so a flow with both ends saturated freezes once.
-            if cut:
+            # (A single row or column is a view: no gather, and its "sum" is itself.)
+            if cut == 1:
+                r = int(sat[0])
+                cnt_o -= W[r]
+                W[r] = 0.0
+            elif cut:
                 si = sat[:cut]
                 cnt_o -= add(W[si], axis=0)
                 W[si] = 0.0
-            if cut < sat.shape[0]:
+            if n_sat - cut == 1:
+                q = int(sat[cut]) - a
+                cnt_i -= W[:, q]
+                W[:, q] = 0.0
+            elif n_sat > cut:
                 so = sat[cut:] - a
                 cnt_i -= add(W[:, so], axis=1)
                 W[:, so] = 0.0
