@@ -36,6 +36,13 @@ class ResidualCapacity:
         np.maximum(self.res_in, 0.0, out=self.res_in)
         np.maximum(self.res_out, 0.0, out=self.res_out)
 
+    def take_sums(self, sum_in: np.ndarray, sum_out: np.ndarray) -> None:
+        """:meth:`take` given the rates' per-port sums (``bincount`` of the rates by port)."""
+        self.res_in -= sum_in
+        self.res_out -= sum_out
+        np.maximum(self.res_in, 0.0, out=self.res_in)
+        np.maximum(self.res_out, 0.0, out=self.res_out)
+
     def take_loads(self, load_in: np.ndarray, load_out: np.ndarray, scale: float) -> None:
         """Subtract per-port loads times ``scale`` (MADD: bytes per port / Γ)."""
         self.res_in -= load_in * scale
@@ -197,7 +204,7 @@ def fill_matrix(W: np.ndarray, cap_i: np.ndarray, cap_o: np.ndarray, t_i: np.nda
     """Progressive filling on a dense matrix: ``W[i, j]`` flows (counts, as floats) from ingress row
     ``i`` (capacity ``cap_i[i]``, saturation tolerance ``t_i[i]``) to egress column ``j``; every
     row and column must have a flow. Returns the max-min fair rate of each cell's flows and which
-    rows and columns saturated. ``W``, ``cap_i`` and ``cap_o`` are used up (overwritten).
+    rows and columns saturated. ``W`` is used up (overwritten).
 
     Every unfrozen flow holds the same rate (the water level), so a round raises the level to the
     next port's saturation (the least residual / unfrozen flows), freezes the flows of every port
@@ -205,41 +212,63 @@ def fill_matrix(W: np.ndarray, cap_i: np.ndarray, cap_o: np.ndarray, t_i: np.nda
     their rows and columns: a few operations on per-port vectors, at most one round per port.
     """
     a, b = W.shape
-    cnt_i = W.sum(axis=1)
-    cnt_o = W.sum(axis=0)
+    # Rows and columns as one vector of a + b ports (rows first): one division, one min and one
+    # saturation test per round. The element-wise arithmetic is the same as with separate row and
+    # column vectors, and the counts are integer-valued, so every sum of them is exact.
+    cap = np.concatenate((cap_i, cap_o))
+    tol = np.concatenate((t_i, t_o))
+    cnt = np.concatenate((W.sum(axis=1), W.sum(axis=0)))
+    cnt_i = cnt[:a]
+    cnt_o = cnt[a:]
     inf = np.inf
     # A cell's flows freeze at the level of the first of its row and column to saturate (the
     # level only rises), so the rates are min(row level, column level) with inf for never.
-    lev_i = np.full(a, inf)
-    lev_o = np.full(b, inf)
+    lev_p = np.full(a + b, inf)
     level = 0.0
     amin = np.minimum.reduce
+    add = np.add.reduce
+    sh = np.empty(a + b)
+    tmp = np.empty(a + b)
+    m1 = np.empty(a + b, dtype=bool)
+    m2 = np.empty(a + b, dtype=bool)
     with np.errstate(divide="ignore", invalid="ignore"):
         while True:
-            sh_i = cap_i / cnt_i
-            sh_o = cap_o / cnt_o
-            inc = min(float(amin(sh_i)), float(amin(sh_o)))
+            np.divide(cap, cnt, out=sh)
+            inc = float(amin(sh))
             if not inc < inf:
                 break
             level += inc
-            cap_i -= inc * cnt_i
-            cap_o -= inc * cnt_o
-            lim = inc * (1.0 + 1e-9)
-            si = ((sh_i <= lim) | (cap_i <= t_i)).nonzero()[0]
-            so = ((sh_o <= lim) | (cap_o <= t_o)).nonzero()[0]
+            np.multiply(cnt, inc, out=tmp)
+            cap -= tmp
+            np.less_equal(sh, inc * (1.0 + 1e-9), out=m1)
+            np.less_equal(cap, tol, out=m2)
+            m1 |= m2
+            sat = m1.nonzero()[0]
+            n_sat = sat.shape[0]
+            cut = int(sat.searchsorted(a))
             # Ingress ports first, then egress ports, so a flow with both ends saturated freezes once.
-            if si.size:
-                cnt_o -= W[si].sum(axis=0)
+            # (A single row or column is a view: no gather, and its "sum" is itself.)
+            if cut == 1:
+                r = int(sat[0])
+                cnt_o -= W[r]
+                W[r] = 0.0
+            elif cut:
+                si = sat[:cut]
+                cnt_o -= add(W[si], axis=0)
                 W[si] = 0.0
-                lev_i[si] = level
-                cap_i[si] = inf
-                cnt_i[si] = 0.0
-            if so.size:
-                cnt_i -= W[:, so].sum(axis=1)
+            if n_sat - cut == 1:
+                q = int(sat[cut]) - a
+                cnt_i -= W[:, q]
+                W[:, q] = 0.0
+            elif n_sat > cut:
+                so = sat[cut:] - a
+                cnt_i -= add(W[:, so], axis=1)
                 W[:, so] = 0.0
-                lev_o[so] = level
-                cap_o[so] = inf
-                cnt_o[so] = 0.0
+            lev_p[sat] = level
+            cap[sat] = inf
+            cnt[sat] = 0.0
+    lev_i = lev_p[:a]
+    lev_o = lev_p[a:]
     lev = np.minimum(lev_i[:, None], lev_o[None, :])
     sat_i = lev_i < inf
     sat_o = lev_o < inf

@@ -102,8 +102,8 @@ def coflow_port_loads(c: Coflow, n_in: int, n_out: int) -> tuple[np.ndarray, np.
             return hit[2]
     li = np.bincount(c.src, weights=c.remaining, minlength=n_in)
     lo = np.bincount(c.dst, weights=c.remaining, minlength=n_out)
-    pi = np.flatnonzero(li > 0)
-    po = np.flatnonzero(lo > 0)
+    pi = (li > 0).nonzero()[0]
+    po = (lo > 0).nonzero()[0]
     out = (pi, li[pi], po, lo[po])
     if dd is not None:
         dd["loads"] = (n_in, n_out, out)
@@ -221,17 +221,25 @@ def greedy_fill(coflows: Sequence[Coflow], order: Sequence[int], res: ResidualCa
     This is the work-conserving pass of every policy: when it ends, no unfinished flow has spare capacity
     at both of its ports. ``loads`` (optional) lets it skip coflows that cannot use what is left.
     """
+    # Which ports still have capacity: recomputed only after a coflow took some (the residual
+    # changes nowhere else), so skipping a coflow costs two small look-ups.
+    ok_in = res.res_in > res.tol_in
+    ok_out = res.res_out > res.tol_out
     if loads is not None and len(order):
         # Residual capacity only shrinks during the pass, so a coflow that cannot use it now never
         # will: test all coflows at once and visit only the candidates.
-        cand = (((loads.load_in > 0) & (res.res_in > res.tol_in)).any(axis=1)
-                & ((loads.load_out > 0) & (res.res_out > res.tol_out)).any(axis=1))
+        cand = (((loads.load_in > 0) & ok_in).any(axis=1)
+                & ((loads.load_out > 0) & ok_out).any(axis=1))
         order = [i for i in order if cand[i]]
+    count = np.count_nonzero   # cheaper than ndarray.any on a few ports
+    done = not count(ok_in) or not count(ok_out)
     for i in order:
-        if res.exhausted():
+        if done:
             return
-        if loads is not None and not loads.may_use(i, res):
-            continue
+        if loads is not None:
+            pi, _, po, _ = loads.touched(i)
+            if not (count(ok_in[pi]) and count(ok_out[po])):
+                continue
         c = coflows[i]
         shape = _live_shape(c)
         if shape is not None:  # noqa: SIM102 - False ("no live shape") must still skip the generic path below
@@ -239,15 +247,21 @@ def greedy_fill(coflows: Sequence[Coflow], order: Sequence[int], res: ResidualCa
                 extra = _bipartite_ports_fill(c, shape[0], shape[1], res)
                 if extra is not None:
                     rates[i] = rates[i] + extra
+                    ok_in = res.res_in > res.tol_in
+                    ok_out = res.res_out > res.tol_out
+                    done = not count(ok_in) or not count(ok_out)
                 continue
         live = c.remaining > 0
-        if not live.any():
+        if not count(live):
             continue
-        mask = live & res.usable(c.src, c.dst)
-        if not mask.any():
+        mask = live & ok_in[c.src] & ok_out[c.dst]
+        if not count(mask):
             continue
         extra = max_min_fair(c.src, c.dst, res, mask=mask, take=True, aggregate=False)
         rates[i] = rates[i] + extra
+        ok_in = res.res_in > res.tol_in
+        ok_out = res.res_out > res.tol_out
+        done = not count(ok_in) or not count(ok_out)
 
 
 def _live_shape(c: Coflow) -> tuple[np.ndarray, np.ndarray] | Literal[False] | None:
@@ -259,21 +273,22 @@ def _live_shape(c: Coflow) -> tuple[np.ndarray, np.ndarray] | Literal[False] | N
         return None
     if "shape" in dd:
         return dd["shape"]
-    live = c.remaining > 0
-    k = int(np.count_nonzero(live))
+    # Remaining bytes are never negative, so the live flows are the non-zero ones.
+    k = int(np.count_nonzero(c.remaining))
     # Flows of a versioned coflow never restart, so the same number of live flows means the same
     # live set: the shape survives progress that finishes no flow.
     hit = c._live_cache
     if hit is not None and hit[0] == k:
         dd["shape"] = hit[1]
         return hit[1]
+    live = c.remaining > 0
     out: tuple[np.ndarray, np.ndarray] | Literal[False] | None
     if k == 0:
         out = False
     else:
         ls, ld = c.src[live], c.dst[live]
-        S = np.flatnonzero(np.bincount(ls))     # ascending, as np.unique, without a sort
-        D = np.flatnonzero(np.bincount(ld))
+        S = np.bincount(ls).nonzero()[0]     # ascending, as np.unique, without a sort
+        D = np.bincount(ld).nonzero()[0]
         a, b = S.shape[0], D.shape[0]
         out = None
         if k == a * b:

@@ -26,7 +26,7 @@ import numpy as np
 
 from .errors import CoflowError, SimulationError
 from .model import Coflow, PortCapacities
-from .policies._common import is_shared_zeros
+from .policies._common import shared_zeros_base
 from .rate_allocation import effective_bottleneck
 from .scheduler import Scheduler, get_policy
 
@@ -254,15 +254,7 @@ def simulate(coflows: Iterable[Coflow], policy: Scheduler | str, capacities: Por
         moving, rates = view.gather_rates(alloc, active, name, pos)
         if moving:
             rem = rem_all[view.idx]
-            live = rem > 0
-            m = rates > 0
-            m &= live
-            ft = np.full(rem.shape[0], math.inf)
-            np.divide(rem, rates, out=ft, where=m)
-            dt_flow = float(ft.min())                                 # earliest completion of any flow
-            # A coflow completes when its last live flow does; a live flow without rate never does.
-            ft[~live] = 0.0
-            dt_coflow = float(np.maximum.reduceat(ft, view.starts).min())  # earliest whole coflow
+            dt_flow, dt_coflow = _next_completions(rem, rates, view.starts)
         else:
             dt_flow = dt_coflow = math.inf
         t_next = t + min(dt_coflow, max(dt_flow, realloc_gap))
@@ -289,7 +281,7 @@ def simulate(coflows: Iterable[Coflow], policy: Scheduler | str, capacities: Por
         for j in moving:
             c = active[j]
             c.version += 1  # type: ignore[operator]
-        alive = np.logical_or.reduceat(rem > 0, view.starts)
+        alive = np.maximum.reduceat(rem, view.starts) > 0.0     # remaining bytes are never negative
         if not alive.all():
             gone = {moving[q] for q in np.flatnonzero(~alive).tolist()}
             still: list[Coflow] = []
@@ -306,6 +298,27 @@ def simulate(coflows: Iterable[Coflow], policy: Scheduler | str, capacities: Por
     log.info("simulated %d coflows under %s: %d events in %.2fs", len(work), name, events,
              out.wall_seconds)
     return out
+
+
+def _next_completions(rem: np.ndarray, rates: np.ndarray, starts: np.ndarray) -> tuple[float, float]:
+    """Time to the first flow completion (over live flows with rate) and to the first coflow
+    completion (a coflow completes when its last live flow does; a live flow without rate never
+    does) of the moving flows: ``rem`` >= 0 remaining bytes, ``rates`` >= 0 (validated), ``starts``
+    each coflow's first flow; every moving coflow has a live flow.
+
+    One division over all flows: live flows give ``rem / rate`` (inf without rate), finished ones
+    0 (with rate) or NaN (without), which ``fmax`` skips, so the per-coflow maximum is the exact
+    maximum over live flows. The flow minimum skips NaN too; a finished flow with rate would give
+    0 there, so a minimum of 0 is recomputed over the live flows with rate alone."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ft = rem / rates
+    dt_coflow = float(np.fmax.reduceat(ft, starts).min())
+    dt_flow = float(np.fmin.reduce(ft))
+    if not dt_flow > 0.0:
+        m = rates > 0
+        m &= rem > 0
+        dt_flow = float(ft[m].min()) if m.any() else math.inf
+    return dt_flow, dt_coflow
 
 
 class _MovingFlows:
@@ -330,23 +343,39 @@ class _MovingFlows:
         """Positions in ``active`` of the coflows with some positive rate, and their rates as one
         vector aligned with ``idx`` (rebuilt if the moving set changed); missing coflows send nothing."""
         got = alloc.rates
-        moving: list[int] = []
+        cand: list[int] = []
         parts = []
-        ks = []
+        zeros = shared_zeros_base()
         for j, c in enumerate(active):
             r = got.get(c.id)
-            if r is None or is_shared_zeros(r):
+            if r is None or r.base is zeros:
                 continue
-            if getattr(r, "shape", None) != (len(c),):
+            if getattr(r, "shape", None) != c.size.shape:    # flows: at least one, 1-d
                 raise SimulationError(f"policy {name!r} returned invalid rates for coflow {c.id!r}")
-            if not r.any():      # NaN and negative values count as "any": they are checked below
-                continue
-            moving.append(j)
+            cand.append(j)
             parts.append(r)
-            ks.append(pos[c.id])
-        if not moving:
-            return moving, np.zeros(0)
+        if not cand:
+            return cand, np.zeros(0)
         rates = np.asarray(np.concatenate(parts) if len(parts) > 1 else parts[0], dtype=np.float64)
+        lens = [p.shape[0] for p in parts]
+        bounds = np.zeros(len(parts), dtype=np.int64)
+        np.cumsum(lens[:-1], out=bounds[1:])
+        lo_r, hi_r = float(rates.min()), float(rates.max())
+        if not (lo_r >= 0 and hi_r < math.inf):     # NaN fails the first test
+            bad = np.flatnonzero(~np.isfinite(rates) | (rates < 0))[0]
+            k = int(np.searchsorted(bounds, bad, side="right")) - 1
+            raise SimulationError(f"policy {name!r} returned invalid rates for coflow "
+                                  f"{active[cand[k]].id!r}")
+        # A coflow moves if any of its rates is positive: one pass over all candidates.
+        nz = np.maximum.reduceat(rates, bounds) > 0.0
+        if nz.all():
+            moving = cand
+        else:
+            moving = [j for j, keep in zip(cand, nz.tolist()) if keep]
+            if not moving:
+                return moving, np.zeros(0)
+            rates = rates[np.repeat(nz, lens)]
+        ks = [pos[active[j].id] for j in moving]
         if ks != self.key:
             self.key = ks
             kk = np.asarray(ks, dtype=np.int64)
@@ -357,12 +386,6 @@ class _MovingFlows:
             # idx = lo[k] + (0 .. n[k]-1) for every moving coflow k, without a Python loop over flows.
             self.idx = np.arange(rates.shape[0], dtype=np.int64) + np.repeat(lo - self.starts, n)
             self.size_tol = self.size_all[self.idx] * 1e-12
-        lo_r, hi_r = float(rates.min()), float(rates.max())
-        if not (lo_r >= 0 and hi_r < math.inf):     # NaN fails the first test
-            bad = np.flatnonzero(~np.isfinite(rates) | (rates < 0))[0]
-            k = int(np.searchsorted(self.starts, bad, side="right")) - 1
-            raise SimulationError(f"policy {name!r} returned invalid rates for coflow "
-                                  f"{active[moving[k]].id!r}")
         return moving, rates
 
 

@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 from coflow_reference_engine import simulate_reference
 
-from twisternet.coflow import GBIT, Coflow, PortCapacities, generate_trace, read_trace, simulate
+from twisternet.coflow import (GBIT, Allocation, Coflow, PortCapacities, Scheduler, generate_trace,
+                               read_trace, simulate)
+from twisternet.coflow.policies.fair import fair_share
 from twisternet.coflow.rate_allocation import CoflowLoads, ResidualCapacity, greedy_fill
 from twisternet.coflow.trace import published_trace_path
 
@@ -52,6 +54,29 @@ def test_published_trace_prefix_same_finish_times(policy: str) -> None:
     tr = read_trace(path)
     caps = tr.capacities(GBIT)
     _same_finishes(tr.to_coflows(caps, deadline_slack=2.0)[:80], caps, policy, 1.0)
+
+
+class FairOnFinishedToo(Scheduler):
+    """Max-min fair rates, and a positive rate on every finished flow too (no zeroing, as a
+    custom policy may do): the simulator must ignore those flows when it looks for the next
+    completion."""
+
+    def allocate(self, coflows, now, capacities) -> Allocation:
+        rates = fair_share(coflows, capacities)
+        out = {c.id: np.where(c.remaining > 0, r, 0.5) for c, r in zip(coflows, rates)}
+        return Allocation(out, [c.id for c in coflows])
+
+
+@pytest.mark.parametrize("gap", [0.0, 1.0])
+def test_rates_on_finished_flows_same_finish_times(gap: float) -> None:
+    tr = generate_trace(num_ports=8, num_coflows=25, seed=9, duration_s=30.0, long_mb=50.0)
+    caps = tr.capacities(GBIT)
+    coflows = tr.to_coflows(caps)
+    old = simulate_reference(coflows, FairOnFinishedToo(), caps, realloc_gap=gap)
+    new = simulate(coflows, FairOnFinishedToo(), caps, realloc_gap=gap, max_events=10 * old.events)
+    assert new.events == old.events
+    assert [r.finish for r in new.coflows] == [r.finish for r in old.coflows]
+    assert all(r.finish is not None for r in new.coflows)
 
 
 def _random_coflows(rng: np.random.Generator, n_ports: int, k: int) -> list[Coflow]:

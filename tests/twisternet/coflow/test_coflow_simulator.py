@@ -83,6 +83,20 @@ def test_bad_inputs_are_clear_errors() -> None:
         Coflow(1, 0.0, [])
 
 
+class NanForSecond(Scheduler):
+    """Zeros (not the shared vector) for the first coflow, NaN for the second."""
+
+    def allocate(self, coflows, now, capacities) -> Allocation:
+        return Allocation({c.id: np.zeros(len(c)) if k == 0 else np.full(len(c), np.nan)
+                           for k, c in enumerate(coflows)}, [c.id for c in coflows])
+
+
+def test_invalid_rates_name_the_coflow() -> None:
+    coflows = [Coflow("a", 0.0, [(0, 1, 1.0)]), Coflow("b", 0.0, [(1, 0, 1.0), (0, 0, 2.0)])]
+    with pytest.raises(SimulationError, match="invalid rates for coflow 'b'"):
+        simulate(coflows, NanForSecond(), PortCapacities.uniform(2, 1.0))
+
+
 class Idle(Scheduler):
     def allocate(self, coflows, now, capacities) -> Allocation:
         return Allocation({}, [c.id for c in coflows])

@@ -29,6 +29,12 @@ def is_shared_zeros(r: np.ndarray) -> bool:
     return r.base is _ZEROS[0]
 
 
+def shared_zeros_base() -> np.ndarray:
+    """The buffer that :func:`shared_zeros` hands out views of now: ``r.base is`` it is
+    :func:`is_shared_zeros` without a call per vector."""
+    return _ZEROS[0]
+
+
 def zero_rates(coflows: Sequence[Coflow]) -> list[np.ndarray]:
     """One zero vector per coflow: for versioned coflows (the simulator's) read-only shared zeros
     that the policies replace, never write; fresh arrays otherwise."""
@@ -36,8 +42,13 @@ def zero_rates(coflows: Sequence[Coflow]) -> list[np.ndarray]:
 
 
 def build_allocation(coflows: Sequence[Coflow], order: Sequence[int],
-                     rates: list[np.ndarray]) -> Allocation:
-    """Package per-coflow rate vectors and a positional order; finished flows get rate 0."""
+                     rates: list[np.ndarray], zeroed: bool = False) -> Allocation:
+    """Package per-coflow rate vectors and a positional order; finished flows get rate 0.
+    ``zeroed=True``: the rates are already exactly 0 on every finished flow (e.g.
+    :func:`~twisternet.coflow.policies.fair.fair_share`'s), so they are used as they are."""
+    if zeroed:
+        return Allocation(rates={c.id: r for c, r in zip(coflows, rates)},
+                          order=[coflows[i].id for i in order])
     out = {}
     for c, r in zip(coflows, rates):
         if not is_shared_zeros(r):
@@ -46,20 +57,46 @@ def build_allocation(coflows: Sequence[Coflow], order: Sequence[int],
     return Allocation(rates=out, order=[coflows[i].id for i in order])
 
 
-def clip_to_capacity(coflows: Sequence[Coflow], rates: list[np.ndarray], caps: PortCapacities) -> None:
-    """Scale rates down (in place) at any port an LP or rounding pushed past its capacity."""
+def clip_to_capacity(coflows: Sequence[Coflow], rates: list[np.ndarray],
+                     caps: PortCapacities) -> dict[int, tuple[np.ndarray, np.ndarray]] | None:
+    """Scale rates down (in place) at any port an LP or rounding pushed past its capacity. Shared
+    zero vectors are skipped: they add exact zeros to the sums and stay zero when scaled.
+
+    Returns None if it scaled anything; otherwise each summed coflow's per-port rate sums (ingress,
+    egress), exactly what :meth:`ResidualCapacity.take` of its rates would subtract."""
     n_in, n_out = caps.num_ingress, caps.num_egress
     lin = np.zeros(n_in)
     lout = np.zeros(n_out)
-    for c, r in zip(coflows, rates):
-        lin += np.bincount(c.src, weights=r, minlength=n_in)
-        lout += np.bincount(c.dst, weights=r, minlength=n_out)
+    sums: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    for i, (c, r) in enumerate(zip(coflows, rates)):
+        if is_shared_zeros(r):
+            continue
+        si = np.bincount(c.src, weights=r, minlength=n_in)
+        so = np.bincount(c.dst, weights=r, minlength=n_out)
+        lin += si
+        lout += so
+        sums[i] = (si, so)
     with np.errstate(divide="ignore", invalid="ignore"):
         fin = np.where(lin > caps.ingress, caps.ingress / np.where(lin > 0, lin, 1.0), 1.0)
         fout = np.where(lout > caps.egress, caps.egress / np.where(lout > 0, lout, 1.0), 1.0)
     if (fin < 1).any() or (fout < 1).any():
         for i, c in enumerate(coflows):
-            rates[i] = rates[i] * np.minimum(fin[c.src], fout[c.dst])
+            if not is_shared_zeros(rates[i]):
+                rates[i] = rates[i] * np.minimum(fin[c.src], fout[c.dst])
+        return None
+    return sums
+
+
+def take_rates(res: ResidualCapacity, coflows: Sequence[Coflow], which: Sequence[int],
+               rates: list[np.ndarray], sums: dict[int, tuple[np.ndarray, np.ndarray]] | None) -> None:
+    """``res.take`` of the rates of coflows ``which`` in that order, from the per-port sums of
+    :func:`clip_to_capacity` where it kept them (the same subtractions, no second ``bincount``)."""
+    for i in which:
+        hit = None if sums is None else sums.get(i)
+        if hit is None:
+            res.take(coflows[i].src, coflows[i].dst, rates[i])
+        else:
+            res.take_sums(hit[0], hit[1])
 
 
 def available(res: ResidualCapacity) -> tuple[np.ndarray, np.ndarray]:
@@ -81,7 +118,7 @@ def madd_in_order(coflows: Sequence[Coflow], order: Sequence[int], loads: Coflow
             continue  # nothing left to send
         ri = res_in[pi]
         ro = res_out[po]
-        if (ri <= tol_in[pi]).any() or (ro <= tol_out[po]).any():
+        if np.count_nonzero(ri <= tol_in[pi]) or np.count_nonzero(ro <= tol_out[po]):
             continue  # a needed port is saturated: Γ' is infinite
         g = max(float((li / ri).max()), float((lo / ro).max()))
         if not (g > 0) or not np.isfinite(g):

@@ -40,7 +40,7 @@ from ..job_dag import JobDag
 from ..model import Allocation, Coflow, PortCapacities
 from ..rate_allocation import CoflowLoads, ResidualCapacity, effective_bottleneck, greedy_fill
 from ..scheduler import Scheduler
-from ._common import build_allocation, clip_to_capacity, zero_rates
+from ._common import build_allocation, clip_to_capacity, take_rates, zero_rates
 
 __all__ = ["DagScheduler", "solve_lat_lp"]
 
@@ -128,9 +128,10 @@ class DagScheduler(Scheduler):
         lats = [self.lat(c, capacities) for c in coflows]
         by_lat = sorted(range(len(coflows)), key=lambda i: (lats[i], coflows[i].arrival, i))
         overdue = [i for i in by_lat if lats[i] <= now]
-        timely = [i for i in by_lat if lats[i] > now and coflows[i].remaining.any()]
+        timely = [i for i in by_lat if lats[i] > now and np.count_nonzero(coflows[i].remaining)]
         rates = zero_rates(coflows)
         loads = CoflowLoads(coflows, capacities.num_ingress, capacities.num_egress)
+        sums = None
         if timely:
             K = len(timely)
             need = np.array([1.0 / (lats[i] - now) for i in timely])
@@ -152,10 +153,9 @@ class DagScheduler(Scheduler):
             lout = (loads.load_out[timely] * x[:, None]).sum(axis=0)
             if ((lin > capacities.ingress * (1 - 1e-9)).any()
                     or (lout > capacities.egress * (1 - 1e-9)).any()):
-                clip_to_capacity(coflows, rates, capacities)
+                sums = clip_to_capacity(coflows, rates, capacities)
         res = ResidualCapacity(capacities)
-        for i in timely:
-            res.take(coflows[i].src, coflows[i].dst, rates[i])
+        take_rates(res, coflows, timely, rates, sums)
         late = set(overdue)
         order = overdue + [i for i in by_lat if i not in late]
         greedy_fill(coflows, order, res, rates, loads)

@@ -25,7 +25,8 @@ import numpy as np
 from ..model import Allocation, Coflow, PortCapacities
 from ..rate_allocation import CoflowLoads, ResidualCapacity, effective_bottleneck, greedy_fill
 from ..scheduler import Scheduler
-from ._common import available, build_allocation, clip_to_capacity, madd_in_order, zero_rates
+from ._common import (available, build_allocation, clip_to_capacity, madd_in_order, take_rates,
+                      zero_rates)
 
 __all__ = ["DeadlineScheduler"]
 
@@ -99,9 +100,9 @@ class DeadlineScheduler(Scheduler):
             for k, i in enumerate(guaranteed):
                 rates[i] = coflows[i].remaining / left[k]
             if (lin > capacities.ingress).any() or (lout > capacities.egress).any():
-                clip_to_capacity(coflows, rates, capacities)  # rounding only: admission keeps sums feasible
-                for i in guaranteed:
-                    res.take(coflows[i].src, coflows[i].dst, rates[i])
+                # rounding only: admission keeps sums feasible
+                sums = clip_to_capacity(coflows, rates, capacities)
+                take_rates(res, coflows, guaranteed, rates, sums)
             else:
                 res.take_loads(lin, lout, 1.0)
         gam = loads.gammas(capacities.ingress, capacities.egress)

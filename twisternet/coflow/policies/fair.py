@@ -32,7 +32,7 @@ def fair_share(coflows: Sequence[Coflow], capacities: PortCapacities) -> list[np
     Flows between the same two ports get the same rate, so the fill runs on the port x port matrix
     of live flow counts (:func:`fill_matrix`) and each flow reads its pair's rate: the work per call
     is a few passes over the flows plus the fill over the ports, the same rates as
-    :func:`max_min_fair` over the flows."""
+    :func:`max_min_fair` over the flows. Finished flows (remaining 0) get exactly 0."""
     if not coflows:
         return []
     src, dst, bounds = flat_ports(coflows)
@@ -69,4 +69,4 @@ class FairScheduler(Scheduler):
 
     def allocate(self, coflows: Sequence[Coflow], now: float, capacities: PortCapacities) -> Allocation:
         order = sorted(range(len(coflows)), key=lambda i: (coflows[i].arrival, i))
-        return build_allocation(coflows, order, fair_share(coflows, capacities))
+        return build_allocation(coflows, order, fair_share(coflows, capacities), zeroed=True)

@@ -95,7 +95,7 @@ class SebfScheduler(Scheduler):
         loads = CoflowLoads(coflows, capacities.num_ingress, capacities.num_egress)
         order = self.sebf_order(coflows, capacities, loads)
         if self.windows.active(now):
-            return build_allocation(coflows, order, fair_share(coflows, capacities))
+            return build_allocation(coflows, order, fair_share(coflows, capacities), zeroed=True)
         rates = zero_rates(coflows)
         res = ResidualCapacity(capacities)
         madd_in_order(coflows, order, loads, res, rates)
