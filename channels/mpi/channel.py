@@ -15,7 +15,7 @@ from twisternet.config import busy_poll_seconds
 from twisternet.errors import ClosedError, ConfigError, PeerLostError, TwisternetError
 
 from .. import shm_slots
-from .buffers import BulkCache
+from ..buffers import BufferCache
 from .credit import CreditLedger, CreditReturns
 from .launch import (
     _OPEN_CHANNELS,
@@ -206,7 +206,8 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Requ
         # Recycled rendezvous buffers (see .buffers), bounded like the TCP channel's idle receive
         # buffers: at least one buffer of the largest message a program exchanges (up to twice
         # memory_limit) is kept, so a stream of 256 MB messages does not pay 65536 page faults each.
-        self._bulk_cache = BulkCache(max(4 * self._credit, 2 * config.memory_limit), self.stats)
+        self._bulk_cache = BufferCache(max(4 * self._credit, 2 * config.memory_limit), stats=self.stats,
+                                       stat="rndv_buffers_reused")
 
     def _node_peers(self) -> set[int]:
         """The other ranks of the communicator on this host (collective: ``MPI_Comm_split_type``)."""

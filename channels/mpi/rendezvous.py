@@ -132,7 +132,7 @@ class RendezvousMixin(MPIChannelState):
             target[:off] = memoryview(buf)[start:start + off]
             lengths = lengths[1:]
         self._post_data_recv(peer, buf)
-        inc = _Incoming(peer, edge, memoryview(target), _Release(self, peer, edge, size, store, False),
+        inc = _Incoming(peer, edge, target.data, _Release(self, peer, edge, size, store, False),
                         False, len(lengths))
         key = (peer, edge)
         q = self._order.get(key)

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from twisternet.config import Config
 
     from .. import shm_slots
-    from .buffers import BulkCache
+    from ..buffers import BufferCache
     from .credit import CreditLedger, CreditReturns
     from .records import _BulkRecv, _CtrlRecv, _DataRecv, _Incoming, _PreRecv, _Release, _Send
     from .requests import RequestTable
@@ -64,7 +64,7 @@ class MPIChannelState:
     _order: dict[tuple[int, int], deque[_Incoming]]
     _bulk_pending: list[int]
     _bulk_active: int
-    _bulk_cache: BulkCache
+    _bulk_cache: BufferCache
     # pre-posted receives (preposted.py)
     _pre_cap: list[int]
     _pre_posted: list[int]

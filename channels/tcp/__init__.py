@@ -2,14 +2,14 @@
 
 Every connection, to the master and between peers, first passes the job-token challenge
 (:func:`twisternet.auth.handshake`); then frames flow both ways (:mod:`channels.tcp.wire`).
-Modules: ``mesh`` builds the links, ``channel`` drives them; ``peer``, ``credit``, ``liveness``,
-``accept``, ``poller`` and ``buffers`` each own one part of the state.
+Modules: ``mesh`` builds the links, ``channel`` drives them, ``receive`` reads and frames; ``peer``,
+``credit``, ``liveness``, ``accept`` and ``poller`` each own one part of the state (large receive buffers
+are kept in the channels' shared ``channels.buffers.BufferCache``).
 """
 
 from __future__ import annotations
 
 from .accept import MAX_PENDING_HANDSHAKES, LateConnections
-from .buffers import RecvBuffers
 from .channel import BULK_WAIT as _BULK_WAIT  # noqa: F401  (private names: tests drive a channel by hand)
 from .channel import TCPChannel
 from .credit import CreditLedger
@@ -35,7 +35,6 @@ __all__ = [
            "Liveness",
            "Peer",
            "Poller",
-           "RecvBuffers",
            "TCPChannel",
            "build_mesh",
            "create_channel",

@@ -20,8 +20,8 @@ from twisternet.channel import Buffer, Channel, ChannelHandler
 from twisternet.config import Config
 from twisternet.waker import Waker
 
+from ..buffers import BufferCache
 from .accept import LateConnections
-from .buffers import RecvBuffers
 from .credit import CreditLedger
 from .liveness import Liveness, rank_places
 from .peer import Peer
@@ -83,7 +83,7 @@ class TCPChannel(TCPReceive, Channel):
             p.sock.setblocking(False)
             self._poller.register(p.fd, IN, p)
         # Idle large buffers kept for reuse are bounded by twice the memory limit (512 MiB by default).
-        self._recv_buffers = RecvBuffers(max(4 * self.credit, 2 * config.memory_limit))
+        self._recv_buffers = BufferCache(max(4 * self.credit, 2 * config.memory_limit))
         # Late connections (after the mesh): bounded handshakes, accept backoff, rate-limited logs.
         self._late = LateConnections(rank, token, config, self._poller)
         self._liveness = Liveness(config.heartbeat_interval, config.peer_timeout)

@@ -3,7 +3,8 @@ on each frame (a mixin of :class:`~channels.tcp.channel.TCPChannel`).
 
 Small frames are read into the peer's staging buffer, as many per ``recv_into`` as the socket has; a
 payload larger than half of it (or one that arrives in pieces) is received straight into a buffer of its
-own from ``RecvBuffers``, so large messages are copied once, by the kernel.
+own (kept for reuse in a ``channels.buffers.BufferCache``), so large messages are copied once, by the
+kernel.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from .wire import ABORT, BYE, CREDIT, DATA, HDR, HEADER_SIZE, MAX_FRAME, WITH_PA
 if TYPE_CHECKING:
     from twisternet.channel import ChannelHandler
 
-    from .buffers import RecvBuffers
+    from ..buffers import BufferCache
     from .credit import CreditLedger
 
 
@@ -29,7 +30,7 @@ class TCPReceive:
 
     _handler: ChannelHandler | None
     _ledger: CreditLedger
-    _recv_buffers: RecvBuffers
+    _recv_buffers: BufferCache
 
     if TYPE_CHECKING:   # the channel's own, in channel.py
         def _broken(self, p: Peer, reason: str, *, placed: bool = False) -> None: ...
@@ -121,7 +122,9 @@ class TCPReceive:
             start = pos + HEADER_SIZE
             have = end - start
             if length > STAGING // 2 or have > 0:
-                cur = self._recv_buffers.get(length)
+                store = self._recv_buffers.take(length)
+                self._recv_buffers.put(store)     # reused once the core holds no view of it any more
+                cur = store.data[:length]
                 cur[:have] = mv[start:end]
                 p.cur, p.cur_pos, p.cur_hdr = cur, have, (kind, edge, length)
                 pos = end
