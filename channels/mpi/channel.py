@@ -340,7 +340,11 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Requ
         return (0 <= peer < self.world and not self._sendq[peer] and not self._credit_ledger.inflight((peer, edge))
                 and peer not in self._slot_deferred)
 
-    can_send_small = True
+    #: Off: with the core writing small records through send_small from the sending thread, a job under
+    #: heavy load (two CPU hogs beside 4 ranks on 2 cores) lost a partial barrier's release to one rank
+    #: in 2 of 8 runs of tests/collectives/barrier/test_barrier_distributed.py (10 of 10 passed with it
+    #: off); the cause is not found yet. send_small itself stays, checked by its channel scenario.
+    can_send_small = False
 
     def send_small(self, peer: int, edge: int, parts: Sequence[Buffer], nbytes: int) -> bool:
         # One eager Isend of a copy (send() of an eager message copies its parts), if idle (see idle).
