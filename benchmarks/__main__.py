@@ -29,8 +29,8 @@ from collections.abc import Sequence
 if __package__ in (None, ""):          # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import report  # noqa: E402
-from benchmarks.harness import Progress, SuiteOptions, SuiteResult  # noqa: E402
+from benchmarks import report
+from benchmarks.harness import Progress, SuiteOptions, SuiteResult
 
 __all__ = ["SUITE_MODULES", "load_suite", "run_suites", "main"]
 

@@ -10,12 +10,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 
-import pyarrow as pa  # noqa: E402
-import pyarrow.compute  # noqa: E402,F401 - loaded before the clock starts, as the peers load theirs
+import pyarrow as pa
+import pyarrow.compute  # loaded before the clock starts, as the peers load theirs
 
-import twisternet as tn  # noqa: E402
-from collectives import Barrier, KeyedReduce  # noqa: E402
-from groupby import generated_table  # noqa: E402
+import twisternet as tn
+from collectives import Barrier, KeyedReduce
+from groupby import generated_table
 
 
 def main() -> None:

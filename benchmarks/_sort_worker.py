@@ -20,10 +20,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import twisternet as tn  # noqa: E402
-from collectives import Barrier, KeyedGather  # noqa: E402
+import twisternet as tn
+from collectives import Barrier, KeyedGather
 
-from _sort_data import generate, range_destination, summarize  # noqa: E402
+from _sort_data import generate, range_destination, summarize
 
 
 def main() -> None:

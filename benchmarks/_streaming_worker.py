@@ -48,7 +48,7 @@ def main() -> None:
               flush=True)
 
 
-def AllGatherRates(ctx, rate: float) -> list:  # noqa: N802 - a tiny helper, named for what it does
+def AllGatherRates(ctx, rate: float) -> list:  # a tiny helper, named for what it does
     from collectives import AllGather
     with AllGather(ctx, sources=ctx.tasks, edge=2) as ag:
         ag.send(ctx.my_tasks[0], rate)

@@ -6,11 +6,11 @@ import json
 import sys
 import time
 
-import numpy as np  # noqa: E402
-import pyarrow as pa  # noqa: E402
-import pyarrow.compute as pc  # noqa: E402
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
-from benchmarks._records_peer import expected  # noqa: E402
+from benchmarks._records_peer import expected
 
 
 def table(rank: int, n: int) -> pa.Table:

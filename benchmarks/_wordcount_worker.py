@@ -19,7 +19,7 @@ import twisternet as tn
 from collectives import Barrier, KeyedReduce, routing
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
-from wordcount import generated_words  # noqa: E402
+from wordcount import generated_words
 
 
 def tx_bytes() -> int:

@@ -30,9 +30,9 @@ from collections.abc import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import (ROOT, fmt_size, job_env, median, mpiexec_run, run_tagged,  # noqa: E402
+from benchmarks.common import (ROOT, fmt_size, job_env, median, mpiexec_run, run_tagged,
                                twisternet_run)
-from benchmarks.harness import Chart, SuiteOptions, SuiteResult, Table, Target, ratio  # noqa: E402
+from benchmarks.harness import Chart, SuiteOptions, SuiteResult, Table, Target, ratio
 
 NAME = "allreduce"
 DESCRIPTION = ("float32 allreduce 1 KB..256 MB at 2 and 4 workers: twisternet (auto: shared memory; ring over "

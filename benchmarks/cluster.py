@@ -32,8 +32,8 @@ from collections.abc import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import ROOT, fmt_size, median  # noqa: E402
-from benchmarks.harness import Chart, SuiteOptions, SuiteResult, Table, Target, ratio  # noqa: E402
+from benchmarks.common import ROOT, fmt_size, median
+from benchmarks.harness import Chart, SuiteOptions, SuiteResult, Table, Target, ratio
 
 NAME = "cluster"
 DESCRIPTION = ("float32 allreduce 1 KB..64 MB on an emulated cluster (H namespaced hosts, shaped links, k "

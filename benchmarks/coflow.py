@@ -16,8 +16,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import median  # noqa: E402
-from benchmarks.harness import SuiteOptions, SuiteResult, Table, Target, ratio  # noqa: E402
+from benchmarks.common import median
+from benchmarks.harness import SuiteOptions, SuiteResult, Table, Target, ratio
 
 NAME = "coflow"
 DESCRIPTION = ("Live coflow scheduling: CCT of a small Partition started just after a big one, per policy "

@@ -22,9 +22,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from twisternet.coflow import (GBIT, generate_like, get_policy, published_trace_path,  # noqa: E402
+from twisternet.coflow import (GBIT, generate_like, get_policy, published_trace_path,
                                read_trace, simulate)
-from twisternet.coflow.cli import DEFAULT_REALLOC_GAP_MS  # noqa: E402
+from twisternet.coflow.cli import DEFAULT_REALLOC_GAP_MS
 
 #: coflowsim (the Varys authors' Java simulator) on FB2010-1Hr-150-0.txt, seconds, as measured for the
 #: issue (deadline mode: deadline = 2x isolated CCT; fractions of all coflows).

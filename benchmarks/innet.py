@@ -32,8 +32,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import report  # noqa: E402
-from benchmarks.harness import SuiteOptions, SuiteResult, Table, Target  # noqa: E402
+from benchmarks import report
+from benchmarks.harness import SuiteOptions, SuiteResult, Table, Target
 
 NAME = "innet"
 DESCRIPTION = ("in-network aggregation: bytes reaching the PS with and without the ATP software switch, "

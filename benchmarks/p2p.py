@@ -26,9 +26,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import _raw_sockets as raw  # noqa: E402
-from benchmarks.common import fmt_size, median, mpiexec_run, run_tagged, twisternet_run  # noqa: E402
-from benchmarks.harness import Chart, SuiteOptions, SuiteResult, Table, Target, parse_size, ratio  # noqa: E402
+from benchmarks import _raw_sockets as raw
+from benchmarks.common import fmt_size, median, mpiexec_run, run_tagged, twisternet_run
+from benchmarks.harness import Chart, SuiteOptions, SuiteResult, Table, Target, parse_size, ratio
 
 NAME = "p2p"
 DESCRIPTION = "point-to-point bandwidth/latency, 2 ranks: twisternet UDS/TCP/MPI vs raw sockets and raw mpi4py"

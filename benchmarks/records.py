@@ -25,9 +25,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import ROOT, job_env, median, mpiexec_run, run_tagged, twisternet_run  # noqa: E402
-from benchmarks import report  # noqa: E402
-from benchmarks.harness import SuiteOptions, SuiteResult, Table, Target  # noqa: E402
+from benchmarks.common import ROOT, job_env, median, mpiexec_run, run_tagged, twisternet_run
+from benchmarks import report
+from benchmarks.harness import SuiteOptions, SuiteResult, Table, Target
 
 NAME = "records"
 DESCRIPTION = ("gather/allgather/broadcast/partition of small dict records: twisternet vs mpi4py pickle "

@@ -34,13 +34,13 @@ from typing import Any
 # package) find benchmarks/innet.py (the suite) in whatever imports it later in this process.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import (ROOT, choose_peers, job_env, median, peer_env, run_peer, try_peer,  # noqa: E402
+from benchmarks.common import (ROOT, choose_peers, job_env, median, peer_env, run_peer, try_peer,
                                twisternet_run)
-from benchmarks import report  # noqa: E402
-from benchmarks.harness import SuiteOptions, SuiteResult, Table  # noqa: E402
-from benchmarks._sort_data import RECORD_BYTES, expected, verify  # noqa: E402
-from benchmarks import _spark_peer  # noqa: E402
-from benchmarks.harness import Target  # noqa: E402
+from benchmarks import report
+from benchmarks.harness import SuiteOptions, SuiteResult, Table
+from benchmarks._sort_data import RECORD_BYTES, expected, verify
+from benchmarks import _spark_peer
+from benchmarks.harness import Target
 
 NAME = "sort"
 DESCRIPTION = ("terasort-like sort of 1 GB of 100-byte records: twisternet KeyedGather (range partitioner, "

@@ -21,8 +21,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import median, run_tagged, twisternet_run  # noqa: E402
-from benchmarks.harness import SuiteOptions, SuiteResult, Table, Target, ratio  # noqa: E402
+from benchmarks.common import median, run_tagged, twisternet_run
+from benchmarks.harness import SuiteOptions, SuiteResult, Table, Target, ratio
 
 NAME = "stragglers"
 DESCRIPTION = ("MapReduce rounds with a 10x straggler per round: classic barrier vs knee-released partial "

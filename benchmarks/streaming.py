@@ -19,9 +19,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import median, mpiexec_run, run_tagged, twisternet_run  # noqa: E402
-from benchmarks import report  # noqa: E402
-from benchmarks.harness import SuiteOptions, SuiteResult, Table, Target  # noqa: E402
+from benchmarks.common import median, mpiexec_run, run_tagged, twisternet_run
+from benchmarks import report
+from benchmarks.harness import SuiteOptions, SuiteResult, Table, Target
 
 NAME = "streaming"
 DESCRIPTION = ("small messages (~16 B) through a streaming KeyedReduce, messages/s per worker: "

@@ -21,7 +21,7 @@ from statistics import median
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import mpiexec_run, run_tagged, twisternet_run  # noqa: E402
+from benchmarks.common import mpiexec_run, run_tagged, twisternet_run
 
 OPS = ("gather", "allgather", "broadcast", "partition")
 

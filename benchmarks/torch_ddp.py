@@ -30,8 +30,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import median, run_tagged, twisternet_run  # noqa: E402
-from benchmarks.harness import SuiteOptions, SuiteResult, Table, Target, ratio  # noqa: E402
+from benchmarks.common import median, run_tagged, twisternet_run
+from benchmarks.harness import SuiteOptions, SuiteResult, Table, Target, ratio
 
 NAME = "torch_ddp"
 DESCRIPTION = ("torch DDP step time (~25M-parameter MLP) and 64 MB all_reduce at 2 and 4 workers: the twisternet "

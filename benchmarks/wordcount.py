@@ -32,12 +32,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 
-from benchmarks.common import (ROOT, choose_peers, job_env, median, peer_env, run_peer, try_peer,  # noqa: E402
+from benchmarks.common import (ROOT, choose_peers, job_env, median, peer_env, run_peer, try_peer,
                                twisternet_run, versus_spark)
-from benchmarks import report  # noqa: E402
-from benchmarks.harness import SuiteOptions, SuiteResult, Table, Target  # noqa: E402
-from wordcount import generated_words  # noqa: E402
-from benchmarks import _spark_peer  # noqa: E402
+from benchmarks import report
+from benchmarks.harness import SuiteOptions, SuiteResult, Table, Target
+from wordcount import generated_words
+from benchmarks import _spark_peer
 
 NAME = "wordcount"
 DESCRIPTION = ("batch KeyedReduce word count of 20M Zipf words: twisternet on W workers vs "

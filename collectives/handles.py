@@ -108,7 +108,7 @@ class Handle:
         if fn is not None:
             try:
                 fn()
-            except Exception:  # noqa: BLE001 - the result stands; a failed close is logged
+            except Exception:  # the result stands; a failed close is logged
                 log.debug("%s: cleanup failed", self.what, exc_info=True)
 
 

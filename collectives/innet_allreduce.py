@@ -259,7 +259,7 @@ class InnetAllReduce:
                                                    ps_port=ps_addr[1], host=host, direct_addrs=directs,
                                                    value_count=values, ecn_threshold=_EXCLUSIVE_ECN)
                 ok[0] = 1
-            except Exception:  # noqa: BLE001 - reported to every rank below, then raised here
+            except Exception:  # reported to every rank below, then raised here
                 log.exception("%s: could not start the in-network switch and PS", op.describe())
         # the rendezvous: nobody sends a gradient before the switch knows every worker's port
         started = self._exchange(ok, timeout)
@@ -299,7 +299,7 @@ class InnetAllReduce:
                     _reserved_ids.add(job_id)
                 self._job_id = job_id
                 head[:] = (job_id, free_udp_port(host), _ip_to_int(host))
-            except Exception:  # noqa: BLE001 - reported to every rank below, then raised here
+            except Exception:  # reported to every rank below, then raised here
                 log.exception("%s: could not reach the in-network switch's P4Runtime server at %s:%d",
                               op.describe(), *control)
         head = self._exchange(head, timeout)
@@ -325,7 +325,7 @@ class InnetAllReduce:
                                             workers=directs)
                 self._placement = self._controller.place_job(job_id, workers, ps_addr)
                 ok[0] = 1
-            except Exception:  # noqa: BLE001 - reported to every rank below, then raised here
+            except Exception:  # reported to every rank below, then raised here
                 log.exception("%s: could not place in-network job %d on the switch at %s:%d",
                               op.describe(), job_id, *sw_addr)
         started = self._exchange(ok, timeout)

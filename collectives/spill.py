@@ -108,7 +108,7 @@ def _dump(records: list) -> bytes:
         import cloudpickle
         try:
             return cloudpickle.dumps(records, protocol=5)
-        except Exception as e:  # noqa: BLE001 - whatever pickling raises, the record cannot be stored
+        except Exception as e:  # whatever pickling raises, the record cannot be stored
             raise CodecError(f"cannot write a record to a spill file: {e}") from e
 
 
@@ -150,7 +150,7 @@ def _blocks(path: str) -> Iterator[list]:
                 raise SpillCorruptionError(f"spill file {path}: checksum mismatch in block {index}")
             try:
                 block = pickle.loads(data)
-            except Exception as e:  # noqa: BLE001 - any failure here means a damaged file
+            except Exception as e:  # any failure here means a damaged file
                 raise SpillCorruptionError(f"spill file {path}: block {index} does not decode: {e}") from e
             yield block
             index += 1

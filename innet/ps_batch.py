@@ -111,7 +111,7 @@ def _complete(ps: ParameterServer, js: _JobState, rows: np.ndarray, hdr: np.ndar
 
 
 # Complexity accepted: one vectorized filter per condition of the fast path, in the reference's order.
-def handle_batch(ps: ParameterServer, rows: np.ndarray, lengths: np.ndarray, keys: np.ndarray,  # noqa: C901
+def handle_batch(ps: ParameterServer, rows: np.ndarray, lengths: np.ndarray, keys: np.ndarray,
                  now: float) -> BatchOutput:
     """Process received packets (rows of a uint8 matrix, their lengths and sender keys) in order; the
     datagrams to send (see the module doc)."""

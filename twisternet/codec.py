@@ -188,7 +188,7 @@ class _Encoder:
         first = len(self.oob)
         try:
             data = pickling.dumps(obj, buffer_callback=self._pickle_buffer)
-        except Exception as e:  # noqa: BLE001 - surface any pickling failure as a codec error
+        except Exception as e:  # surface any pickling failure as a codec error
             del self.oob[first:]
             raise CodecError(f"cannot encode a value of type {t.__qualname__}: {e}") from e
         if len(self.oob) == first:

@@ -33,7 +33,7 @@ def _close_leftover_channels() -> None:
                 return
             log.warning("rank %d: MPI channel was never closed; tearing it down at exit", ch.rank)
             ch._teardown()
-        except Exception:  # noqa: BLE001 - exiting anyway; do not mask the program's own outcome
+        except Exception:  # exiting anyway; do not mask the program's own outcome
             log.exception("error tearing down an MPI channel at exit")
     _OPEN_CHANNELS.clear()
 

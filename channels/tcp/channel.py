@@ -329,14 +329,14 @@ class TCPChannel(TCPReceive, Channel):
         if self.session is not None:
             try:
                 self.session.close()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 log.debug("rank %d: error closing the master session", self.rank, exc_info=True)
 
     def abort(self, reason: str) -> None:
         log.info("rank %d: aborting: %s", self.rank, reason)
         try:
             self._say_abort(reason)
-        except Exception:  # noqa: BLE001 - aborting must finish
+        except Exception:  # aborting must finish
             log.debug("rank %d: could not tell the peers why it aborts", self.rank, exc_info=True)
         self._teardown()
         if self.session is not None:

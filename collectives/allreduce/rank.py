@@ -42,7 +42,7 @@ from ..edges import AR_DOWN, AR_UP, RING
 from ..reduction import own, snapshot
 from ..routing import KaryTree
 from .hierarchical import HierarchicalPath
-from .plumbing import _compatible  # noqa: F401  (re-exported for tests)
+from .plumbing import _compatible  # re-exported for tests
 from .ring import _RingCall
 from .select import choose
 from .tree import TreePath

@@ -149,7 +149,7 @@ class BarrierClient:
                 return
         try:
             p.on_done(result)
-        except Exception:  # noqa: BLE001 - must not kill the transport thread
+        except Exception:  # must not kill the transport thread
             log.exception("barrier client: on_done callback raised")
 
     def close(self) -> None:
@@ -164,7 +164,7 @@ class BarrierClient:
             if p.on_done is not None:
                 try:
                     p.on_done(p.result)
-                except Exception:  # noqa: BLE001
+                except Exception:
                     log.exception("barrier client: on_done callback raised")
 
     @property

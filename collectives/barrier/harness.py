@@ -120,5 +120,5 @@ class LocalBarrierCluster:
                         continue
                     wire = msgpack.packb(reply, use_bin_type=True)
                     self.clients[dst].deliver(msgpack.unpackb(wire, raw=False))
-            except Exception:  # noqa: BLE001 - keep serving; the failure is logged
+            except Exception:  # keep serving; the failure is logged
                 log.exception("barrier harness: service loop error")

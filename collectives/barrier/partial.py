@@ -290,7 +290,7 @@ class PartialBarrierMachine:
         assert self.callback is not None
         try:
             decision = bool(self.callback(label, rank, default))
-        except Exception:  # noqa: BLE001 - a user callback must not break the barrier
+        except Exception:  # a user callback must not break the barrier
             log.exception("barrier %r: enter-callback raised; using the default decision %s", self.name, default)
             decision = default
         if self.callback_timeout is not None:

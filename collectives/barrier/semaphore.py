@@ -130,7 +130,7 @@ class SemaphoreBarrierMachine:
         if self.release_callback is not None:
             try:
                 k = self.release_callback(label, rank, held)
-            except Exception:  # noqa: BLE001 - a user callback must not break the semaphore
+            except Exception:  # a user callback must not break the semaphore
                 log.exception("semaphore %r: release callback raised; using the policy", self.name)
                 k = None
             if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 0):

@@ -26,7 +26,7 @@ class EdgePlumbing(OperationState):
         for e in self._registered:
             try:
                 self.ctx.unregister(e)
-            except Exception:  # noqa: BLE001 - the context may already be closed
+            except Exception:  # the context may already be closed
                 log.debug("unregister of edge %d failed", e, exc_info=True)
         self._registered = []
         if self.ctx.coflows is not None:
@@ -35,7 +35,7 @@ class EdgePlumbing(OperationState):
         release_edge(self.ctx, self.edge)
         try:
             self._release_storage()
-        except Exception:  # noqa: BLE001
+        except Exception:
             log.exception("%s: freeing storage failed", self.describe())
 
     def _register(self, offset: int, fn: Callable[[int, Any], bool], *, activates: bool = True) -> None:

@@ -127,5 +127,5 @@ class KeyedReduceTables(TableOps, UpTreeState):
         return merge_aggregates(partials, keys, spec)
 
 
-def _same(value: Any) -> Any:  # noqa: D103 - identity "copy" for pieces kept as they are
+def _same(value: Any) -> Any:  # identity "copy" for pieces kept as they are
     return value

@@ -97,7 +97,7 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):
                     err_msg.canonical_code = err.code
                     err_msg.message = err.message
                     logger.info("write update failed: %s", err)
-                except Exception as exc:  # noqa: BLE001 - a bug must not kill the batch silently
+                except Exception as exc:  # a bug must not kill the batch silently
                     failed += 1
                     logger.exception("write update raised")
                     err_msg.canonical_code = code_pb2.INTERNAL
@@ -214,7 +214,7 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):
                         outbox.put(self._stream_error(stream_id, req, kind))
             except grpc.RpcError:
                 pass                          # client went away / cancelled
-            except Exception:  # noqa: BLE001
+            except Exception:
                 logger.exception("stream %d: reader failed", stream_id)
             finally:
                 outbox.put(_END)

@@ -10,9 +10,9 @@ import pytest
 
 pa = pytest.importorskip("pyarrow")
 
-from collectives.columnar import (destination_index, row_hashes, sort_by_keys, split_rows,  # noqa: E402
+from collectives.columnar import (destination_index, row_hashes, sort_by_keys, split_rows,
                                   to_table)
-from twisternet.errors import TableSchemaError  # noqa: E402
+from twisternet.errors import TableSchemaError
 
 
 MASK = (1 << 64) - 1

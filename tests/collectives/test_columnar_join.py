@@ -8,9 +8,9 @@ import pytest
 
 pa = pytest.importorskip("pyarrow")
 
-import collectives as C  # noqa: E402
-from twisternet.errors import ConfigError  # noqa: E402
-from twisternet.testing import run_local  # noqa: E402
+import collectives as C
+from twisternet.errors import ConfigError
+from twisternet.testing import run_local
 
 
 def side(name: str, rank: int, n: int) -> pa.Table:

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 pa = pytest.importorskip("pyarrow")
-import pyarrow.compute as pc  # noqa: E402
+import pyarrow.compute as pc
 
 from collectives.columnar import destination_index, sort_by_keys
-from twisternet.errors import TableSchemaError  # noqa: E402
-from twisternet.testing import run_local  # noqa: E402
+from twisternet.errors import TableSchemaError
+from twisternet.testing import run_local
 
 
 @pytest.mark.parametrize("key", ["d", "dec", "b", ["d", "b"]])

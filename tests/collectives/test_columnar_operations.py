@@ -9,12 +9,12 @@ import pytest
 
 pa = pytest.importorskip("pyarrow")
 
-from collectives.columnar import destination_index  # noqa: E402
-from tests.collectives.columnar_expected import check  # noqa: E402
-from twisternet.errors import TableSchemaError, TwisternetError  # noqa: E402
-from twisternet.testing import run_local  # noqa: E402
+from collectives.columnar import destination_index
+from tests.collectives.columnar_expected import check
+from twisternet.errors import TableSchemaError, TwisternetError
+from twisternet.testing import run_local
 
-import tests.collectives.scripts.columnar_job as J  # noqa: E402
+import tests.collectives.scripts.columnar_job as J
 
 
 @pytest.mark.parametrize("op", J.OPS)

@@ -11,8 +11,8 @@ import pytest
 
 pytest.importorskip("pyarrow")
 
-from tests.collectives.launchers import run_script  # noqa: E402
-from tests.collectives.columnar_expected import check  # noqa: E402
+from tests.collectives.launchers import run_script
+from tests.collectives.columnar_expected import check
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "columnar_job.py")
 

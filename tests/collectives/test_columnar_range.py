@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 pa = pytest.importorskip("pyarrow")
-import pyarrow.compute as pc  # noqa: E402
+import pyarrow.compute as pc
 
-from twisternet.testing import run_local  # noqa: E402
+from twisternet.testing import run_local
 
 
 def _fixed_keys(n: int, seed: int) -> pa.Array:

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 pa = pytest.importorskip("pyarrow")
-import pyarrow.compute as pc  # noqa: E402
+import pyarrow.compute as pc
 
-from collectives.columnar_spill import SortedRuns  # noqa: E402
-from tests.jobs import job_env  # noqa: E402
-from twisternet.testing import run_local  # noqa: E402
+from collectives.columnar_spill import SortedRuns
+from tests.jobs import job_env
+from twisternet.testing import run_local
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -9,10 +9,10 @@ import pytest
 
 pa = pytest.importorskip("pyarrow")
 
-from collectives.columnar import destination_index  # noqa: E402
-from twisternet.testing import run_local  # noqa: E402
+from collectives.columnar import destination_index
+from twisternet.testing import run_local
 
-import tests.collectives.scripts.columnar_job as J  # noqa: E402
+import tests.collectives.scripts.columnar_job as J
 
 
 def test_one_huge_send_travels_as_bounded_pieces():

@@ -37,7 +37,7 @@ TYPEDEFS = dict((name, int(w)) for w, name in re.findall(r"typedef\s+bit<(\d+)>\
 def _eval(expr: str) -> int:
     expr = re.sub(r"\b[A-Z_][A-Z0-9_]*\b", lambda m: DEFINES.get(m.group(0), m.group(0)), expr)
     assert re.fullmatch(r"[\d\s*+()-]+", expr), f"cannot evaluate {expr!r}"
-    return int(eval(expr))  # noqa: S307 - digits and arithmetic only (checked above)
+    return int(eval(expr))  # digits and arithmetic only (checked above)
 
 
 def _width(type_text: str) -> int:

@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 
 
-import twisternet as tn  # noqa: E402
-from tests.collectives.scenarios import SCENARIOS  # noqa: E402
-from twisternet.task_plan import TaskPlan  # noqa: E402
+import twisternet as tn
+from tests.collectives.scenarios import SCENARIOS
+from twisternet.task_plan import TaskPlan
 
 
 def main(path: str) -> int:

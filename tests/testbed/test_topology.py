@@ -222,8 +222,8 @@ def test_hierarchical_mismatch_raises_on_every_rank(odd_rank: int) -> None:
 
 
 # ---------------------------------------------------------------------- host-aware trees
-from collectives import routing  # noqa: E402
-from collectives.routing import HostTree, KaryTree, tree_for  # noqa: E402
+from collectives import routing
+from collectives.routing import HostTree, KaryTree, tree_for
 
 
 @pytest.mark.parametrize("root", [0, 3, 7])

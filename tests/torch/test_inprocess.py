@@ -44,10 +44,10 @@ def test_buffer_protocol_array_interface_and_dlpack_objects_are_views() -> None:
         __array_interface__ = base.__array_interface__
 
     class Dl:
-        def __dlpack__(self, **kw):  # noqa: ANN001, ANN003, ANN204
+        def __dlpack__(self, **kw):
             return base.__dlpack__(**kw)
 
-        def __dlpack_device__(self):  # noqa: ANN204
+        def __dlpack_device__(self):
             return base.__dlpack_device__()
     for obj in (Iface(), Dl()):
         v = as_array(obj)

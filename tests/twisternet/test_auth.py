@@ -280,10 +280,10 @@ def test_random_garbage_never_hangs_and_never_passes(garbage: bytes, valid_openi
 
 # --- token rules (twisternet.tokens): weak tokens and readable token files are refused ---------------
 
-from twisternet import cli  # noqa: E402
-from twisternet.config import load_config  # noqa: E402
-from twisternet.errors import ConfigError  # noqa: E402
-from twisternet.tokens import WeakTokenError, new_token, token_problem  # noqa: E402
+from twisternet import cli
+from twisternet.config import load_config
+from twisternet.errors import ConfigError
+from twisternet.tokens import WeakTokenError, new_token, token_problem
 
 
 @pytest.mark.parametrize("weak", ["password", "password1234", "Password!2024", "aaaaaaaaaaaaaaaaaaaa",

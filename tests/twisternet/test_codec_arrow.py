@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 pa = pytest.importorskip("pyarrow")
-from hypothesis import given, settings, strategies as st  # noqa: E402
+from hypothesis import given, settings, strategies as st
 
-from twisternet.codec import Codec  # noqa: E402
-from twisternet.errors import CodecError  # noqa: E402
+from twisternet.codec import Codec
+from twisternet.errors import CodecError
 
 ROOT = Path(__file__).resolve().parents[2]
 

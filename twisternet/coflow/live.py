@@ -241,7 +241,7 @@ class CoflowRuntime:
                         if theirs is not None and len(theirs) == len(rates[cid]):
                             rates[cid] = theirs
                 self._rates = rates
-            except Exception:  # noqa: BLE001 - a failing policy must not stop the data; keep old order
+            except Exception:  # a failing policy must not stop the data; keep old order
                 log.exception("rank %d: coflow policy %s failed; keeping the previous order",
                               self.rank, self.policy_name)
                 self._dirty, self._next = False, now + self.interval

@@ -116,7 +116,7 @@ class ProgressEngine(ContextState):
                     self.channel.wait(timeout)
                 finally:
                     self._sleep_until = float("inf")
-        except BaseException as e:  # noqa: BLE001 - the engine must report, not vanish
+        except BaseException as e:  # the engine must report, not vanish
             log.exception("rank %d: progress engine failed", self.rank)
             with self._lock:
                 if self._failure is None:

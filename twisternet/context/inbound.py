@@ -156,7 +156,7 @@ class Inbound(ContextState):
                             break
                         ref.done_one()
                         i += 1
-                except BaseException as e:  # noqa: BLE001 - a failing handler fails the waiters
+                except BaseException as e:  # a failing handler fails the waiters
                     log.exception("rank %d: handler of edge %d raised", self.rank, key[1])
                     with self._lock:
                         if self._failure is None:

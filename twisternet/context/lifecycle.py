@@ -53,7 +53,7 @@ class Lifecycle(ContextState):
                         self.channel.abort(f"rank {self.rank} failed: {self._failure!r}")
                     else:
                         self.channel.close(max(0.5, min(deadline - time.monotonic(), self.config.peer_timeout)))
-                except Exception:  # noqa: BLE001 - closing must finish; log what went wrong
+                except Exception:  # closing must finish; log what went wrong
                     log.exception("rank %d: error while closing the channel", self.rank)
             with self._lock:
                 for s in self._out.values():
@@ -80,7 +80,7 @@ class Lifecycle(ContextState):
             while time.monotonic() < deadline and (pending() or self.channel.has_pending()):
                 self._pump()
                 self.channel.progress(0.005)
-        except Exception:  # noqa: BLE001 - best effort on the way out
+        except Exception:  # best effort on the way out
             log.debug("rank %d: flushing loss notices failed", self.rank, exc_info=True)
 
     def _linger(self, deadline: float) -> None:

@@ -52,7 +52,7 @@ class PeerLoss(ContextState):
         for r in live:
             try:
                 self._send(r, _CAUSE_EDGE, [peer, reason], block=False, timeout=0.0, closing=True, force=True)
-            except Exception:  # noqa: BLE001 - best effort: the loss itself is reported regardless
+            except Exception:  # best effort: the loss itself is reported regardless
                 log.debug("rank %d: could not tell rank %d of the loss", self.rank, r, exc_info=True)
         with self._lock:    # now, not after the flush delay: this rank may fail and exit any moment
             for r in live:

@@ -39,7 +39,7 @@ class ProcessGroupTwisternet(dist.ProcessGroup):
         self._p2p = _PointToPoint(ctx, self.state, self.global_ranks)
 
     # ------------------------------------------------------------------ identity
-    def getBackendName(self) -> str:  # noqa: N802 - torch's name
+    def getBackendName(self) -> str:  # torch's name
         return BACKEND_NAME
 
     def _g(self, group_rank: int, what: str) -> int:

@@ -57,6 +57,6 @@ def _close_owned() -> None:
             from collectives.handles import stop_engine
             stop_engine(ctx)
             ctx.close()
-        except Exception:  # noqa: BLE001 - at exit, best effort
+        except Exception:  # at exit, best effort
             log.debug("closing the twisternet Context failed", exc_info=True)
 

@@ -18,13 +18,13 @@ elif SCENARIO == "selfinit":
     import mpi4py
     mpi4py.rc.initialize = False
 
-from tests.channels.mpi_scenarios import endings  # noqa: E402
-from tests.channels.mpi_scenarios import failures  # noqa: E402
-from tests.channels.mpi_scenarios import flow  # noqa: E402
-from tests.channels.mpi_scenarios import placement  # noqa: E402
-from tests.channels.mpi_scenarios import slot_scenarios  # noqa: E402
-from tests.channels.mpi_scenarios import threads_init  # noqa: E402
-from tests.channels.mpi_scenarios import transfers  # noqa: E402
+from tests.channels.mpi_scenarios import endings
+from tests.channels.mpi_scenarios import failures
+from tests.channels.mpi_scenarios import flow
+from tests.channels.mpi_scenarios import placement
+from tests.channels.mpi_scenarios import slot_scenarios
+from tests.channels.mpi_scenarios import threads_init
+from tests.channels.mpi_scenarios import transfers
 
 SCENARIOS = {name[len("scenario_"):]: fn
              for module in (transfers, placement, slot_scenarios, flow, endings, failures, threads_init)

@@ -12,10 +12,10 @@ import tracemalloc
 
 import numpy as np
 
-import pyarrow as pa  # noqa: E402
+import pyarrow as pa
 
-import twisternet as tn  # noqa: E402
-import collectives as C  # noqa: E402
+import twisternet as tn
+import collectives as C
 
 
 def main() -> None:

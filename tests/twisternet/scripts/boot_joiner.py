@@ -10,7 +10,7 @@ import sys
 import time
 
 
-from twisternet.bootstrap import join  # noqa: E402
+from twisternet.bootstrap import join
 
 
 def main() -> int:

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 
-from twisternet.bootstrap import join  # noqa: E402
+from twisternet.bootstrap import join
 
 
 def main() -> int:
