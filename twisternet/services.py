@@ -255,7 +255,8 @@ class ServiceLink:
         return True
 
     def _reply(self, rank: int, name: str, msg: dict[str, Any]) -> None:
-        self.ctx.send(rank, REPLY_EDGE, (name, msg))
+        # also while this rank's close() lingers: the host's timer thread may fire for peers still waiting
+        self.ctx.send_while_leaving(rank, REPLY_EDGE, (name, msg))
 
     # every rank
     def _on_reply(self, src: int, obj: Any) -> bool:

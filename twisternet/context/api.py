@@ -214,6 +214,12 @@ class Context(Outbound, OwnSend, ProgressEngine, Inbound, PeerLoss, Lifecycle):
         """Send ``obj`` to ``dst_rank`` on ``edge``; blocks under back pressure (see module doc)."""
         self._send(dst_rank, edge, obj, block=True, timeout=timeout)
 
+    def send_while_leaving(self, dst_rank: int, edge: int, obj: Any, *, timeout: float | None = None) -> None:
+        """Like :meth:`send`, and also while :meth:`close` lingers for the peers to leave: for the
+        coordinator services this rank hosts, whose timer threads answer peers that still wait on them
+        (:meth:`send` refuses a closed context on any thread but the engine's)."""
+        self._send(dst_rank, edge, obj, block=True, timeout=timeout, closing=True)
+
     def isend(self, dst_rank: int, edge: int, obj: Any, *, timeout: float | None = None) -> SendHandle:
         """Start a send and return at once with its :class:`SendHandle` (still blocks under back pressure).
 

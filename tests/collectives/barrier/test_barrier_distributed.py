@@ -2,6 +2,7 @@
 
 import importlib.util
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -81,3 +82,29 @@ def test_enter_callback_installed_on_the_hosting_rank_forces_the_fire():
     assert out[0] == out[1] == ("FIRE", ["t0", "t1"], "CALLBACK")
     assert out[2][0] == "LATE_FIRE" and out[2][1] == ["t0", "t1"]
     assert sorted(label for label, _ in seen) == ["t0", "t1"] and not any(d for _, d in seen)
+
+
+def test_coordinator_answers_while_its_rank_is_leaving():
+    """Rank 0 hosts the barrier service (as under MPI) and is already in close(), lingering for the
+    others, when rank 1's barrier fires on its timeout. That fire comes from the service's timer thread,
+    and its release must still reach rank 1: it used to be refused there ("context is closed"), and
+    rank 1 waited until its own limit (the series caught it under MPI, where rank 0 left right after
+    its own release)."""
+    closing = threading.Event()
+    contexts = {}
+
+    def job(ctx):
+        contexts[ctx.rank] = ctx
+        b = PartialBarrier(ctx, "leaving", max=ctx.world, timeout=0.2)
+        if ctx.rank == 0:
+            closing.set()
+            ctx.close()
+            return None
+        assert closing.wait(30), "rank 0 never started to close"
+        while not contexts[0].closed:     # close() marks the context closed first, then lingers
+            time.sleep(0.001)
+        rel = b.enter("t1", wait=30)
+        return rel.status.name, sorted(rel.fire.passed), rel.fire.reason.name
+
+    out = run_local(2, job, timeout=60)
+    assert out[1] == ("FIRE", ["t1"], "TIMEOUT")
