@@ -175,12 +175,14 @@ def test_dead_peer_fails_waiters_fast() -> None:
 
     def body(ctx):
         op = C.KeyedGather(ctx, None, [0], 1, key_type="int", timeout=30)
-        op.send(ctx.rank, 1, "x")
         if ctx.rank == 1:
+            op.send(ctx.rank, 1, "x")
             raise RuntimeError("worker 1 crashed")
         t = time.monotonic()
         try:
-            # the loss may be known already at finish(), or only while rank 0 waits for its results
+            # the loss may be known already at the send (rank 1 may crash first), at finish(), or
+            # only while rank 0 waits for its results
+            op.send(ctx.rank, 1, "x")
             op.finish(ctx.rank)
             if ctx.rank == 0:
                 list(op.results())
