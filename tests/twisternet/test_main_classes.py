@@ -4,6 +4,7 @@ the same script, by value otherwise; a pickled object's large arrays travel out 
 from __future__ import annotations
 
 import re
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -11,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.jobs import run_mpi, run_tcp
+from tests.jobs import lines, run_mpi, run_tcp
 from twisternet import pickling
 from twisternet.codec import Codec, join
 
@@ -88,9 +89,10 @@ def test_a_pickled_objects_large_arrays_go_out_of_band() -> None:
         Codec(allow_pickle=False).decode(rec)
 
 
-def _check(out: list[str], world: int) -> None:
-    parts = [l for l in out if l.startswith("PARTS ")]
-    got = [l for l in out if l.startswith("GOT ")]
+def _check(p: subprocess.CompletedProcess, world: int) -> None:
+    parts = lines(p, "PARTS ")     # (lines() splits the ranks' lines that mpiexec glued together)
+    got = lines(p, "GOT ")
+    out = parts + got
     assert len(parts) == world and all("oob=1" in l for l in parts), out
     assert all(int(re.search(r"inband=(\d+)", l).group(1)) < 1 << 20 for l in parts), out
     assert len(got) == world, out
@@ -102,11 +104,11 @@ def _check(out: list[str], world: int) -> None:
 def test_script_classes_arrive_as_the_receivers_own_under_twisternet_run() -> None:
     p = run_tcp(2, SCRIPT, timeout=240)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
-    _check([l.split("] ", 1)[1] for l in p.stdout.splitlines() if "] " in l], 2)
+    _check(p, 2)
 
 
 @pytest.mark.timeout(300)
 def test_script_classes_arrive_as_the_receivers_own_under_mpiexec(mpiexec: str) -> None:
     p = run_mpi(2, SCRIPT, timeout=240)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
-    _check(p.stdout.splitlines(), 2)
+    _check(p, 2)
