@@ -11,11 +11,9 @@ encoder's (a peer without this path reads them), and decoded arrays are copies, 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
-
 import numpy as np
 
-Buffer = Any    # bytes-like: what an encoder returns as parts
+from .channel import Buffer
 
 #: Kinds (dtype, shape) remembered at most, each way; the tables are emptied when full.
 _KINDS = 256
