@@ -340,12 +340,11 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Requ
         return (0 <= peer < self.world and not self._sendq[peer] and not self._credit_ledger.inflight((peer, edge))
                 and peer not in self._slot_deferred)
 
-    #: Off for now. With the core writing small records through send_small, a partial barrier's release
-    #: to one rank was lost in 2 of 8 runs under heavy load: the release came from rank 0's service
-    #: timer thread after rank 0 had entered close(), and Context.send refused it there. That is fixed
-    #: (Context.send_while_leaving; send_small only changed the timing), and 12 of 12 runs passed with
-    #: both; this stays off until a full test series has run with it on. Its channel scenario runs.
-    can_send_small = False
+    #: On. It was off for a while: with the core writing small records through send_small, a partial
+    #: barrier's release to one rank was lost in 2 of 8 runs under heavy load. The release came from
+    #: rank 0's service timer thread after rank 0 had entered close(), and Context.send refused it
+    #: there; send_small only changed the timing. That is fixed (Context.send_while_leaving).
+    can_send_small = True
 
     def send_small(self, peer: int, edge: int, parts: Sequence[Buffer], nbytes: int) -> bool:
         # One eager Isend of a copy (send() of an eager message copies its parts), if idle (see idle).
