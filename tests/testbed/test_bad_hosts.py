@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import time
 from pathlib import Path
 
@@ -67,7 +68,7 @@ def unreachable(testbed: Testbed) -> tuple[Testbed, JobResult, float]:
     testbed.link_down(1)
     try:
         job = testbed.start_twisternet_job(LOOP, ["2"], env=ENV)
-        res = job.wait(CONNECT_TIMEOUT + 60)
+        res = job.wait(CONNECT_TIMEOUT + 60, dump_signal=signal.SIGUSR1)
     finally:
         testbed.link_up(1)
     return testbed, res, job.started
@@ -103,7 +104,7 @@ def test_unreachable_master_master_exits(unreachable) -> None:
 def wrong_token(testbed: Testbed) -> tuple[Testbed, JobResult, float]:
     """A job whose last worker (the second on host 1) holds a different job token."""
     job = testbed.start_twisternet_job(LOOP, ["2"], env=ENV, worker_tokens={3: "not-the-job-token-0123"})
-    return testbed, job.wait(CONNECT_TIMEOUT + 60), job.started
+    return testbed, job.wait(CONNECT_TIMEOUT + 60, dump_signal=signal.SIGUSR1), job.started
 
 
 def test_wrong_token_every_worker_ends(wrong_token) -> None:
@@ -140,7 +141,7 @@ def link_drop(testbed: Testbed) -> tuple[Testbed, JobResult, float, dict[int, in
             c.wait_for_line(re.compile(r"STEP rank=\d+ i=3\b"), 120)
         down = time.monotonic()
         testbed.link_down(1)
-        res = job.wait(down - job.started + PEER_TIMEOUT + 60)
+        res = job.wait(down - job.started + PEER_TIMEOUT + 60, dump_signal=signal.SIGUSR1)
     finally:
         job.stop()
         testbed.link_up(1)
@@ -198,7 +199,7 @@ def test_link_drop_under_mpich_ends_the_job(testbed: Testbed) -> None:
         job.main[0].wait_for_line(re.compile(r"STEP rank=\d+ i=3\b"), 120)
         down = time.monotonic()
         testbed.link_down(1)
-        res = job.wait(down - job.started + PEER_TIMEOUT + 60)
+        res = job.wait(down - job.started + PEER_TIMEOUT + 60, dump_signal=signal.SIGUSR1)
         left = _job_processes(LOOP)
         deadline = time.monotonic() + SLACK
         while left and time.monotonic() < deadline:

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -178,3 +181,36 @@ def test_sigterm_removes_everything() -> None:
     p.terminate()
     assert p.wait(60) == 128 + 15
     assert leftovers(prefix) == []
+
+
+def test_a_timed_out_job_dumps_the_stacks_of_its_python_processes() -> None:
+    """``Job.wait(dump_signal=...)``: a job past its deadline first shows where each process that asked
+    for dumps is stuck (its faulthandler output is in the result), then is killed. No testbed needed:
+    the job is one local process."""
+    from twisternet.testbed.processes import Job, OutputCollector
+
+    script = ("import faulthandler, signal, threading\n"
+              "faulthandler.register(signal.SIGUSR1, all_threads=True)\n"
+              "def blocked_here():\n"
+              "    print('READY', flush=True)\n"
+              "    threading.Event().wait()\n"
+              "blocked_here()\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    ended = threading.Event()
+
+    class Host:  # what Job needs of a Testbed
+        def counters(self) -> dict:
+            return {}
+
+        def _job_ended(self, job: Job) -> None:
+            ended.set()
+
+    collector = OutputCollector(proc, 0, "worker", 0)
+    job = Job(Host(), [collector])  # type: ignore[arg-type]
+    collector.wait_for_line(re.compile("READY"), 60)
+    res = job.wait(0.0, dump_signal=signal.SIGUSR1)
+    assert res.timed_out and ended.is_set()
+    err = res.procs[0].stderr
+    assert "Current thread 0x" in err and "blocked_here" in err, err
+    assert proc.poll() is not None, "the job was not killed after its dump"

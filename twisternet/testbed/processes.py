@@ -80,6 +80,44 @@ class OutputCollector:
                               "".join(self.err), None if self.killed else self.ended)
 
 
+#: Seconds :meth:`Job.wait` gives the stack dumps of a timed-out job to reach its collectors.
+DUMP_GRACE = 5.0
+
+
+def _descendants(pid: int) -> list[int]:
+    """``pid`` and every process below it (namespaces share the process table here)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children.get(p, []))
+    return out
+
+
+def _catches(pid: int, signum: int) -> bool:
+    """Whether ``pid`` is a Python process with a handler for ``signum`` (SigCgt in /proc/PID/status)."""
+    try:
+        if "python" not in os.path.basename(os.readlink(f"/proc/{pid}/exe")):
+            return False
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    except (OSError, ValueError):
+        pass
+    return False
+
+
 def kill_tree(proc: subprocess.Popen) -> None:
     """SIGKILL the process group ``proc`` leads (every job process is started in its own group)."""
     try:
@@ -108,8 +146,12 @@ class Job:
         """Every process of the job, helpers (master / mpiexec's proxies) first."""
         return self.helpers + self.main
 
-    def wait(self, timeout: float) -> JobResult:
-        """Wait up to ``timeout`` s for the main processes; then stop everything and report."""
+    def wait(self, timeout: float, *, dump_signal: int | None = None) -> JobResult:
+        """Wait up to ``timeout`` s for the main processes; then stop everything and report.
+
+        ``dump_signal``: when the job times out, first send this signal to every process of the job
+        whose program registered a stack dump for it (``faulthandler.register``), and give their
+        output up to :data:`DUMP_GRACE` s to arrive, so the report shows where each one was stuck."""
         deadline = self.started + timeout
         timed_out = False
         for c in self.main:
@@ -119,6 +161,8 @@ class Job:
                 timed_out = True
                 break
         seconds = time.monotonic() - self.started
+        if timed_out and dump_signal is not None:
+            self._dump_stacks(dump_signal)
         after = self.testbed.counters()
         for c in self.helpers:          # a master ends by itself once its workers are gone
             try:
@@ -127,6 +171,27 @@ class Job:
                 pass
         self.stop()
         return JobResult([c.result() for c in self.collectors], seconds, timed_out, self.before, after)
+
+    def _dump_stacks(self, signum: int) -> None:
+        """Signal the job's processes that catch ``signum`` to dump their stacks; wait for the dumps."""
+        pids = [pid for c in self.collectors for pid in _descendants(c.proc.pid) if _catches(pid, signum)]
+        for pid in pids:
+            try:
+                os.kill(pid, signum)
+            except (ProcessLookupError, PermissionError):
+                pass
+        if not pids:
+            return
+        # Each faulthandler dump names the thread that ran the handler once ("Current thread 0x...",
+        # the others "Thread 0x..."): wait until there are as many dumps as signalled processes.
+        header = re.compile(r"^Current thread 0x", re.M)
+        deadline = time.monotonic() + DUMP_GRACE
+        while time.monotonic() < deadline:
+            seen = sum(len(header.findall("".join(c.err) + "".join(c.out))) for c in self.collectors)
+            if seen >= len(pids):
+                break
+            with self.collectors[0].cond:
+                self.collectors[0].cond.wait(0.2)  # woken by new output of the first collector
 
     def stop(self) -> None:
         """Kill every process of the job that still runs (their ``ended`` stays None: they did not exit)."""

@@ -9,6 +9,8 @@ completed step) before exiting with status 3.
 
 from __future__ import annotations
 
+import faulthandler
+import signal
 import socket
 import sys
 import time
@@ -20,6 +22,7 @@ from collectives import AllReduce
 
 
 def main() -> int:
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # a timed-out test asks where we are
     seconds = float(sys.argv[1])
     size = int(sys.argv[2]) if len(sys.argv) > 2 else 1 << 16
     host = socket.gethostname()
