@@ -31,6 +31,7 @@ from .records import _CtrlRecv, _DataRecv, _Incoming, _PreRecv, _Release, _Send
 from .rendezvous import RendezvousMixin
 from .requests import _MAX_POSTED_SENDS, RequestsMixin, RequestTable
 from .slots import SlotsMixin
+from .watchdog import ProgressWatchdog
 from .wire import (
     _CREDIT_ENTRY,
     _CTRL_BUF_SIZE,
@@ -182,6 +183,8 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Requ
         self._beat_sent = [0.0] * self.world
         self._beat_busy = [False] * self.world
         self._next_liveness = float("inf")
+        self._liveness_at = time.monotonic()
+        self._watchdog: ProgressWatchdog | None = None
 
         # Peer state.
         self._bye_from: set[int] = set()
@@ -262,7 +265,11 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Requ
         self._heard = [now] * self.world
         self._beat_sent = [now] * self.world
         self._next_liveness = now + min(self._hb_interval, _LIVENESS_TICK)
+        self._liveness_at = now
         self._started = True
+        if self.config.progress == "thread":   # a progress thread runs the liveness pass every tick
+            self._watchdog = ProgressWatchdog(self, 2 * self._peer_timeout)
+            self._watchdog.start()
         log.debug("MPI channel rank %d/%d started (thread level %s, %d eager receives per peer)",
                   self.rank, self.world, _level_name(MPI, self.thread_level), self._recvs_per_peer)
 

@@ -97,6 +97,7 @@ class LivenessMixin(MPIChannelState):
         send no more heartbeats (a peer may free its communicator right after it has all goodbyes)
         and check nobody (close() bounds that wait itself)."""
         self._next_liveness = now + min(self._hb_interval, _LIVENESS_TICK)
+        self._liveness_at = now     # read by the watchdog (.watchdog)
         if self._bye_sent:
             return
         watched = [p for p in range(self.world)
@@ -154,6 +155,8 @@ class LivenessMixin(MPIChannelState):
         """Cancel pre-posted receives, drop what is left and free the communicator."""
         MPI = self._MPI
         self._closed = True
+        if self._watchdog is not None:
+            self._watchdog.stop()
         for q in self._sendq:  # never handed to MPI: just drop them
             while q:
                 self._unaccount_send(q.popleft()[2], False)

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from .credit import CreditLedger, CreditReturns
     from .records import _BulkRecv, _CtrlRecv, _DataRecv, _Incoming, _PreRecv, _Release, _Send
     from .requests import RequestTable
+    from .watchdog import ProgressWatchdog
 
 
 class MPIChannelState:
@@ -101,6 +102,8 @@ class MPIChannelState:
     _beat_sent: list[float]
     _beat_busy: list[bool]
     _next_liveness: float
+    _liveness_at: float
+    _watchdog: ProgressWatchdog | None
     _bye_from: set[int]
     _bye_sent: bool
     _lost: dict[int, str]

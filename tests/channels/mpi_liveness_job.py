@@ -12,6 +12,10 @@ error): the job must still end, since the frozen rank never exits by itself.
 ``idle SECONDS``: rank 1's main thread sleeps that long (past peer_timeout) before it sends; nobody
 may be reported lost, since its progress thread keeps sending heartbeats.
 
+``wedge``: rank 0's progress gets stuck in a poll, as in an MPI call that never returns (MPICH's OFI
+netmod retrying a send to a cut-off host). Only rank 0 runs with ``mpi_abort_on_error``: the others
+catch its loss, print ``LOST``, and wait to be killed. Only rank 0's watchdog can end the job.
+
 ``uncaught``: rank 1 raises ValueError while the others wait for a message from it: the job must end
 at once with a non-zero exit. ``uncaught-in-with``: the same inside ``with ctx:``.
 """
@@ -21,6 +25,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -28,7 +33,10 @@ import twisternet as tn
 from twisternet.errors import PeerLostError
 
 mode = sys.argv[1]
-ctx = tn.init()
+if mode == "wedge":    # the others must not end the job themselves (see the module docstring)
+    ctx = tn.init(mpi_abort_on_error=os.environ.get("PMI_RANK") == "0")
+else:
+    ctx = tn.init()
 got: list[tuple[int, object]] = []
 ctx.register(1, lambda src, obj: got.append((src, obj)) or True)
 for peer in range(ctx.world):
@@ -69,6 +77,23 @@ elif mode == "idle":
     else:
         ctx.wait_until(lambda: any(obj == ("late", 1) for _, obj in got), timeout=120)
     print(f"ALIVE rank={ctx.rank}", flush=True)
+elif mode == "wedge":
+    if ctx.rank == 0:
+        never = threading.Event()
+
+        def stuck_poll() -> bool:
+            never.wait()         # holds the poll lock for good, as a stuck MPI call inside a poll would
+            return False
+        ctx.channel._poll = stuck_poll  # type: ignore[method-assign]
+        time.sleep(120)
+        sys.exit("rank 0 was never aborted")
+    t0 = time.monotonic()
+    try:
+        ctx.wait_until(lambda: len(got) > ctx.world - 1)
+    except PeerLostError as e:
+        print(f"LOST rank={ctx.rank} lost={e.rank} after={time.monotonic() - t0:.2f}", flush=True)
+    time.sleep(120)
+    sys.exit(4)
 elif mode == "uncaught":
     if ctx.rank == 1:
         raise ValueError("deliberate failure on rank 1")

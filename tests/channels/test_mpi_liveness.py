@@ -59,6 +59,24 @@ def test_a_frozen_rank_is_lost_by_heartbeat_and_the_job_ends(tmp_path: Path, mod
     assert_no_segments_left(out)
 
 
+@pytest.mark.timeout(150)
+def test_a_rank_stuck_inside_mpi_ends_the_job_by_its_watchdog() -> None:
+    """A rank whose progress is stuck (in an MPI call that never returns) cannot run its liveness pass,
+    raise or send heartbeats; its watchdog ends the job after 2 x peer_timeout, naming the silent ranks
+    and printing every thread's stack. The other ranks run without abort-on-error here, so nothing
+    else could end the job before their 120 s sleep."""
+    rc, out, err, took = run_liveness_job(["wedge"], timeout=100,
+                                          TWISTERNET_PEER_TIMEOUT=str(PEER_TIMEOUT),
+                                          TWISTERNET_HEARTBEAT_INTERVAL="0.5")
+    assert out.count("READY") == 3, out + err[-3000:]
+    assert rc != 0, f"mpiexec exited 0\n{out}\n{err[-3000:]}"
+    assert "rank 0: the MPI channel's progress has been stuck" in err, err[-3000:]
+    assert "MPI_Abort" in err and "stuck_poll" in err, err[-3000:]   # the stacks show where
+    assert "never aborted" not in err
+    assert took < 90, f"the job took {took:.0f}s to end"
+    assert_no_segments_left(out)
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("mode", ["uncaught", "uncaught-in-with"])
 def test_an_uncaught_exception_on_one_rank_ends_the_job_promptly(mode: str) -> None:
