@@ -164,7 +164,7 @@ class JobLauncher:
         """
         k = ranks_per_host or self.ranks_per_host
         job_env = self.job_env(env)
-        cmd = [self.mpiexec(), "-launcher", "manual", "-iface", "eth0", "-hosts", ",".join(self.addresses),
+        cmd = [self.mpiexec(), "-launcher", "manual", "-iface", "eth0", "-hosts", ",".join(self.addresses[:self.hosts]),
                "-n", str(k * self.hosts), "-ppn", str(k), *self.mpich_env(netmod),
                "-genv", "PYTHONPATH", job_env["PYTHONPATH"], *mpiexec_args, *argv]
         hydra = OutputCollector(self.popen(0, cmd, env=job_env, cwd=REPO), 0, "mpiexec", 0)
