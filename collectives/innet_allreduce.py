@@ -22,7 +22,9 @@ values are quantized from float64; values that would overflow int32 go to the PS
 Packet width and window: ``innet_values`` (default ATP's 62) sets the values per packet of the switch,
 PS and workers the operation starts (the first rank's value; wider packets cut a software switch's
 per-packet work, docs/innet-performance.md); the worker window holds about 2 MB of fragments, and that
-switch, serving only this job, does not ECN-mark. With a shared switch ``innet_values`` must stay 62.
+switch, serving only this job, does not ECN-mark. A shared switch has its own width, which the first
+rank reads from the P4Info it serves (``P4RuntimeController.packet_values``) and shares; an
+``innet_values`` other than the default that differs from it is a ConfigError on every rank.
 
 Host: the workers bind the ``innet_host`` config key (default 127.0.0.1; in a TCP job left at that
 default: the address the host uses to reach the bootstrap master); the switch and PS run on the first
@@ -212,7 +214,6 @@ class InnetAllReduce:
     def _setup(self, timeout: float) -> None:
         from innet import InnetJob, InnetService
         from innet.service import free_udp_port
-        from innet.wire import DEFAULT_VALUE_COUNT
 
         rar = self.rar
         op = rar.op
@@ -223,10 +224,6 @@ class InnetAllReduce:
         config = op.ctx.config
         host = _innet_host(config)
         if config.innet_switch:
-            if config.innet_values != DEFAULT_VALUE_COUNT:
-                raise ConfigError("innet_values", f"{config.innet_values} applies to a switch the operation "
-                                  f"starts; the shared switch at {config.innet_switch} (innet_switch) carries "
-                                  f"{DEFAULT_VALUE_COUNT} values per packet")
             self._setup_shared(host, parse_address(config.innet_switch), parse_address(config.innet_p4runtime),
                                timeout)
             return
@@ -278,6 +275,7 @@ class InnetAllReduce:
         """Set up on a running switch (``innet_switch``), placing the job through P4Runtime."""
         from innet import InnetJob
         from innet.service import free_udp_port, start_ps
+        from innet.wire import DEFAULT_VALUE_COUNT
 
         rar = self.rar
         op = rar.op
@@ -286,7 +284,8 @@ class InnetAllReduce:
         me = rar.ranks.index(op.rank)
         first = me == 0
 
-        head = np.zeros(3, np.int64)          # (job id, PS port, PS host); a job id of 0 reports a failure
+        # (job id, PS port, PS host, packet width); a job id of 0 reports a failure
+        head = np.zeros(4, np.int64)
         if first:
             try:
                 from innet.controller import P4RuntimeController
@@ -298,7 +297,8 @@ class InnetAllReduce:
                     job_id = self._controller.free_job_id(exclude=_reserved_ids)
                     _reserved_ids.add(job_id)
                 self._job_id = job_id
-                head[:] = (job_id, free_udp_port(host), _ip_to_int(host))
+                values = self._controller.packet_values()
+                head[:] = (job_id, free_udp_port(host), _ip_to_int(host), values)
             except Exception:  # reported to every rank below, then raised here
                 log.exception("%s: could not reach the in-network switch's P4Runtime server at %s:%d",
                               op.describe(), *control)
@@ -309,8 +309,15 @@ class InnetAllReduce:
             raise RuntimeError(f"{op.describe()}: rank {rar.ranks[0]} could not get a job id from the "
                                f"in-network switch's P4Runtime server at {control[0]}:{control[1]} (see its log)")
         ps_addr = (_int_to_ip(head[2]), ps_port)
+        values = int(head[3])
+        if config.innet_values not in (DEFAULT_VALUE_COUNT, values):
+            self.close()
+            raise ConfigError("innet_values", f"{config.innet_values} values per packet, but the shared switch "
+                              f"at {sw_addr[0]}:{sw_addr[1]} (innet_switch) carries {values} (read from its "
+                              "P4Info); leave innet_values unset to use the switch's width")
 
-        self.job = InnetJob(job_id, me, world, sw_addr, ps_addr, bind=(host, 0))
+        self.job = InnetJob(job_id, me, world, sw_addr, ps_addr, bind=(host, 0), value_count=values,
+                            **_window_for(values))
         workers, directs = self._share_addresses(me, world, timeout)
         try:
             _check_reachable(op.describe(), rar.ranks, sw_addr[0], workers, self._machines)
@@ -322,7 +329,7 @@ class InnetAllReduce:
         if first:
             try:
                 self._ps_proc, _ = start_ps(job_id, world, sw_addr, host=host, port=ps_port,
-                                            workers=directs)
+                                            workers=directs, value_count=values)
                 self._placement = self._controller.place_job(job_id, workers, ps_addr)
                 ok[0] = 1
             except Exception:  # reported to every rank below, then raised here
@@ -337,8 +344,8 @@ class InnetAllReduce:
             self._finalizer = weakref.finalize(self, _release_shared, self._controller, self._placement,
                                                self._ps_proc, job_id)
             atexit.register(self._finalizer)
-        log.info("%s: in-network job %d on the shared switch %s, PS %s, %d workers", op.describe(), job_id,
-                 sw_addr, ps_addr, world)
+        log.info("%s: in-network job %d on the shared switch %s, PS %s, %d workers, %d values per packet",
+                 op.describe(), job_id, sw_addr, ps_addr, world, values)
 
     def kill_switch(self) -> None:
         """Kill the switch process (fate-sharing tests); only on the rank that started it."""
