@@ -65,16 +65,18 @@ class Testbed(JobLauncher):
 
     ``rate`` is a tc rate ("1gbit", "100mbit") or None for unshaped veths; ``ranks_per_host`` (k) is the
     default number of ranks per host of the jobs it starts. ``service_hosts`` (S) more hosts, numbered
-    H..H+S-1, get no ranks of the jobs and links shaped to ``service_rate`` (None: unshaped): where a
-    switch or a PS runs (``tb.run``/``tb.popen`` take their numbers). ``keep=True`` makes a testbed that outlives
-    this process (``twisternet testbed up``): it is not swept as stale and is removed by ``down``.
+    H..H+S-1, get no ranks of the jobs and links shaped to ``service_rate`` (None: unshaped; or one rate
+    per service host): where a switch or a PS runs (``tb.run``/``tb.popen`` take their numbers).
+    ``keep=True`` makes a testbed that outlives this process (``twisternet testbed up``): it is not swept
+    as stale and is removed by ``down``.
     """
 
     __test__ = False  # not a pytest class
 
     def __init__(self, hosts: int = 2, ranks_per_host: int = 1, rate: str | None = "1gbit", *,
                  burst: str = "256kb", latency: str = "50ms", shm_size: str = "2g", keep: bool = False,
-                 prefix: str | None = None, service_hosts: int = 0, service_rate: str | None = None) -> None:
+                 prefix: str | None = None, service_hosts: int = 0,
+                 service_rate: str | None | Sequence[str | None] = None) -> None:
         if hosts < 1 or hosts > 200:
             raise TestbedError(f"hosts must be in 1..200, got {hosts}")
         if service_hosts < 0 or hosts + service_hosts > 200:
@@ -84,7 +86,12 @@ class Testbed(JobLauncher):
         self.hosts = hosts
         self.ranks_per_host = ranks_per_host
         self.rate = rate
-        self.service_hosts, self.service_rate = service_hosts, service_rate
+        self.service_hosts = service_hosts
+        rates = [service_rate] * service_hosts if service_rate is None or isinstance(service_rate, str) \
+            else list(service_rate)
+        if len(rates) != service_hosts:
+            raise TestbedError(f"service_rate: {len(rates)} rates for {service_hosts} service hosts")
+        self.service_rates: list[str | None] = rates
         self.burst, self.latency, self.shm_size = burst, latency, shm_size
         self.keep = keep
         self.prefix = prefix or f"{PREFIX_ROOT}-{'keep' if keep else os.getpid()}-{secrets.token_hex(3)}"
@@ -180,7 +187,7 @@ class Testbed(JobLauncher):
     def _write_state(self) -> None:
         (self.state / "state.json").write_text(json.dumps({
             "prefix": self.prefix, "hosts": self.hosts, "ranks_per_host": self.ranks_per_host, "rate": self.rate,
-            "service_hosts": self.service_hosts, "service_rate": self.service_rate,
+            "service_hosts": self.service_hosts, "service_rate": self.service_rates,
             "burst": self.burst, "latency": self.latency, "owner": "keep" if self.keep else os.getpid(),
             "tmp": str(self.tmp)}))
 
@@ -259,7 +266,7 @@ class Testbed(JobLauncher):
 
     def link_rate(self, host: int) -> str | None:
         """The rate ``host``'s link is shaped to (None: unshaped)."""
-        return self.rate if host < self.hosts else self.service_rate
+        return self.rate if host < self.hosts else self.service_rates[host - self.hosts]
 
     # -------------------------------------------------------------------------------- links
     def counters(self) -> dict[int, LinkCounters]:
