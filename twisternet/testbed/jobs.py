@@ -131,10 +131,12 @@ class JobLauncher:
         return job
 
     def start_innet_switch(self, host: int, token: str, *, values: int = 62, port: int = 9100,
-                           p4runtime_port: int = 9101, python: str | None = None) -> tuple[Job, dict[str, str]]:
+                           p4runtime_port: int = 9101, ecn_threshold: int | None = None,
+                           python: str | None = None) -> tuple[Job, dict[str, str]]:
         """An ATP software switch with its P4Runtime server (``twisternet switch``) on ``host`` (a
         service host, as a shared switch of a cluster), bound to that host's address, ``values`` wide,
-        its P4Runtime token derived from the job token ``token`` (a 0600 file, never the command line).
+        its P4Runtime token derived from the job token ``token`` (a 0600 file, never the command line);
+        ``ecn_threshold``: the switch's (``twisternet switch --ecn-threshold``; None: its default).
 
         Returns the running job (stopped with the testbed) and the environment that points a
         twisternet job at it (``TWISTERNET_INNET_SWITCH`` / ``TWISTERNET_INNET_P4RUNTIME``); start the
@@ -148,6 +150,8 @@ class JobLauncher:
         argv = [python or sys.executable, "-m", "twisternet", "switch", "--host", address, "--port", str(port),
                 "--values", str(values), "--p4runtime-port", str(p4runtime_port),
                 "--p4runtime-token-file", str(token_file)]
+        if ecn_threshold is not None:
+            argv += ["--ecn-threshold", str(ecn_threshold)]
         job = self.start_processes([(host, argv)])
         collector = job.main[0]
         try:
