@@ -381,7 +381,7 @@ def job_config_from_dict(d: Mapping[str, Any]) -> PSJobConfig:
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI (``twisternet ps``): ``--port P --values V --config JSON`` ({"jobs": [...]}, file or inline);
     ``--control-port C --control-token-file F`` also takes jobs at run time (``innet.ps_control``)."""
-    ap = argparse.ArgumentParser(prog="innet-ps", description="ATP parameter server (UDP)")
+    ap = argparse.ArgumentParser(prog="twisternet ps", description="ATP parameter server (UDP)")
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--values", type=int, default=DEFAULT_VALUE_COUNT)
