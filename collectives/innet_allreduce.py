@@ -22,7 +22,9 @@ values are quantized from float64; values that would overflow int32 go to the PS
 Packet width and window: ``innet_values`` (default ATP's 62) sets the values per packet of the switch,
 PS and workers the operation starts (the first rank's value; wider packets cut a software switch's
 per-packet work, docs/innet-performance.md); the worker window holds about 2 MB of fragments, and that
-switch, serving only this job, does not ECN-mark. With a shared switch ``innet_values`` must stay 62.
+switch, serving only this job, does not ECN-mark. A shared switch has its own width, which the first
+rank reads from the P4Info it serves (``P4RuntimeController.packet_values``) and shares; an
+``innet_values`` other than the default that differs from it is a ConfigError on every rank.
 
 Host: the workers bind the ``innet_host`` config key (default 127.0.0.1; in a TCP job left at that
 default: the address the host uses to reach the bootstrap master); the switch and PS run on the first
@@ -34,12 +36,15 @@ A shared switch: when the config keys ``innet_switch`` (its UDP ``host:port``) a
 beside the job -- no switch is started; the first rank starts only the PS and places the job on that
 switch through P4Runtime (``innet.controller``, with the token derived from the job token: a random free
 job id, free port numbers, the member entries, the multicast group and the job entry), and removes it
-again when the operation closes.
+again when the operation closes. With ``innet_ps`` too (the control address of a standing PS, ``twisternet
+ps``: a server of its own, as in ATP) it starts no PS either but registers the job there
+(``innet.ps_control``), so no worker's link also carries the PS's traffic.
 """
 
 from __future__ import annotations
 
 import atexit
+import functools
 import hashlib
 import logging
 import secrets
@@ -128,18 +133,40 @@ _reserved_ids: set[int] = set()      # job ids this process holds on a shared sw
 _reserved_lock = threading.Lock()
 
 
-def _release_shared(controller: Any, placement: Any, ps_proc: Any, job_id: int) -> None:
-    """Take a job off the shared switch, stop its PS and free its id (idempotent enough for atexit)."""
+def _release_shared(controller: Any, placement: Any, ps_stop: Any, job_id: int) -> None:
+    """Take a job off the shared switch, stop its PS (``ps_stop()``) and free its id (idempotent enough
+    for atexit)."""
     try:
         if controller is not None and placement is not None:
             controller.remove_job(placement)
     except Exception as err:  # noqa: BLE001 - the switch may be gone already; nothing else to do
         log.warning("could not remove in-network job %d from the switch: %s", job_id, err)
-    if ps_proc is not None:
-        from innet.service import stop_process
-        stop_process(ps_proc)
+    if ps_stop is not None:
+        try:
+            ps_stop()
+        except Exception as err:  # noqa: BLE001 - the PS may be gone already; nothing else to do
+            log.warning("could not remove in-network job %d from its parameter server: %s", job_id, err)
     with _reserved_lock:
         _reserved_ids.discard(job_id)
+
+
+def _standing_ps_info(address: tuple[str, int], token: str | None) -> tuple[str, int, int]:
+    """A standing PS's UDP host, port and packet width (``innet.ps_control``)."""
+    from innet.ps_control import ps_request
+    answer = ps_request(address, token or "", "info")
+    host, port = answer["address"]
+    return str(host), int(port), int(answer["values"])
+
+
+def _standing_ps_add(address: tuple[str, int], token: str | None, job_id: int, world: int,
+                     switch: tuple[str, int], directs: list[tuple[str, int]]) -> Any:
+    """Register a job on a standing PS; returns what removes it again."""
+    from innet.ps_control import ps_request
+    from innet.service import DEFAULT_SCALE
+    job = {"job_id": job_id, "world": world, "scale": DEFAULT_SCALE, "switch": list(switch),
+           "workers": [list(a) for a in directs]}
+    ps_request(address, token or "", "add", job=job)
+    return functools.partial(ps_request, address, token or "", "remove", job_id=job_id)
 
 
 class InnetAllReduce:
@@ -153,7 +180,7 @@ class InnetAllReduce:
         # shared-switch mode, on the first rank only
         self._controller: Any = None
         self._placement: Any = None
-        self._ps_proc: Any = None
+        self._ps_stop: Any = None         # stops this job's PS (a process, or its job on a standing PS)
         self._job_id = 0
         self._machines: list[int] = []
 
@@ -212,7 +239,6 @@ class InnetAllReduce:
     def _setup(self, timeout: float) -> None:
         from innet import InnetJob, InnetService
         from innet.service import free_udp_port
-        from innet.wire import DEFAULT_VALUE_COUNT
 
         rar = self.rar
         op = rar.op
@@ -223,10 +249,6 @@ class InnetAllReduce:
         config = op.ctx.config
         host = _innet_host(config)
         if config.innet_switch:
-            if config.innet_values != DEFAULT_VALUE_COUNT:
-                raise ConfigError("innet_values", f"{config.innet_values} applies to a switch the operation "
-                                  f"starts; the shared switch at {config.innet_switch} (innet_switch) carries "
-                                  f"{DEFAULT_VALUE_COUNT} values per packet")
             self._setup_shared(host, parse_address(config.innet_switch), parse_address(config.innet_p4runtime),
                                timeout)
             return
@@ -277,7 +299,8 @@ class InnetAllReduce:
                       timeout: float) -> None:
         """Set up on a running switch (``innet_switch``), placing the job through P4Runtime."""
         from innet import InnetJob
-        from innet.service import free_udp_port, start_ps
+        from innet.service import free_udp_port, start_ps, stop_process
+        from innet.wire import DEFAULT_VALUE_COUNT
 
         rar = self.rar
         op = rar.op
@@ -286,31 +309,50 @@ class InnetAllReduce:
         me = rar.ranks.index(op.rank)
         first = me == 0
 
-        head = np.zeros(3, np.int64)          # (job id, PS port, PS host); a job id of 0 reports a failure
+        # a standing PS (innet_ps) takes the job, or the first rank starts one on its own host
+        standing = parse_address(config.innet_ps) if config.innet_ps else None
+        token = None
+        if config.token_bytes:
+            from innet.tokens import p4runtime_token
+            token = p4runtime_token(config.token_bytes)
+        where = f"P4Runtime server at {control[0]}:{control[1]}" + (
+            f" or the parameter server at {standing[0]}:{standing[1]} (innet_ps)" if standing else "")
+        # (job id, PS port, PS host, packet width); a job id of 0 reports a failure
+        head = np.zeros(4, np.int64)
         if first:
             try:
                 from innet.controller import P4RuntimeController
-                from innet.p4runtime.auth import p4runtime_token
-                job_token = config.token_bytes
-                self._controller = P4RuntimeController(
-                    f"{control[0]}:{control[1]}", token=p4runtime_token(job_token) if job_token else None)
+                self._controller = P4RuntimeController(f"{control[0]}:{control[1]}", token=token)
                 with _reserved_lock:
                     job_id = self._controller.free_job_id(exclude=_reserved_ids)
                     _reserved_ids.add(job_id)
                 self._job_id = job_id
-                head[:] = (job_id, free_udp_port(host), _ip_to_int(host))
+                values = self._controller.packet_values()
+                ps_host, ps_port = host, free_udp_port(host)
+                if standing is not None:
+                    ps_host, ps_port, ps_values = _standing_ps_info(standing, token)
+                    if ps_values != values:
+                        raise ConfigError("innet_ps", f"the parameter server at {standing[0]}:{standing[1]} "
+                                          f"takes {ps_values} values per packet, the switch {values}")
+                head[:] = (job_id, ps_port, _ip_to_int(ps_host), values)
             except Exception:  # reported to every rank below, then raised here
-                log.exception("%s: could not reach the in-network switch's P4Runtime server at %s:%d",
-                              op.describe(), *control)
+                log.exception("%s: could not set up with the in-network switch's %s", op.describe(), where)
         head = self._exchange(head, timeout)
         job_id, ps_port = int(head[0]), int(head[1])
         if job_id == 0:
             self.close()
-            raise RuntimeError(f"{op.describe()}: rank {rar.ranks[0]} could not get a job id from the "
-                               f"in-network switch's P4Runtime server at {control[0]}:{control[1]} (see its log)")
+            raise RuntimeError(f"{op.describe()}: rank {rar.ranks[0]} could not get a job id and packet width "
+                               f"from the in-network switch's {where} (see its log)")
         ps_addr = (_int_to_ip(head[2]), ps_port)
+        values = int(head[3])
+        if config.innet_values not in (DEFAULT_VALUE_COUNT, values):
+            self.close()
+            raise ConfigError("innet_values", f"{config.innet_values} values per packet, but the shared switch "
+                              f"at {sw_addr[0]}:{sw_addr[1]} (innet_switch) carries {values} (read from its "
+                              "P4Info); leave innet_values unset to use the switch's width")
 
-        self.job = InnetJob(job_id, me, world, sw_addr, ps_addr, bind=(host, 0))
+        self.job = InnetJob(job_id, me, world, sw_addr, ps_addr, bind=(host, 0), value_count=values,
+                            **_window_for(values))
         workers, directs = self._share_addresses(me, world, timeout)
         try:
             _check_reachable(op.describe(), rar.ranks, sw_addr[0], workers, self._machines)
@@ -321,8 +363,12 @@ class InnetAllReduce:
         ok = np.zeros(1, np.int64)
         if first:
             try:
-                self._ps_proc, _ = start_ps(job_id, world, sw_addr, host=host, port=ps_port,
-                                            workers=directs)
+                if standing is not None:
+                    self._ps_stop = _standing_ps_add(standing, token, job_id, world, sw_addr, directs)
+                else:
+                    ps_proc, _ = start_ps(job_id, world, sw_addr, host=host, port=ps_port, workers=directs,
+                                          value_count=values)
+                    self._ps_stop = functools.partial(stop_process, ps_proc)
                 self._placement = self._controller.place_job(job_id, workers, ps_addr)
                 ok[0] = 1
             except Exception:  # reported to every rank below, then raised here
@@ -335,10 +381,10 @@ class InnetAllReduce:
                                f"{job_id} on the in-network switch at {sw_addr[0]}:{sw_addr[1]} (see its log)")
         if first:
             self._finalizer = weakref.finalize(self, _release_shared, self._controller, self._placement,
-                                               self._ps_proc, job_id)
+                                               self._ps_stop, job_id)
             atexit.register(self._finalizer)
-        log.info("%s: in-network job %d on the shared switch %s, PS %s, %d workers", op.describe(), job_id,
-                 sw_addr, ps_addr, world)
+        log.info("%s: in-network job %d on the shared switch %s, PS %s, %d workers, %d values per packet",
+                 op.describe(), job_id, sw_addr, ps_addr, world, values)
 
     def kill_switch(self) -> None:
         """Kill the switch process (fate-sharing tests); only on the rank that started it."""
@@ -354,6 +400,6 @@ class InnetAllReduce:
         elif self.service is not None:
             self.service.close()
         elif self._controller is not None:   # a shared-switch set-up that failed half-way
-            _release_shared(self._controller, self._placement, self._ps_proc, self._job_id)
+            _release_shared(self._controller, self._placement, self._ps_stop, self._job_id)
         self.service = None
-        self._controller = self._placement = self._ps_proc = None
+        self._controller = self._placement = self._ps_stop = None

@@ -32,7 +32,7 @@ import grpc
 from .p4runtime.auth import authenticated_channel
 from .p4runtime.bytestrings import decode_uint, encode_uint
 from .p4runtime.protos import code_pb2, p4runtime_pb2 as pb, p4runtime_pb2_grpc, status_pb2
-from .p4runtime.schema import load_p4info
+from .p4runtime.schema import load_p4info, packet_values
 from .wire import MAX_FAN_IN
 
 __all__ = ["ControllerError", "JobPlacement", "P4RuntimeController"]
@@ -224,6 +224,25 @@ class P4RuntimeController:
             return free[secrets.randbelow(len(free))]
         raise ControllerError(f"switch at {self.address} has no free job id (all "
                               f"{(1 << self._job_bits) - 1} in use)")
+
+    def packet_values(self) -> int:
+        """The switch's packet width (int32 values per packet), read from the P4Info it serves
+        (``agg_values`` cells per aggregator slot: 62 on ATP's hardware program, ``--values`` on a
+        software switch). Every worker and PS of a job placed here must use it."""
+        RT = pb.GetForwardingPipelineConfigRequest
+        channel = authenticated_channel(self.address, self.token)
+        try:
+            resp = p4runtime_pb2_grpc.P4RuntimeStub(channel).GetForwardingPipelineConfig(
+                RT(device_id=self.device_id, response_type=RT.P4INFO_AND_COOKIE), timeout=self.timeout)
+        except grpc.RpcError as err:
+            raise ControllerError(f"P4Runtime switch at {self.address} did not give its pipeline: "
+                                  f"{err.details() or err}") from None
+        finally:
+            channel.close()
+        try:
+            return packet_values(resp.config.p4info)
+        except ValueError as err:
+            raise ControllerError(f"P4Runtime switch at {self.address}: {err}") from None
 
     def job_ids(self) -> set[int]:
         """The job ids that have a ``job_table`` entry on the switch."""

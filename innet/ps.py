@@ -199,6 +199,11 @@ class ParameterServer:
         with self._lock:
             self._jobs[cfg.job_id] = _JobState(cfg)
 
+    def has_job(self, job_id: int) -> bool:
+        """Whether the PS serves a job of this id."""
+        with self._lock:
+            return job_id in self._jobs
+
     def remove_job(self, job_id: int) -> None:
         with self._lock:
             self._jobs.pop(job_id, None)
@@ -374,12 +379,17 @@ def job_config_from_dict(d: Mapping[str, Any]) -> PSJobConfig:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """CLI: ``python -m innet.ps --port P --values V --config JSON`` ({"jobs": [...]}, file or inline)."""
-    ap = argparse.ArgumentParser(prog="innet-ps", description="ATP parameter server (UDP)")
+    """CLI (``twisternet ps``): ``--port P --values V --config JSON`` ({"jobs": [...]}, file or inline);
+    ``--control-port C --control-token-file F`` also takes jobs at run time (``innet.ps_control``)."""
+    ap = argparse.ArgumentParser(prog="twisternet ps", description="ATP parameter server (UDP)")
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--values", type=int, default=DEFAULT_VALUE_COUNT)
     ap.add_argument("--config", default=None, help='JSON {"jobs": [{job_id, world, scale, switch, ...}]}')
+    ap.add_argument("--control-port", type=int, default=None,
+                    help="serve job placement on this TCP port (innet.ps_control; needs --control-token-file)")
+    ap.add_argument("--control-token-file", default=None, metavar="PATH",
+                    help="file whose first line is the token every control request must carry")
     ap.add_argument("--lifeline", action="store_true", help="exit when stdin reaches end of file")
     ap.add_argument("--parent-pid", type=int, default=None, help="exit when this parent process is gone")
     ap.add_argument("--parent-death-signal", action="store_true",
@@ -398,16 +408,32 @@ def main(argv: Sequence[str] | None = None) -> int:
                 server.add_job(job_config_from_dict(j))
         except (KeyError, TypeError, ValueError) as e:
             ap.error(f"bad --config: {e}")
+    control = None
+    if args.control_port is not None:
+        if args.control_token_file is None:
+            ap.error("--control-port needs --control-token-file")
+        from .ps_control import PSControlServer
+        from .tokens import read_token_file
+        try:
+            control = PSControlServer(server, args.host, args.control_port,
+                                      read_token_file(args.control_token_file))
+        except (OSError, ValueError) as e:
+            ap.error(f"--control-port: {e}")
     signal.signal(signal.SIGTERM, lambda *_: server.stop())
     from .switch_server import start_lifelines
     start_lifelines(args, server.stop)
     host, port = server.address
     sys.stdout.write(f"atp ps listening on udp {host}:{port}\n")
+    if control is not None:
+        sys.stdout.write(f"ps control on {control.address[0]}:{control.address[1]}\n")
     sys.stdout.flush()
     try:
         server.run()
     except KeyboardInterrupt:
         pass
+    finally:
+        if control is not None:
+            control.close()
     return 0
 
 

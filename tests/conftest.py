@@ -23,7 +23,7 @@ import os
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -99,15 +99,16 @@ def run_job() -> Callable[..., subprocess.CompletedProcess]:
 def emulated_cluster() -> Iterator[Callable[..., Testbed]]:
     """A factory of emulated clusters: ``emulated_cluster(hosts=2, ranks_per_host=2, rate="1gbit")``
     builds a :class:`twisternet.testbed.Testbed` (one network namespace per host, shaped links) and
-    brings it up; all are removed when the test ends. Skips, printing why, when namespaces cannot be
-    made here (not root, no ``ip``/``tc``/``unshare``/``nsenter``, or unshare refused)."""
+    brings it up (other keywords go to Testbed, e.g. ``service_hosts``); all are removed when the test
+    ends. Skips, printing why, when namespaces cannot be made here (not root, no ``ip``/``tc``/
+    ``unshare``/``nsenter``, or unshare refused)."""
     require_emulated_cluster()
     from twisternet.testbed import Testbed
 
     made: list[Testbed] = []
 
-    def make(hosts: int = 2, ranks_per_host: int = 2, rate: str | None = "1gbit") -> Testbed:
-        tb = Testbed(hosts=hosts, ranks_per_host=ranks_per_host, rate=rate)
+    def make(hosts: int = 2, ranks_per_host: int = 2, rate: str | None = "1gbit", **kw: Any) -> Testbed:
+        tb = Testbed(hosts=hosts, ranks_per_host=ranks_per_host, rate=rate, **kw)
         made.append(tb)
         return tb.up()
     try:

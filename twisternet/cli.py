@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 #: Sub-commands implemented elsewhere: name -> ("module:function", what it is).
 DELEGATES: dict[str, tuple[str, str]] = {
     "switch": ("innet.switch_server:main", "the in-network aggregation (ATP) software switch"),
+    "ps": ("innet.ps:main", "a standing ATP parameter server (jobs placed with innet_ps)"),
     "coflow-sim": ("twisternet.coflow.cli:main", "the trace-driven coflow scheduling simulator"),
     "coflow-gen": ("twisternet.coflow.cli:gen_main", "the coflow trace generator"),
     "bench": ("benchmarks.__main__:main", "the benchmarks"),

@@ -190,6 +190,9 @@ class Config:
     innet_switch: str = ""
     #: P4Runtime HOST:PORT of that switch: the operation places its job there as a controller would.
     innet_p4runtime: str = ""
+    #: Control HOST:PORT of a standing parameter server (``twisternet ps --control-port``) for the jobs
+    #: placed on that switch ("" = the first rank starts a PS on its own host). Needs ``innet_switch``.
+    innet_ps: str = ""
     #: Values per ATP packet (ATP: 62 int32 = 264-byte packets). A software switch this job starts can
     #: take wider fragments (up to 16000 values), which cut the per-packet work (docs/innet-performance.md).
     innet_values: int = 62
@@ -263,13 +266,16 @@ def _validate(c: Config) -> None:  # noqa: C901
 
     if c.master is not None:
         host_port("master", "HOST:PORT")
-    for k in ("innet_switch", "innet_p4runtime"):
+    for k in ("innet_switch", "innet_p4runtime", "innet_ps"):
         if getattr(c, k):
             host_port(k, "HOST:PORT or empty")
     if bool(c.innet_switch) != bool(c.innet_p4runtime):
         raise ConfigError("innet_switch" if not c.innet_switch else "innet_p4runtime",
                           "innet_switch and innet_p4runtime go together (a shared switch is placed on "
                           "through its P4Runtime server)")
+    if c.innet_ps and not c.innet_switch:
+        raise ConfigError("innet_ps", "a standing PS serves jobs placed on a shared switch: set innet_switch "
+                                      "and innet_p4runtime too")
     if not c.innet_host:
         raise ConfigError("innet_host", "must not be empty")
     if not 1 <= c.innet_values <= 16000:

@@ -182,3 +182,30 @@ def _resolve_table(alias, binding, tables, actions, actions_by_name, problems) -
         id=t.preamble.id, name=t.preamble.name, alias=alias,
         key=FieldSpec(mf.id, mf.name, mf.bitwidth), action_id=action.preamble.id, params=params,
         default_action_id=default_id, size=t.size, binding=binding)
+
+
+def packet_values(p4info: p4info_pb2.P4Info) -> int:
+    """Values per packet of the pipeline ``p4info`` describes: ``agg_values`` holds that many cells per
+    aggregator slot (``agg_job_seq``: one), as ``atp.p4`` compiled with ``VALUE_COUNT`` lays them out.
+
+    This is how a controller learns a software switch's packet width (``--values``) from the P4Info it
+    serves; ValueError if the P4Info lacks the registers or their sizes do not divide."""
+    sizes = {short_name(r.preamble): r.size for r in p4info.registers}
+    slots, cells = sizes.get("agg_job_seq", 0), sizes.get("agg_values", 0)
+    if slots < 1 or cells < slots or cells % slots:
+        raise ValueError(f"P4Info registers agg_job_seq ({slots}) and agg_values ({cells}) do not give a "
+                         "packet width")
+    return cells // slots
+
+
+def with_packet_values(p4info: p4info_pb2.P4Info, values: int) -> p4info_pb2.P4Info:
+    """A copy of ``p4info`` describing ``values``-wide packets (``agg_values`` resized to match)."""
+    out = p4info_pb2.P4Info()
+    out.CopyFrom(p4info)
+    slots = next((r.size for r in out.registers if short_name(r.preamble) == "agg_job_seq"), 0)
+    for r in out.registers:
+        if short_name(r.preamble) == "agg_values" and slots:
+            r.size = slots * values
+            r.preamble.doc.brief = ("Aggregator values, int32 two's complement; "
+                                    f"index = slot * {values} + lane")
+    return out

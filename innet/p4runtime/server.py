@@ -26,7 +26,7 @@ from .auth import TokenInterceptor
 from .entities import EntityStore
 from .errors import P4RuntimeError, invalid_argument, not_found
 from .protos import code_pb2, p4runtime_pb2, p4runtime_pb2_grpc, status_pb2
-from .schema import AtpSchema, load_p4info
+from .schema import AtpSchema, load_p4info, with_packet_values
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +59,7 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):
             raise ValueError("device_id must be a positive integer (0 is invalid in P4Runtime)")
         self.device_id = device_id
         self.arbitrator = Arbitrator(device_id)
+        schema = AtpSchema.from_p4info(with_packet_values(schema.p4info, int(switch.value_count)))
         self.store = EntityStore(switch, schema)
         self._config = p4runtime_pb2.ForwardingPipelineConfig()
         self._config.p4info.CopyFrom(schema.p4info)
@@ -70,6 +71,12 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):
     def _check_device(self, device_id: int) -> None:
         if device_id != self.device_id:
             raise not_found(f"unknown device_id {device_id} (this switch is device {self.device_id})")
+
+    def _device_p4info(self, p4info):
+        """``p4info`` with this switch's packet width (``agg_values`` cells per slot): a software switch's
+        width is fixed when it starts (``--values``), and controllers read it from the P4Info served
+        (``innet.p4runtime.schema.packet_values``)."""
+        return with_packet_values(p4info, int(self.store.switch.value_count))
 
     @staticmethod
     def _abort(context: grpc.ServicerContext, err: P4RuntimeError) -> None:
@@ -166,9 +173,11 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):
     def _install(self, config, schema: AtpSchema, clear: bool) -> None:
         if clear:
             self.store.clear_forwarding_state()
+        schema = AtpSchema.from_p4info(self._device_p4info(schema.p4info))
         self.store.schema = schema
         self._config = p4runtime_pb2.ForwardingPipelineConfig()
         self._config.CopyFrom(config)
+        self._config.p4info.CopyFrom(schema.p4info)
         logger.info("forwarding pipeline '%s' installed (%s)", schema.p4info.pkg_info.name or "?",
                     "state cleared" if clear else "state kept")
 

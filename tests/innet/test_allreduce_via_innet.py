@@ -260,9 +260,11 @@ def test_innet_values_out_of_range_is_a_config_error() -> None:
 
 
 @pytest.mark.timeout(120)
-def test_innet_values_with_a_shared_switch_is_a_config_error_on_every_rank() -> None:
-    """A shared switch carries its own width: a wider innet_values would be dropped there as the wrong
-    size (a hang until the timeout), so every rank refuses it at once."""
+def test_innet_values_unlike_the_shared_switchs_is_a_config_error_on_every_rank() -> None:
+    """A shared switch carries its own width (read from its P4Info): a different innet_values would be
+    dropped there as the wrong size (a hang until the timeout), so every rank refuses it at once."""
+    from innet.service import start_switch
+
     def body(ctx):
         with C.AllReduce(ctx, edge=9, op="sum", via="innet") as op:
             try:
@@ -271,6 +273,42 @@ def test_innet_values_with_a_shared_switch_is_a_config_error_on_every_rank() -> 
                 return str(e)
             return "no error"
 
-    res = run_local(2, body, timeout=60, innet_values=1000, innet_switch="127.0.0.1:9",
-                    innet_p4runtime="127.0.0.1:9")
-    assert all("innet_values" in r and "shared switch" in r for r in res), res
+    switch = start_switch("127.0.0.1")                     # 62 values, P4Runtime without a token
+    try:
+        res = run_local(2, body, timeout=60, innet_values=1000,
+                        innet_switch="{}:{}".format(*switch.udp_addr),
+                        innet_p4runtime="{}:{}".format(*switch.p4runtime_addr))
+    finally:
+        switch.close()
+    assert all("innet_values" in r and "shared switch" in r and "carries 62" in r for r in res), res
+
+
+@pytest.mark.timeout(180)
+def test_a_shared_switchs_width_is_read_from_its_p4info() -> None:
+    """innet_values left unset: the job takes a wide shared switch's width (negotiated through the
+    controller), and the results are exact within the bound."""
+    from innet.service import start_switch
+
+    world, size, width = 3, 20_000, 300
+
+    def value(r: int) -> np.ndarray:
+        return (np.random.default_rng([r, size]).standard_normal(size) * 20).astype(np.float32)
+
+    def body(ctx):
+        with C.AllReduce(ctx, edge=9, op="sum", via="innet") as op:
+            out = [op.allreduce(value(ctx.rank)) for _ in range(2)]
+            path = op._rank_allreduce.innet
+            return out, path.job.worker.value_count, path.last_stats.fallback
+
+    switch = start_switch("127.0.0.1", value_count=width)
+    try:
+        res = run_local(world, body, timeout=150, innet_switch="{}:{}".format(*switch.udp_addr),
+                        innet_p4runtime="{}:{}".format(*switch.p4runtime_addr))
+    finally:
+        switch.close()
+    ref = sum(value(r).astype(np.float64) for r in range(world))
+    bound = error_bound(ref, DEFAULT_SCALE, world)
+    for out, values, fallback in res:
+        assert values == width and not fallback
+        for got in out:
+            assert (np.abs(got - ref) <= bound).all()

@@ -13,6 +13,7 @@ import pytest
 
 from innet.p4runtime import serve
 from innet.p4runtime.protos import p4info_pb2, p4runtime_pb2 as pb
+from innet.p4runtime.schema import packet_values, with_packet_values
 
 from tests.innet.fake_switch import FakeSwitch
 from tests.innet.p4runtime_client import (P4INFO, RPC_TIMEOUT, group_update, job_update)
@@ -22,11 +23,14 @@ pytestmark = pytest.mark.timeout(60)
 
 # ----------------------------------------------------------------------------- pipeline config
 def test_get_pipeline_returns_the_loaded_p4info(rig):
-    _, _, primary, _ = rig
+    switch, _, primary, _ = rig
     RT = pb.GetForwardingPipelineConfigRequest
     resp = primary.stub.GetForwardingPipelineConfig(
         RT(device_id=1, response_type=RT.P4INFO_AND_COOKIE), timeout=RPC_TIMEOUT)
-    assert resp.config.p4info == P4INFO
+    # the loaded P4Info, its agg_values sized for this switch's packet width (the rig's: 4 values)
+    assert switch.value_count == 4 and packet_values(P4INFO) == 62
+    assert resp.config.p4info == with_packet_values(P4INFO, switch.value_count)
+    assert packet_values(resp.config.p4info) == 4
     with pytest.raises(grpc.RpcError) as info:
         primary.stub.GetForwardingPipelineConfig(RT(device_id=2), timeout=RPC_TIMEOUT)
     assert info.value.code() == grpc.StatusCode.NOT_FOUND

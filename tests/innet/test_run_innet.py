@@ -63,6 +63,17 @@ def test_place_and_remove_a_job(switch_and_controller) -> None:
     assert not switch.read_ports() and not list(switch.read_jobs()) and not list(switch.read_mcast_groups())
 
 
+def test_the_controller_reads_the_switchs_packet_width(switch_and_controller) -> None:
+    switch, ctl = switch_and_controller
+    assert ctl.packet_values() == switch.value_count == 4
+    wide = SoftwareSwitch(num_aggregators=16, value_count=364)
+    server = serve(wide, 0)
+    try:
+        assert P4RuntimeController(server.address, timeout=5.0).packet_values() == 364
+    finally:
+        server.stop(grace=0)
+
+
 def test_free_job_ids_are_random_and_free(switch_and_controller) -> None:
     """Ids are not predictable (not the lowest free one) and never one in use or excluded."""
     _, ctl = switch_and_controller

@@ -44,3 +44,30 @@ def test_quick_cluster_suite(tmp_path) -> None:
     assert [r[0] for r in table["rows"]] == ["1 KB", "64 KB"]
     assert all(isinstance(v, float) and v > 0 for r in table["rows"] for v in r[1:4])
     assert "2 hosts x 1 rank(s) per host" in table["title"]
+
+
+def test_innet_theory_counts_frames_and_headers() -> None:
+    from benchmarks.cluster_innet import parse_size, theory
+    assert parse_size("64M") == 64 << 20 and parse_size("1k") == 1024
+    t = theory(64 << 20, 4, "100mbit", 364)         # 364 values: one 1500-byte datagram per 1456 bytes
+    assert t["innet"] == pytest.approx((64 << 20) / 12.5e6) and t["ring"] == pytest.approx(1.5 * t["innet"])
+    assert t["innet_wire"] == pytest.approx(t["innet"] * 1514 / 1456)
+    assert t["ring_wire"] == pytest.approx(t["ring"] * 1514 / 1448)
+    wide = theory(64 << 20, 4, "100mbit", 2048)     # 8236-byte datagrams: 6 IP fragments, 5 more IP headers
+    assert wide["innet_wire"] == pytest.approx(wide["innet"] * (8236 + 6 * 14 + 5 * 20) / 8192)
+
+
+@pytest.mark.timeout(400)
+def test_innet_cluster_benchmark_runs(tmp_path) -> None:
+    """The cross-host in-network benchmark runs end to end on 2 hosts (its figures are not checked)."""
+    require_emulated_cluster()
+    out = tmp_path / "r.json"
+    p = subprocess.run([sys.executable, "benchmarks/cluster_innet.py", "--hosts", "2", "--size", "1M", "--reps", "1",
+                        "--repeat", "1", "--vias", "ring", "--json", str(out)], env=job_env(), capture_output=True,
+                       text=True, timeout=380, cwd=ROOT)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert sorted(res["launches"]) == ["innet", "ring"]
+    for runs in res["launches"].values():
+        assert len(runs) == 1 and runs[0]["slowest_median_s"] > 0 and runs[0]["worst"] <= 1.0
+    assert "x best without the switch (ring)" in p.stdout and "target:" in p.stdout

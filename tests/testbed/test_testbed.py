@@ -104,6 +104,38 @@ def test_contiguous_ranks_put_host_h_on_ranks_hk_to_hk_plus_k(testbed: Testbed, 
     assert where == {str(r): testbed.hostnames[r // k] for r in range(testbed.hosts * k)}, where
 
 
+def test_service_hosts_get_no_ranks_and_their_own_link_rate(emulated_cluster, tmp_path) -> None:
+    """A service host (a switch's or a PS's) is a host like the others on the bridge, with its own link
+    rate (here one unshaped, one at 200 Mbit/s, the rank hosts at 100 Mbit/s), and jobs put no rank there."""
+    tb = emulated_cluster(hosts=2, ranks_per_host=1, rate="100mbit", service_hosts=2, service_rate=[None, "200mbit"])
+    svc = tb.service_host_ids[0]
+    assert tb.service_host_ids == [2, 3] and tb.hostnames[2:] == ["svc0", "svc1"]
+    rates = {0: "rate 100Mbit", 1: "rate 100Mbit", 2: None, 3: "rate 200Mbit"}
+    for h, ns in enumerate(tb.namespaces):
+        host_side = subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "show", "dev", "eth0"],
+                                   capture_output=True, text=True).stdout
+        bridge_side = subprocess.run(["ip", "netns", "exec", tb.bridge_ns, "tc", "qdisc", "show", "dev", f"v{h}"],
+                                     capture_output=True, text=True).stdout
+        for out in (host_side, bridge_side):
+            want = rates[h]
+            assert ("tbf" in out) == (want is not None) and (want is None or want in out), (h, out)
+    assert tb.run(svc, ["hostname"], check=True).stdout.strip() == "svc0"
+    server = [sys.executable, "-c", "import socket; s = socket.create_server(('0.0.0.0', 47002)); "
+              "print('LISTENING', flush=True); s.settimeout(60)\nwhile True: s.accept()[0].close()"]
+    srv = tb.popen(svc, server)
+    try:
+        assert srv.stdout.readline().strip() == "LISTENING"
+        client = [sys.executable, "-c", f"import socket; socket.create_connection(('{tb.addresses[svc]}', 47002), "
+                  "timeout=5).close(); print('CONNECTED')"]
+        assert "CONNECTED" in tb.run(1, client).stdout
+    finally:
+        srv.kill()
+        srv.wait()
+    res = tb.twisternet_job(Path(__file__).parent / "scripts" / "whoami.py", timeout=120).check()
+    assert sorted(p.host for p in res.workers) == [0, 1], res.describe()
+    assert [h["role"] for h in tb.status()["hosts"]] == ["ranks", "ranks", "service", "service"]
+
+
 def test_everything_is_removed_on_error_and_interrupt() -> None:
     require_emulated_cluster()
     for exc in (RuntimeError, KeyboardInterrupt):

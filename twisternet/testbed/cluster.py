@@ -5,7 +5,9 @@ in a namespace of its own), an address in ``10.77.0.0/24`` that exists only insi
 its own mount and UTS namespaces, so it has its own hostname (``host0``, ``host1``, ...) and its own
 ``/dev/shm`` (a tmpfs): host detection in twisternet and MPICH sees H separate machines and the ranks of
 different hosts talk over the links. Both ends of every veth are shaped with ``tc tbf`` to ``rate``, so
-each host's link carries ``rate`` each way, like a host's NIC on a switch.
+each host's link carries ``rate`` each way, like a host's NIC on a switch. ``service_hosts`` adds hosts
+that run no ranks (an in-network switch, a parameter server: hosts H..H+S-1, hostnames ``svc0``, ...),
+their links shaped to ``service_rate`` (None: unshaped, so they are never the bottleneck).
 
     with Testbed(hosts=2, ranks_per_host=2, rate="1gbit") as tb:
         tb.run(0, ["hostname"])                       # runs inside host 0
@@ -62,31 +64,44 @@ class Testbed(JobLauncher):
     """H hosts (network + mount + UTS namespaces) on a bridge, links shaped to ``rate`` with ``tc tbf``.
 
     ``rate`` is a tc rate ("1gbit", "100mbit") or None for unshaped veths; ``ranks_per_host`` (k) is the
-    default number of ranks per host of the jobs it starts. ``keep=True`` makes a testbed that outlives
-    this process (``twisternet testbed up``): it is not swept as stale and is removed by ``down``.
+    default number of ranks per host of the jobs it starts. ``service_hosts`` (S) more hosts, numbered
+    H..H+S-1, get no ranks of the jobs and links shaped to ``service_rate`` (None: unshaped; or one rate
+    per service host): where a switch or a PS runs (``tb.run``/``tb.popen`` take their numbers).
+    ``keep=True`` makes a testbed that outlives this process (``twisternet testbed up``): it is not swept
+    as stale and is removed by ``down``.
     """
 
     __test__ = False  # not a pytest class
 
     def __init__(self, hosts: int = 2, ranks_per_host: int = 1, rate: str | None = "1gbit", *,
                  burst: str = "256kb", latency: str = "50ms", shm_size: str = "2g", keep: bool = False,
-                 prefix: str | None = None) -> None:
+                 prefix: str | None = None, service_hosts: int = 0,
+                 service_rate: str | None | Sequence[str | None] = None) -> None:
         if hosts < 1 or hosts > 200:
             raise TestbedError(f"hosts must be in 1..200, got {hosts}")
+        if service_hosts < 0 or hosts + service_hosts > 200:
+            raise TestbedError(f"service_hosts must be in 0..{200 - hosts}, got {service_hosts}")
         if ranks_per_host < 1:
             raise TestbedError(f"ranks_per_host must be >= 1, got {ranks_per_host}")
         self.hosts = hosts
         self.ranks_per_host = ranks_per_host
         self.rate = rate
+        self.service_hosts = service_hosts
+        rates = [service_rate] * service_hosts if service_rate is None or isinstance(service_rate, str) \
+            else list(service_rate)
+        if len(rates) != service_hosts:
+            raise TestbedError(f"service_rate: {len(rates)} rates for {service_hosts} service hosts")
+        self.service_rates: list[str | None] = rates
         self.burst, self.latency, self.shm_size = burst, latency, shm_size
         self.keep = keep
         self.prefix = prefix or f"{PREFIX_ROOT}-{'keep' if keep else os.getpid()}-{secrets.token_hex(3)}"
         if not TESTBED_NAME.match(self.prefix):
             raise TestbedError(f"not a testbed name: {self.prefix!r}")
         self.bridge_ns = f"{self.prefix}-br"
-        self.namespaces = [f"{self.prefix}-h{i}" for i in range(hosts)]
-        self.addresses = [f"{SUBNET}.{i + 1}" for i in range(hosts)]
-        self.hostnames = [f"host{i}" for i in range(hosts)]
+        everyone = hosts + service_hosts
+        self.namespaces = [f"{self.prefix}-h{i}" for i in range(everyone)]
+        self.addresses = [f"{SUBNET}.{i + 1}" for i in range(everyone)]
+        self.hostnames = [f"host{i}" for i in range(hosts)] + [f"svc{j}" for j in range(service_hosts)]
         self.state = STATE_ROOT / self.prefix
         self._jobs: set[Job] = set()
         self._is_up = False
@@ -157,8 +172,9 @@ class Testbed(JobLauncher):
             sh(*n, "link", "set", "eth0", "up")
             sh(*b, "link", "set", f"v{i}", "master", "br0")
             sh(*b, "link", "set", f"v{i}", "up")
-            if self.rate:
-                tbf = ["root", "tbf", "rate", self.rate, "burst", self.burst, "latency", self.latency]
+            rate = self.link_rate(i)
+            if rate:
+                tbf = ["root", "tbf", "rate", rate, "burst", self.burst, "latency", self.latency]
                 sh("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "eth0", *tbf)
                 sh("ip", "netns", "exec", self.bridge_ns, "tc", "qdisc", "add", "dev", f"v{i}", *tbf)
             mnt, uts = self.state / f"h{i}.mnt", self.state / f"h{i}.uts"
@@ -171,6 +187,7 @@ class Testbed(JobLauncher):
     def _write_state(self) -> None:
         (self.state / "state.json").write_text(json.dumps({
             "prefix": self.prefix, "hosts": self.hosts, "ranks_per_host": self.ranks_per_host, "rate": self.rate,
+            "service_hosts": self.service_hosts, "service_rate": self.service_rates,
             "burst": self.burst, "latency": self.latency, "owner": "keep" if self.keep else os.getpid(),
             "tmp": str(self.tmp)}))
 
@@ -182,7 +199,8 @@ class Testbed(JobLauncher):
         except (OSError, ValueError) as e:
             raise TestbedError(f"no testbed {prefix!r} here ({e})") from None
         tb = cls(st["hosts"], st["ranks_per_host"], st["rate"], burst=st["burst"], latency=st["latency"],
-                 keep=st["owner"] == "keep", prefix=prefix)
+                 keep=st["owner"] == "keep", prefix=prefix, service_hosts=st.get("service_hosts", 0),
+                 service_rate=st.get("service_rate"))
         tb.tmp = Path(st["tmp"])
         tb._is_up = True
         return tb
@@ -238,8 +256,17 @@ class Testbed(JobLauncher):
         return r
 
     def _check_host(self, host: int) -> None:
-        if not 0 <= host < self.hosts:
-            raise TestbedError(f"no host {host}: the testbed has hosts 0..{self.hosts - 1}")
+        if not 0 <= host < len(self.namespaces):
+            raise TestbedError(f"no host {host}: the testbed has hosts 0..{len(self.namespaces) - 1}")
+
+    @property
+    def service_host_ids(self) -> list[int]:
+        """The numbers of the service hosts (no ranks): H..H+S-1."""
+        return list(range(self.hosts, self.hosts + self.service_hosts))
+
+    def link_rate(self, host: int) -> str | None:
+        """The rate ``host``'s link is shaped to (None: unshaped)."""
+        return self.rate if host < self.hosts else self.service_rates[host - self.hosts]
 
     # -------------------------------------------------------------------------------- links
     def counters(self) -> dict[int, LinkCounters]:
@@ -262,9 +289,9 @@ class Testbed(JobLauncher):
         sh("ip", "-n", self.namespaces[host], "link", "set", "eth0", "up")
 
     def set_rate(self, rate: str) -> None:
-        """Reshape every link to ``rate`` (both ends), e.g. "100mbit"."""
+        """Reshape every rank host's link to ``rate`` (both ends), e.g. "100mbit" (service hosts keep theirs)."""
         tbf = ["root", "tbf", "rate", rate, "burst", self.burst, "latency", self.latency]
-        for i, ns in enumerate(self.namespaces):
+        for i, ns in enumerate(self.namespaces[:self.hosts]):
             verb = "change" if self.rate else "add"
             sh("ip", "netns", "exec", ns, "tc", "qdisc", verb, "dev", "eth0", *tbf)
             sh("ip", "netns", "exec", self.bridge_ns, "tc", "qdisc", verb, "dev", f"v{i}", *tbf)
@@ -278,6 +305,7 @@ class Testbed(JobLauncher):
             info = json.loads(r.stdout)[0] if r.returncode == 0 and r.stdout.strip() else {}
             st = info.get("stats64", {})
             hosts.append({"host": i, "namespace": ns, "hostname": self.hostnames[i], "address": self.addresses[i],
+                          "role": "ranks" if i < self.hosts else "service", "rate": self.link_rate(i),
                           "link": info.get("operstate", "missing"), "rx_bytes": st.get("rx", {}).get("bytes"),
                           "tx_bytes": st.get("tx", {}).get("bytes")})
         return {"name": self.prefix, "rate": self.rate, "ranks_per_host": self.ranks_per_host, "hosts": hosts}

@@ -130,6 +130,60 @@ class JobLauncher:
         self._jobs.add(job)
         return job
 
+    def start_innet_switch(self, host: int, token: str, *, values: int = 62, port: int = 9100,
+                           p4runtime_port: int = 9101, ecn_threshold: int | None = None,
+                           python: str | None = None) -> tuple[Job, dict[str, str]]:
+        """An ATP software switch with its P4Runtime server (``twisternet switch``) on ``host`` (a
+        service host, as a shared switch of a cluster), bound to that host's address, ``values`` wide,
+        its P4Runtime token derived from the job token ``token`` (a 0600 file, never the command line);
+        ``ecn_threshold``: the switch's (``twisternet switch --ecn-threshold``; None: its default).
+
+        Returns the running job (stopped with the testbed) and the environment that points a
+        twisternet job at it (``TWISTERNET_INNET_SWITCH`` / ``TWISTERNET_INNET_P4RUNTIME``); start the
+        job with the same ``token``."""
+        from innet.tokens import p4runtime_token
+        assert self.tmp is not None, "the testbed is not up"
+        token_file = Path(tempfile.mkstemp(prefix="p4rt-token-", dir=self.tmp)[1])
+        token_file.write_text(p4runtime_token(token.encode()) + "\n")
+        os.chmod(token_file, 0o600)
+        address = self.addresses[host]
+        argv = [python or sys.executable, "-m", "twisternet", "switch", "--host", address, "--port", str(port),
+                "--values", str(values), "--p4runtime-port", str(p4runtime_port),
+                "--p4runtime-token-file", str(token_file)]
+        if ecn_threshold is not None:
+            argv += ["--ecn-threshold", str(ecn_threshold)]
+        job = self.start_processes([(host, argv)])
+        collector = job.main[0]
+        try:
+            m, pos = collector.wait_for_line(re.compile(r"listening on udp (\S+):(\d+)"), 60)
+            g, _ = collector.wait_for_line(re.compile(r"^p4runtime on (\S+):(\d+)"), 60, pos)
+        except BaseException:
+            job.stop()
+            raise
+        return job, {"TWISTERNET_INNET_SWITCH": f"{m.group(1)}:{m.group(2)}",
+                     "TWISTERNET_INNET_P4RUNTIME": f"{g.group(1)}:{g.group(2)}"}
+
+    def start_innet_ps(self, host: int, token: str, *, values: int = 62, port: int = 9200,
+                       control_port: int = 9201, python: str | None = None) -> tuple[Job, dict[str, str]]:
+        """A standing ATP parameter server (``twisternet ps`` with its control server) on ``host``, for
+        the jobs placed on a shared switch (see :meth:`start_innet_switch`); returns the running job and
+        the environment that points a twisternet job at it (``TWISTERNET_INNET_PS``)."""
+        from innet.tokens import p4runtime_token
+        assert self.tmp is not None, "the testbed is not up"
+        token_file = Path(tempfile.mkstemp(prefix="ps-token-", dir=self.tmp)[1])
+        token_file.write_text(p4runtime_token(token.encode()) + "\n")
+        os.chmod(token_file, 0o600)
+        argv = [python or sys.executable, "-m", "twisternet", "ps", "--host", self.addresses[host], "--port",
+                str(port), "--values", str(values), "--control-port", str(control_port),
+                "--control-token-file", str(token_file)]
+        job = self.start_processes([(host, argv)])
+        try:
+            m, _ = job.main[0].wait_for_line(re.compile(r"^ps control on (\S+):(\d+)"), 60)
+        except BaseException:
+            job.stop()
+            raise
+        return job, {"TWISTERNET_INNET_PS": f"{m.group(1)}:{m.group(2)}"}
+
     def mpiexec(self) -> str:
         """The mpich wheel's ``mpiexec`` next to this interpreter, else one on PATH."""
         here = Path(sys.executable).parent / "mpiexec"
@@ -164,7 +218,7 @@ class JobLauncher:
         """
         k = ranks_per_host or self.ranks_per_host
         job_env = self.job_env(env)
-        cmd = [self.mpiexec(), "-launcher", "manual", "-iface", "eth0", "-hosts", ",".join(self.addresses),
+        cmd = [self.mpiexec(), "-launcher", "manual", "-iface", "eth0", "-hosts", ",".join(self.addresses[:self.hosts]),
                "-n", str(k * self.hosts), "-ppn", str(k), *self.mpich_env(netmod),
                "-genv", "PYTHONPATH", job_env["PYTHONPATH"], *mpiexec_args, *argv]
         hydra = OutputCollector(self.popen(0, cmd, env=job_env, cwd=REPO), 0, "mpiexec", 0)

@@ -1,6 +1,6 @@
 """Worker of the bad-host tests: allreduce calls in a loop until ``seconds`` pass (or a failure).
 
-    allreduce_loop.py SECONDS [ELEMENTS]
+    allreduce_loop.py SECONDS [ELEMENTS] [VIA]
 
 Prints ``READY rank=R host=H`` once the job is up, ``STEP rank=R i=I`` after each call, ``DONE rank=R``
 at the end, and on a failure ``FAILED rank=R host=H after=S type=T: message`` (seconds since the last
@@ -25,6 +25,7 @@ def main() -> int:
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # a timed-out test asks where we are
     seconds = float(sys.argv[1])
     size = int(sys.argv[2]) if len(sys.argv) > 2 else 1 << 16
+    via = sys.argv[3] if len(sys.argv) > 3 else "auto"
     host = socket.gethostname()
     rank = "?"
     last = time.monotonic()
@@ -32,7 +33,7 @@ def main() -> int:
         with tn.init() as ctx:
             rank = ctx.rank
             print(f"READY rank={rank} host={host}", flush=True)
-            with AllReduce(ctx, edge=1, op="sum") as ar:
+            with AllReduce(ctx, edge=1, op="sum", via=via) as ar:
                 end = time.monotonic() + seconds
                 i = 0
                 while time.monotonic() < end:
