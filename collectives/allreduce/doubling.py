@@ -1,8 +1,12 @@
 """Recursive-doubling allreduce over a list of ranks (numpy arrays, named reductions).
 
 ``ceil(log2 n)`` rounds for a power of two, two more otherwise; in each round a rank sends its whole
-partial result to one partner and combines the partner's into it. Used between the host leaders of
-the hierarchical algorithm (records ``D``, see hierarchical.py).
+partial result to one partner and combines the partner's into it. Two users:
+
+* flat, over every rank of the operation (``via="doubling"``, records ``d``): what "auto" picks over
+  sockets for arrays under ``ring_threshold`` (see select.py); at 2 ranks a call is one message each way
+  at once, where the tree waits for a round trip through its root;
+* between the host leaders of the hierarchical algorithm (records ``D``, see hierarchical.py).
 
 A non-power-of-two ``n = p + rem`` (``p`` the largest power of two below it) folds the extra ranks in
 first: of the first ``2 rem`` ranks each even one hands its array to its odd neighbour (step
@@ -27,7 +31,7 @@ import numpy as np
 from twisternet.errors import ProtocolError, TwisternetError
 
 from ..edges import AR_UP
-from .mismatch import merge_groups, mismatch_error
+from .mismatch import describe_value, merge_groups, mismatch_error
 from .plumbing import RecordPlumbing
 
 #: Steps of the records that fold the extra ranks of a non-power-of-two count in and out.
@@ -44,6 +48,18 @@ def rounds(n: int) -> int:
 
 class DoublingPath(RecordPlumbing):
     """Mixin of :class:`~collectives.allreduce.rank.RankAllReduce`: recursive doubling."""
+
+    def _flat_doubling(self, value: np.ndarray, call: int, t: float, out: np.ndarray | None) -> np.ndarray:
+        """``via="doubling"``: every rank of the operation, the result in ``out`` when given."""
+        src = np.ascontiguousarray(value).reshape(-1)
+        if out is None:
+            acc = src.copy()
+        else:
+            acc = out.reshape(-1)
+            if not np.shares_memory(acc, src):
+                acc[...] = src
+        self._doubling(acc, describe_value(value), call, t, self.ranks, kind="d")
+        return acc.reshape(value.shape) if out is None else out
 
     def _doubling(self, acc: np.ndarray, desc: str, call: int, t: float, ranks: list[int],
                   kind: str = "D") -> np.ndarray:
