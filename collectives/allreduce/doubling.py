@@ -30,7 +30,7 @@ import numpy as np
 
 from twisternet.errors import ProtocolError, TwisternetError
 
-from ..edges import AR_UP
+from ..edges import AR_DOWN, AR_UP
 from .mismatch import describe_value, merge_groups, mismatch_error
 from .plumbing import RecordPlumbing
 
@@ -72,11 +72,15 @@ class DoublingPath(RecordPlumbing):
         rem = n - p
         groups: dict[str, list[int]] = {desc: [me]}
         differ = False
+        # consecutive calls alternate between two channel edges: a partner returns the credit of this
+        # call's record with its record of the next call, so the one after finds its edge idle again
+        # and goes out at once as its own message (the core batches records behind unacknowledged ones)
+        offset = AR_UP if call % 2 == 0 else AR_DOWN
 
         def exchange(peer: int, step: int, send: bool = True, recv: bool = True) -> Any:
             nonlocal differ, groups
             if send:
-                self.send_record(peer, AR_UP, (kind, call, step, 0, acc, groups), t)
+                self.send_record(peer, offset, (kind, call, step, 0, acc, groups), t)
             if not recv:
                 return None
             got = self.take_record((kind, call, step, 0, peer), t)
