@@ -1,7 +1,8 @@
 """Recursive-doubling allreduce over a list of ranks (numpy arrays, named reductions).
 
-``ceil(log2 n)`` rounds for a power of two, two more otherwise; in each round a rank sends its whole
-partial result to one partner and combines the partner's into it. Two users:
+``log2 p`` rounds (``p`` the largest power of two not above ``n``), two more for the ranks folded in and
+out when ``n`` is not a power of two; in each round a rank sends its whole partial result to one partner
+and combines the partner's into it. Two users:
 
 * flat, over every rank of the operation (``via="doubling"``, records ``d``): what "auto" picks over
   sockets for arrays under ``ring_threshold`` (see select.py); at 2 ranks a call is one message each way
@@ -31,26 +32,21 @@ import numpy as np
 from twisternet.errors import ProtocolError, TwisternetError
 
 from ..edges import AR_DOWN, AR_UP
-from .mismatch import describe_value, merge_groups, mismatch_error
+from .mismatch import merge_groups, mismatch_error
 from .plumbing import RecordPlumbing
 
 #: Steps of the records that fold the extra ranks of a non-power-of-two count in and out.
 _FOLD_IN, _FOLD_OUT = -1, -2
 
-__all__ = ["DoublingPath", "rounds"]
-
-
-def rounds(n: int) -> int:
-    """Messages a rank waits for one after the other in a doubling over ``n`` ranks (at most)."""
-    p = 1 << (n.bit_length() - 1)
-    return p.bit_length() - 1 + (2 if n > p else 0)
+__all__ = ["DoublingPath"]
 
 
 class DoublingPath(RecordPlumbing):
     """Mixin of :class:`~collectives.allreduce.rank.RankAllReduce`: recursive doubling."""
 
     def _flat_doubling(self, value: np.ndarray, call: int, t: float, out: np.ndarray | None) -> np.ndarray:
-        """``via="doubling"``: every rank of the operation, the result in ``out`` when given."""
+        """``via="doubling"``: every rank of the operation, the result in ``out`` when given (after
+        ``_start``, which notes the value's descriptor)."""
         src = np.ascontiguousarray(value).reshape(-1)
         if out is None:
             acc = src.copy()
@@ -58,7 +54,7 @@ class DoublingPath(RecordPlumbing):
             acc = out.reshape(-1)
             if not np.shares_memory(acc, src):
                 acc[...] = src
-        self._doubling(acc, describe_value(value), call, t, self.ranks, kind="d")
+        self._doubling(acc, self.mine_desc, call, t, self.ranks, kind="d")   # (set by _start)
         return acc.reshape(value.shape) if out is None else out
 
     def _doubling(self, acc: np.ndarray, desc: str, call: int, t: float, ranks: list[int],

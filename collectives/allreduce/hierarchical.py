@@ -19,7 +19,8 @@ the operation's ranks on its first call (records ``t``).
 Results: every rank gets the same array; with float sums it can differ in the last bits from the flat
 ring's (another order of additions), integer sums are exact. Values that differ between ranks raise
 MismatchError on every rank: inside a host from the shared-memory headers or the first ``U`` record,
-between hosts from the first ring/doubling record (both carry the sender's dtype and shape).
+between hosts from the first ring record or, with recursive doubling, after its rounds, which gather
+every leader's dtype and shape (see doubling.py).
 """
 
 from __future__ import annotations
