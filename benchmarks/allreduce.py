@@ -3,15 +3,21 @@ torch.distributed gloo and ray.util.collective (gloo backend), all measured in t
 
 twisternet runs twice per launcher: with ``via="auto"`` (what a user gets: on one host, shared memory)
 and with ``via="ring"`` (the ring over the channel: Unix sockets under `twisternet run`, MPI messages
-under mpiexec), so the transports' own figures stay visible.
+under mpiexec), so the transports' own figures stay visible. Under `twisternet run` it also runs the
+small-message algorithms over Unix sockets, ``via="tree"`` and ``via="doubling"``, and up to
+``SMALL_MAX`` bytes the raw-socket ping-pong round trip (UDS and TCP, 2 processes whatever the worker
+count, :mod:`benchmarks._raw_sockets`) is measured beside them: the targets of issue 22 compare a 1 KB
+allreduce with it and with gloo.
 
     python -m benchmarks --suite allreduce [--workers 2,4] [--repeat 3] [--quick]
                          [--set allreduce.sizes=1K,1M,64M] [--set allreduce.ray=1]
+                         [--set allreduce.peers=twisternet-tcp-tree,gloo,raw-rtt-uds]
     python benchmarks/allreduce.py [--workers 2,4] [--sizes 1K,1M,64M] [--repeat 3] [--quick] [--json OUT]
 
 Each figure is the median over ``repeat`` job launches of the per-call median time on rank 0.
 A peer that cannot run here (torch, ray, mpi4py not installed) is listed as skipped with the reason.
 Ray's start-up takes ~20 s, so quick runs skip it unless ``--set allreduce.ray=1``.
+``allreduce.peers`` keeps only the named columns (keys of ``PEERS``); the others are listed as skipped.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from collections.abc import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks import _raw_sockets as raw
 from benchmarks.common import (ROOT, fmt_size, job_env, median, mpiexec_run, run_tagged,
                                twisternet_run)
 from benchmarks.harness import Chart, SuiteOptions, SuiteResult, Table, Target, ratio
@@ -43,9 +50,17 @@ FULL_SIZES = [1 * KB, 64 * KB, 1 * MB, 16 * MB, 64 * MB, 256 * MB]
 QUICK_SIZES = [1 * KB, 64 * KB]
 TARGET_SIZE = 64 * MB
 #: Peers in column order: (key in the results, column header).
-PEERS = [("twisternet-tcp", "tn run"), ("twisternet-tcp-ring", "tn ring UDS"), ("twisternet-mpi", "tn mpiexec"),
-         ("twisternet-mpi-ring", "tn ring MPI"), ("mpi4py", "mpi4py (MPICH)"), ("gloo", "torch gloo"),
-         ("ray-gloo", "ray gloo")]
+PEERS = [("twisternet-tcp", "tn run"), ("twisternet-tcp-ring", "tn ring UDS"),
+         ("twisternet-tcp-tree", "tn tree UDS"), ("twisternet-tcp-doubling", "tn doubling UDS"),
+         ("twisternet-mpi", "tn mpiexec"), ("twisternet-mpi-ring", "tn ring MPI"), ("mpi4py", "mpi4py (MPICH)"),
+         ("gloo", "torch gloo"), ("ray-gloo", "ray gloo"), ("raw-rtt-uds", "raw RTT UDS"),
+         ("raw-rtt-tcp", "raw RTT TCP")]
+#: The raw ping-pong round trip is measured for sizes up to this many bytes.
+SMALL_MAX = 64 * KB
+#: The size of issue 22's targets, and those targets: (variant, peer, the largest time ratio, worker counts).
+SMALL_SIZE = 1 * KB
+SMALL_TARGETS = [("twisternet-tcp-doubling", "raw-rtt-uds", 3.0, (2,)),
+                 ("twisternet-tcp-doubling", "gloo", 1.0, (2, 4))]
 #: (twisternet variant, peer, the largest acceptable time ratio): the targets of issue 8.
 #: twisternet as a user gets it (via="auto") and its ring over each channel, held to the same bounds.
 TARGETS = [("twisternet-tcp", "gloo", 1.0), ("twisternet-mpi", "mpi4py", 1.15), ("twisternet-tcp", "mpi4py", 1.25),
@@ -139,6 +154,12 @@ def run(opts: SuiteOptions) -> SuiteResult:  # noqa: C901 - one report step afte
         res.skipped.append(ray_reason)
     args = [",".join(map(str, sizes)), ",".join(map(str, reps))]
     vias: dict[int, dict[str, str]] = {}     # what via="auto" chose, per worker count and launcher
+    only: set[str] | None = set(opts.get("peers", [""])) if "peers" in opts.extra else None
+    if only is not None:
+        unknown = only - {k for k, _ in PEERS}
+        if unknown:
+            raise ValueError(f"--set allreduce.peers: unknown {sorted(unknown)}; known: {[k for k, _ in PEERS]}")
+        res.skipped.append(f"left out on request (allreduce.peers): {[k for k, _ in PEERS if k not in only]}")
 
     def peers(n: int) -> dict[str, Callable[[], dict]]:
         def tn(launch: Callable[..., Any], via: str) -> Callable[[], dict]:
@@ -148,7 +169,9 @@ def run(opts: SuiteOptions) -> SuiteResult:  # noqa: C901 - one report step afte
                 return r
             return go
         p: dict[str, Callable[[], dict]] = {"twisternet-tcp": tn(twisternet_run, "auto"),
-                                            "twisternet-tcp-ring": tn(twisternet_run, "ring")}
+                                            "twisternet-tcp-ring": tn(twisternet_run, "ring"),
+                                            "twisternet-tcp-tree": tn(twisternet_run, "tree"),
+                                            "twisternet-tcp-doubling": tn(twisternet_run, "doubling")}
         if have_mpi:
             p["twisternet-mpi"] = tn(mpiexec_run, "auto")
             p["twisternet-mpi-ring"] = tn(mpiexec_run, "ring")
@@ -157,7 +180,11 @@ def run(opts: SuiteOptions) -> SuiteResult:  # noqa: C901 - one report step afte
             p["gloo"] = lambda: gloo(n, sizes, reps)
         if ray_reason is None:
             p["ray-gloo"] = lambda: ray_gloo(n, sizes, reps)
-        return p
+        small = [s for s in sizes if s <= SMALL_MAX]
+        if small:
+            for kind in ("uds", "tcp"):
+                p[f"raw-rtt-{kind}"] = lambda kind=kind: {"median_s": {s: 2 * raw.latency(kind, s) for s in small}}
+        return {k: v for k, v in p.items() if only is None or k in only}
 
     bar = opts.bar(NAME)
     bar.set_total(sum(len(peers(n)) for n in workers) * repeat)
@@ -177,7 +204,8 @@ def run(opts: SuiteOptions) -> SuiteResult:  # noqa: C901 - one report step afte
     for name, why in failures.items():
         res.skipped.append(f"{name}: failed in this run: {why}")
     med: dict[int, dict[str, dict[int, float]]] = {
-        n: {name: {s: median([r[s] for r in runs]) for s in sizes} for name, runs in by.items()}
+        n: {name: {s: median([r[s] for r in runs]) for s in sizes if all(s in r for r in runs)}
+            for name, runs in by.items()}
         for n, by in samples.items()}
 
     present = [(k, h) for k, h in PEERS if any(k in med.get(n, {}) for n in workers)]
@@ -197,13 +225,13 @@ def run(opts: SuiteOptions) -> SuiteResult:  # noqa: C901 - one report step afte
                  "'tn ring' its ring over the channel"))
         res.charts.append(Chart(f"time_vs_size_{n}w", f"allreduce time vs size, {n} workers",
                                 "message size (bytes)", "ms per call",
-                                {h: [(s, m[k][s] * 1e3) for s in sizes] for k, h in present if k in m},
+                                {h: [(s, m[k][s] * 1e3) for s in sizes if s in m[k]] for k, h in present if k in m},
                                 logx=True, logy=True))
     tsize = TARGET_SIZE if TARGET_SIZE in sizes else None
     if tsize is not None and len(workers) > 1:
         res.charts.append(Chart("time_vs_workers_64M", "allreduce 64 MB: time vs workers", "workers",
                                 "ms per call", {h: [(n, med[n][k][tsize] * 1e3) for n in workers
-                                                    if k in med.get(n, {})] for k, h in present}))
+                                                    if tsize in med.get(n, {}).get(k, {})] for k, h in present}))
     labels = dict(PEERS)
     for n in workers:
         for a, b, limit in TARGETS:
@@ -220,6 +248,20 @@ def run(opts: SuiteOptions) -> SuiteResult:  # noqa: C901 - one report step afte
                 res.targets.append(Target(name, wanted, f"not measured ({missing} did not run)", None))
             else:
                 res.targets.append(Target(name, wanted, f"{q:.2f}x ({ta * 1e3:.1f} ms vs {tb * 1e3:.1f} ms)",
+                                          q <= limit))
+    for a, b, limit, counts in SMALL_TARGETS:
+        for n in counts:
+            if n not in workers:
+                continue
+            name = f"allreduce 1 KB, {n} workers: {labels[a]} vs {labels[b]}"
+            wanted = f"{labels[a]} within {limit:.1f}x of {labels[b]}" if limit != 1.0 else \
+                f"{labels[a]} faster than {labels[b]}"
+            ta, tb = med.get(n, {}).get(a, {}).get(SMALL_SIZE), med.get(n, {}).get(b, {}).get(SMALL_SIZE)
+            q = ratio(ta, tb)
+            if q is None:
+                res.targets.append(Target(name, wanted, "not measured (1 KB or a peer not in this run)", None))
+            else:
+                res.targets.append(Target(name, wanted, f"{q:.2f}x ({ta * 1e6:.0f} µs vs {tb * 1e6:.0f} µs)",
                                           q <= limit))
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     if max(workers) > cores:

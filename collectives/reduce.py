@@ -224,10 +224,11 @@ class AllReduce(DownTreeMixin, Reduce):
     defaults to ``sources`` (default: every task). :meth:`allreduce` is the rank-level one-shot form
     (MPI style) with chunked/ring algorithms for large arrays: ``via`` picks the algorithm ("auto":
     shared memory for numpy arrays with a named reduction when every rank of the operation can map the
-    first rank's segment, i.e. they share a host; otherwise the ring for arrays of at least
-    ``ring_threshold`` bytes with a named reduction, else the tree; when the ranks span several hosts,
-    "hier": inside each host, then between the host leaders, see docs/topology.md; "shm", "ring",
-    "tree", "hier" and "innet" force one), ``chunk_bytes`` the pipelining unit of ring and tree (4 MB
+    first rank's segment, i.e. they share a host; otherwise, for arrays with a named reduction, the ring
+    from ``ring_threshold`` bytes and recursive doubling ("doubling") below, and the tree for any other
+    value; when the ranks span several hosts, "hier": inside each host, then between the host leaders,
+    see docs/topology.md; "shm", "ring", "doubling", "tree", "hier" and "innet" force one),
+    ``chunk_bytes`` the pipelining unit of ring and tree (4 MB
     by default: smaller chunks overlap more but pay the per-message cost more often; measured on 2-4
     local workers, 4 MB beat 1 MB by 10-45% at 16-64 MB), ``shm_chunk_bytes`` the size of a shared-memory slot (see
     :mod:`collectives.allreduce.shm`).

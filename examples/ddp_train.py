@@ -55,7 +55,7 @@ def init(backend: str, via: str, hook: bool) -> None:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--backend", choices=("twisternet", "gloo"), default="twisternet")
-    p.add_argument("--via", choices=("auto", "shm", "ring", "tree", "innet"), default="auto")
+    p.add_argument("--via", choices=("auto", "shm", "ring", "doubling", "tree", "innet"), default="auto")
     p.add_argument("--hook", action="store_true", help="gloo process group + twisternet.torch.allreduce_hook")
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--batch", type=int, default=32)

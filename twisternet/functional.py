@@ -194,7 +194,7 @@ def all_reduce(x: Any, op: str = "sum", *, out: Any = None, async_op: bool = Fal
                timeout: float | None = None, ctx: Context | None = None, _state_of: _State | None = None) -> Any:
     """The reduction (``op``: "sum", "avg"/"mean", "min", "max", "prod", or a callable) of every rank's
     ``x``, on every rank; bit-identical on every rank. ``out``: write the result there (it may be ``x``
-    itself, in place) and return it. ``via``: the algorithm ("auto", "shm", "ring", "tree", "innet"; see
+    itself, in place) and return it. ``via``: the algorithm ("auto", "shm", "ring", "doubling", "tree", "innet"; see
     ``collectives.AllReduce``). Calls run in submission order on the Context's collective stream."""
     ctx = current_context(ctx)
     st = _state_of or _state(ctx)
@@ -448,11 +448,13 @@ def barrier(*, async_op: bool = False, timeout: float | None = None, ctx: Contex
     """Return once every rank called it (a handle that completes then, with ``async_op``)."""
     ctx = current_context(ctx)
     st = _state_of or _state(ctx)
-    # an allreduce of one small number on the cached operation: no operation to set up per call
+    # an allreduce of one byte by recursive doubling on the cached operation: no operation to set up per
+    # call, and ceil(log2 n) rounds of messages in parallel instead of a round trip through a tree's root
     if not async_op:
-        all_reduce(0, "max", via="tree", timeout=timeout, ctx=ctx, _state_of=st)
+        all_reduce(np.zeros(1, np.uint8), "max", via="doubling", timeout=timeout, ctx=ctx, _state_of=st)
         return None
-    h = all_reduce(0, "max", async_op=True, via="tree", timeout=timeout, ctx=ctx, _state_of=st)
+    h = all_reduce(np.zeros(1, np.uint8), "max", async_op=True, via="doubling", timeout=timeout, ctx=ctx,
+                   _state_of=st)
     from collectives.handles import Handle
     done = Handle(ctx, f"barrier() on rank {ctx.rank}", timeout=timeout)
 

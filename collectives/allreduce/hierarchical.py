@@ -9,7 +9,7 @@ instead of one per rank:
    ``U`` on ``AR_UP``: every member streams its chunks to the leader, which combines them in rank order);
 2. **between the leaders**: the ring (reduce-scatter + allgather, records ``R``) for arrays of at least
    ``ring_threshold`` bytes, recursive doubling below (``log2 H`` exchanges of the whole array, records
-   ``D``; a non-power-of-two H folds the extra leaders in first and out last);
+   ``D``; a non-power-of-two H folds the extra leaders in first and out last; :mod:`.doubling`);
 3. **inside each host** the leader's result goes to the others (shared memory again, or records ``W``).
 
 Which ranks share a host comes from :mod:`twisternet.topology`: the task plan's hosts, the bootstrap
@@ -19,7 +19,8 @@ the operation's ranks on its first call (records ``t``).
 Results: every rank gets the same array; with float sums it can differ in the last bits from the flat
 ring's (another order of additions), integer sums are exact. Values that differ between ranks raise
 MismatchError on every rank: inside a host from the shared-memory headers or the first ``U`` record,
-between hosts from the first ring/doubling record (both carry the sender's dtype and shape).
+between hosts from the first ring record or, with recursive doubling, after its rounds, which gather
+every leader's dtype and shape (see doubling.py).
 """
 
 from __future__ import annotations
@@ -29,12 +30,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from twisternet.errors import MismatchError, ProtocolError, TwisternetError
+from twisternet.errors import MismatchError, ProtocolError
 from twisternet.topology import Topology, from_channel
 
 from ..edges import AR_DOWN, AR_UP
-from .mismatch import describe_value, merge_groups, mismatch_error
+from .mismatch import describe_value
 from .plumbing import HIER_KINDS  # noqa: F401  (the kinds of the module docstring)
+from .doubling import DoublingPath
 from .ring import RingPath
 from .select import leader_algorithm
 
@@ -46,11 +48,9 @@ log = logging.getLogger(__name__)
 #: The host segment's slots are this many times ``shm_chunk_bytes`` (4 MB by default): every slot is a
 #: round with two waits for the host's other ranks, and on a busy machine each wait costs a time slice.
 HOST_SLOT_FACTOR = 4
-#: Steps of the doubling records that fold the extra leaders of a non-power-of-two H in and out.
-_FOLD_IN, _FOLD_OUT = -1, -2
 
 
-class HierarchicalPath(RingPath):
+class HierarchicalPath(RingPath, DoublingPath):
     """Mixin of :class:`~collectives.allreduce.rank.RankAllReduce`: topology and the hierarchical path."""
 
     # ------------------------------------------------------------------ topology
@@ -302,63 +302,3 @@ class HierarchicalPath(RingPath):
                                                  f"of {getattr(got, 'size', '?')} elements, expected {b - a}"),
                                    f"in allreduce() call {call}", call)
             res[a:b] = got.reshape(-1)
-
-    # ------------------------------------------------------------------ recursive doubling
-    def _doubling(self, acc: np.ndarray, desc: str, call: int, t: float, ranks: list[int]) -> np.ndarray:
-        """Recursive doubling over ``ranks`` (the leaders) on ``acc`` in place (records ``D``).
-
-        Both partners of an exchange combine the same two arrays (the reductions are commutative), so
-        every rank ends with the bit-identical result."""
-        op = self.op
-        n = len(ranks)
-        i = ranks.index(op.rank)
-        p = 1
-        while p * 2 <= n:
-            p *= 2
-        rem = n - p
-        tag = {desc: [op.rank]}
-
-        def exchange(peer: int, step: int, send: bool = True, recv: bool = True) -> np.ndarray | None:
-            if send:
-                self.send_record(peer, AR_UP, ("D", call, step, 0, acc, tag), t)
-            if not recv:
-                return None
-            got = self.take_record(("D", call, step, 0, peer), t)
-            with op._state_lock():
-                theirs = self.groups.pop(("D", call, peer), None)
-            groups = merge_groups({desc: [op.rank]}, theirs if theirs is not None else {"?": [peer]})
-            if len(groups) > 1:
-                raise self._failed(mismatch_error(call, groups), f"in allreduce() call {call}", call)
-            return got
-
-        def combine(got: Any) -> None:
-            try:
-                op.reduction.ufunc(acc, got.reshape(-1), out=acc)
-            except TwisternetError:
-                raise
-            except Exception as e:  # noqa: BLE001 - every rank must hear of it
-                raise self._failed(e, f"in the reduction of allreduce() call {call}", call) from None
-
-        if i < 2 * rem:
-            if i % 2 == 0:              # folded in: hand the array to the odd neighbour, wait for the result
-                exchange(ranks[i + 1], _FOLD_IN, recv=False)
-                got = exchange(ranks[i + 1], _FOLD_OUT, send=False)
-                assert got is not None
-                acc[...] = got.reshape(-1)
-                return acc
-            combine(exchange(ranks[i - 1], _FOLD_IN, send=False))
-            vi = i // 2
-        else:
-            vi = i - rem
-
-        def real(v: int) -> int:
-            return ranks[v * 2 + 1] if v < rem else ranks[v + rem]
-
-        mask, step = 1, 0
-        while mask < p:
-            combine(exchange(real(vi ^ mask), step))
-            mask <<= 1
-            step += 1
-        if i < 2 * rem:
-            exchange(ranks[i - 1], _FOLD_OUT, recv=False)
-        return acc

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 HIER_KINDS = ("U", "W", "R", "D", "S")
 #: Which algorithm sends each record kind ("x": none, see Operation's ABORT edge; "t": the topology
 #: exchange, which goes with any algorithm).
-_PATH = {"u": "tree", "w": "tree", "r": "ring", "s": "shm", **{k: "hier" for k in HIER_KINDS},
+_PATH = {"u": "tree", "w": "tree", "r": "ring", "s": "shm", "d": "doubling", **{k: "hier" for k in HIER_KINDS},
          "R": "hier/ring", "D": "hier/doubling"}
 
 

@@ -10,6 +10,10 @@
   ``2 (n - 1)`` steps each moving ``1/n`` of the array per rank, chunked: every link carries about
   ``2 (n-1)/n`` of the array, so the time approaches the array size over the link bandwidth instead of
   funnelling everything through a root.
+* **doubling** (numpy arrays, named reduction): recursive doubling over the ranks, ``log2 n`` rounds
+  (two more for a non-power-of-two ``n``) in which each rank swaps its whole partial result with a
+  partner (:mod:`.doubling`); "auto" takes it over sockets below ``ring_threshold``: at 2 ranks one
+  message each way at once instead of the tree's round trip through its root.
 * **shm** (numpy arrays, named reduction, every rank on one host): through a shared-memory segment
   (:mod:`.shm`), one copy in and one out per rank and no message per chunk; "auto"
   uses it whenever every rank could map the first rank's segment, from the first such call on.
@@ -18,9 +22,11 @@
 * **innet**: float sums aggregated by an ATP software switch and parameter server that the first
   rank starts for the operation (``collectives.innet_allreduce``).
 
-Records (edges ``AR_UP``, ``AR_DOWN``, ``RING``) are ``(kind, call, step, chunk, payload[, groups])``;
+Records (edges ``AR_UP``, ``AR_DOWN``, ``RING``) are ``(kind, call, step, chunk, payload[, groups])``
+(kinds: ``u``/``w`` tree, ``r`` ring, ``d`` doubling, ``s`` shm, upper case hierarchical);
 ``call`` counts the ``allreduce`` calls of this operation, so consecutive calls never mix. With a named
-reduction, the first record a rank sends in a call (tree: chunk 0 up; ring: step 0 chunk 0) also
+reduction, the first record a rank sends in a call (tree: chunk 0 up; ring: step 0 chunk 0; doubling:
+every record, see :mod:`.doubling`) also
 carries ``groups``, ``{descriptor: [ranks]}`` of the values it covers (descriptor: dtype string with
 byte order, and shape, of an array; "-" for anything else), so a rank that receives it compares the
 values of its subtree or of its left neighbour with its own at no extra message. On a difference it
@@ -41,6 +47,7 @@ from twisternet.errors import (
 from ..edges import AR_DOWN, AR_UP, RING
 from ..reduction import own, snapshot
 from ..routing import KaryTree
+from .doubling import DoublingPath
 from .hierarchical import HierarchicalPath
 from .plumbing import _compatible  # re-exported for tests
 from .ring import _RingCall
@@ -50,10 +57,10 @@ from .tree import TreePath
 if TYPE_CHECKING:
     from ..reduce import AllReduce
 
-VIAS = ("auto", "tree", "ring", "shm", "hier", "innet")
+VIAS = ("auto", "tree", "ring", "doubling", "shm", "hier", "innet")
 
 
-class RankAllReduce(TreePath, HierarchicalPath):
+class RankAllReduce(TreePath, HierarchicalPath, DoublingPath):
     """Carries out ``allreduce`` calls for one AllReduce operation.
 
     One call at a time per process; every participating rank makes the same sequence of calls, with
@@ -159,6 +166,10 @@ class RankAllReduce(TreePath, HierarchicalPath):
             # the other ranks may be in a shared-memory round: join it with "no array", so that a
             # mismatch raises on every rank at once (if all passed such values, go on below)
             self.shm.announce_other(t)
+        if op.via == "doubling" and n > 1 and not shm_ok:   # told to every rank: they wait for its records
+            raise self._failed(ConfigError("via", "via='doubling' needs a non-empty numpy array of numbers and a "
+                                                  "named reduction (sum, prod, max, min)"),
+                               f"in allreduce() call {call}", call)
         if op.via == "shm" and n > 1 and not shm_ok:
             raise ConfigError("via", "via='shm' needs a non-empty numpy array of numbers and a named reduction "
                                      "(sum, prod, max, min)")
@@ -185,6 +196,9 @@ class RankAllReduce(TreePath, HierarchicalPath):
         if ring_ok and (algo == "ring" or (algo == "shm" and value.nbytes >= op.ring_threshold)):
             self._start(call, "ring", value)
             return self._ring(value, call, t, out)
+        if shm_ok and (algo == "doubling" or (algo == "shm" and op.via == "auto")):
+            self._start(call, "doubling", value)
+            return self._flat_doubling(value, call, t, out)
         self._start(call, "tree", value)
         return self._tree(value, call, t)
 

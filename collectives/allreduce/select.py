@@ -11,7 +11,12 @@ on several hosts, numpy array, named op   ``hier``: reduce inside each host (sha
                                           sockets) to its leader; between leaders a ring for
                                           ``nbytes >= 2 * ring_threshold`` (and at least one element
                                           per host), recursive doubling below; broadcast inside each host
-hosts unknown / other values              ``ring`` for ``nbytes >= ring_threshold``, else ``tree``
+one host without shared memory, or hosts   numpy array, named op: ``ring`` for ``nbytes >=
+unknown (sockets, MPI messages, threads)  ring_threshold``, ``doubling`` below (recursive doubling:
+                                          ``log2 n`` rounds of one message each way per rank, where
+                                          the tree waits for a round trip through its root; 1 KB over
+                                          Unix sockets, docs/performance.md)
+other values (objects, callables)         ``tree``
 ========================================  ==========================================================
 
 Every rank decides from what all ranks share (via, the topology, its value's size, the thresholds),
@@ -32,11 +37,13 @@ __all__ = ["choose", "leader_algorithm"]
 
 def choose(via: str, *, nranks: int, array_ok: bool, ring_ok: bool, nbytes: int, ring_threshold: int,
            topology: Topology | None, shm_offered: bool) -> str:
-    """The algorithm of one call: "one", "shm", "hier", "ring" or "tree".
+    """The algorithm of one call: "one", "shm", "hier", "ring", "doubling" or "tree".
 
     ``array_ok``: a non-empty numpy array of numbers with a named reduction; ``ring_ok``: that and at
     least one element per rank; ``shm_offered``: the shared-memory path may be tried (or is set up).
-    A forced ``via`` ("tree", "ring", "shm", "hier") is returned as it is (the caller checks it fits).
+    A forced ``via`` ("tree", "ring", "doubling", "shm", "hier") is returned as it is (the caller checks it
+    fits). Where "shm" cannot be set up the caller falls back to what sockets would take: "ring" from
+    ``ring_threshold`` bytes, "doubling" below.
     """
     if nranks <= 1:
         return "one"
@@ -48,6 +55,8 @@ def choose(via: str, *, nranks: int, array_ok: bool, ring_ok: bool, nbytes: int,
         return "shm"
     if ring_ok and nbytes >= ring_threshold:
         return "ring"
+    if array_ok:
+        return "doubling"
     return "tree"
 
 

@@ -20,7 +20,7 @@ SCRIPT = Path(__file__).parent / "scripts" / "edge_reuse.py"
 
 
 @pytest.mark.parametrize("launcher", ["tcp", "mpi"])
-@pytest.mark.parametrize("via", ["auto", "ring", "tree"])
+@pytest.mark.parametrize("via", ["auto", "ring", "tree", "doubling"])
 def test_training_loop_reuses_the_edge_every_epoch(run_job, launcher: str, via: str) -> None:
     epochs = 40
     p = run_job(launcher, 3, SCRIPT, str(epochs), via, timeout=300)
@@ -29,7 +29,8 @@ def test_training_loop_reuses_the_edge_every_epoch(run_job, launcher: str, via: 
     assert p.returncode == 0
 
 
-def test_threads_reuse_the_edge_every_epoch() -> None:
+@pytest.mark.parametrize("ring_threshold", [64, 1 << 20])    # the array by the ring; by recursive doubling
+def test_threads_reuse_the_edge_every_epoch(ring_threshold: int) -> None:
     import numpy as np
 
     import collectives as C
@@ -37,7 +38,7 @@ def test_threads_reuse_the_edge_every_epoch() -> None:
     def body(ctx):
         ok = 0
         for epoch in range(40):
-            with C.AllReduce(ctx, edge=5, op="sum", timeout=20, ring_threshold=64) as op:
+            with C.AllReduce(ctx, edge=5, op="sum", timeout=20, ring_threshold=ring_threshold) as op:
                 a = op.allreduce(np.full(64, float(ctx.rank + epoch)))
                 b = op.allreduce(ctx.rank * epoch)
             ok += bool(np.all(a == sum(r + epoch for r in range(ctx.world)))

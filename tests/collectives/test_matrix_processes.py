@@ -42,7 +42,7 @@ def test_matrix_in_processes(launcher: str, op: str, mode: str) -> None:
 
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("launcher", LAUNCHERS)
-@pytest.mark.parametrize("via", ["ring", "tree"])   # "auto" picks shared memory here (test_shm_allreduce)
+@pytest.mark.parametrize("via", ["ring", "tree", "doubling"])   # "auto" picks shared memory here (test_shm_allreduce)
 def test_ring_and_tree_allreduce_in_processes(launcher: str, via: str) -> None:
     import numpy as np
     sizes = [10, 300_000]

@@ -1,6 +1,6 @@
 """Ranks that disagree in an allreduce call (dtype with byte order, length, shape) or whose reduction
 raises: every rank raises at once, naming the ranks that differ or the rank that failed, on every path
-(shared memory, tree, ring) and under both launchers; no rank waits for the timeout."""
+(shared memory, tree, ring, recursive doubling) and under both launchers; no rank waits for the timeout."""
 
 from __future__ import annotations
 
@@ -27,17 +27,33 @@ def check_mismatch(res: list, odd: int, case: str) -> None:
             assert ">f4" in second["message"] and "<f4" in second["message"], second
 
 
-# via="ring" with a scalar is refused up front (ConfigError), so it is no mismatch case
-@pytest.mark.parametrize("via, case", [(v, c) for v in ("tree", "ring") for c in CASES + ["scalar"]
-                                       if (v, c) != ("ring", "scalar")])
+# via="ring" and "doubling" refuse a scalar up front (ConfigError), so it is no mismatch case for them
+@pytest.mark.parametrize("via, case", [(v, c) for v in ("tree", "ring", "doubling") for c in CASES + ["scalar"]
+                                       if c != "scalar" or v == "tree"])
 def test_threads_every_rank_raises(via: str, case: str) -> None:
     res = run_local(3, run_mismatch, {"case": case, "via": via, "odd": 2, "chunk_bytes": 1024,
                                       "timeout": 20}, timeout=90)
     check_mismatch(res, 2, case)
 
 
+@pytest.mark.parametrize("world", [2, 4, 5, 8])
+@pytest.mark.parametrize("case", ["byteorder", "shape"])
+def test_threads_doubling_names_the_odd_rank_alike_everywhere(world: int, case: str) -> None:
+    """Recursive doubling gathers every rank's descriptor before it raises: every rank raises the same
+    error, naming the one odd rank (each rank index in turn, folded-in ranks of 5 included), with the
+    others listed together."""
+    for odd in range(world):
+        res = run_local(world, run_mismatch, {"case": case, "via": "doubling", "odd": odd, "timeout": 20},
+                        timeout=90)
+        check_mismatch(res, odd, case)
+        if world > 2:
+            others = [r for r in range(world) if r != odd]
+            assert all(r["second"]["message"] == res[0]["second"]["message"] for r in res), res
+            assert f"ranks {others}: float32" in res[0]["second"]["message"], res[0]
+
+
 def test_threads_ranks_that_pick_different_algorithms_raise() -> None:
-    """24 float32 are 96 bytes, under ring_threshold=100: the tree; 25 are 100 bytes: the ring."""
+    """24 float32 are 96 bytes, under ring_threshold=100: recursive doubling; 25 are 100 bytes: the ring."""
     res = run_local(3, run_mismatch, {"case": "length", "via": "auto", "odd": 1, "ring_threshold": 100,
                                       "timeout": 20}, timeout=90)
     check_mismatch(res, 1, "length")
@@ -56,7 +72,7 @@ def test_processes_shared_memory(launcher: str, case: str) -> None:
 
 
 @pytest.mark.parametrize("launcher", ["tcp", "mpi"])
-@pytest.mark.parametrize("via", ["tree", "ring"])
+@pytest.mark.parametrize("via", ["tree", "ring", "doubling"])
 def test_processes_messages(launcher: str, via: str) -> None:
     res = run_scenario(launcher, 3, "run_mismatch", {"case": "byteorder", "via": via, "odd": 0,
                                                      "timeout": 20, "ring_threshold": 1}, timeout=150)

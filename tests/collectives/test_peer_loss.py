@@ -31,3 +31,17 @@ def test_survivors_name_the_killed_rank_at_their_next_call(kind: str, repeat: in
     for r in (0, 1, 2):
         assert f"twisternet: rank {r} exited with code 3 (lost after rank 3)" in p.stderr, p.stderr[-3000:]
     assert "HUNG" not in p.stdout
+
+
+@pytest.mark.parametrize("world", [3, 4])    # 3: the folded-in rank waits on a survivor, not on the victim
+def test_doubling_allreduce_survivors_name_the_killed_rank(world: int) -> None:
+    victim = world - 1
+    p = run_tcp(world, Path(__file__).parent / "scripts" / "lost_doubling.py", timeout=200, grace=30,
+                TWISTERNET_PEER_TIMEOUT="10")
+    out = p.stdout + p.stderr
+    lost = lines(p, "PEERLOST")
+    assert len(lost) == world - 1, out[-4000:]
+    for line in lost:
+        assert f"lost={victim} " in line and "calls=50 " in line, out[-4000:]
+    assert f"twisternet: rank {victim} was killed by SIGKILL" in p.stderr, p.stderr[-3000:]
+    assert "HUNG" not in p.stdout

@@ -102,9 +102,12 @@ ONE_HOST = Topology({0: "a", 1: "a", 2: "a", 3: "a"})
     (TWO_HOSTS, False, False, 0, "tree"),       # not an array of numbers with a named reduction
     (ONE_HOST, True, True, 64 << 20, "shm"),
     (ONE_HOST, True, False, 64 << 20, "ring"),  # the local channel: no segment offered
-    (ONE_HOST, True, False, 1024, "tree"),
+    (ONE_HOST, True, False, 1024, "doubling"),   # over sockets, small: recursive doubling
+    (ONE_HOST, False, False, 1024, "tree"),
     (None, True, False, 64 << 20, "ring"),
-    (None, True, False, 100, "tree"),
+    (None, True, False, (1 << 20) - 1, "doubling"),
+    (None, True, False, 100, "doubling"),
+    (None, False, False, 100, "tree"),
 ])
 def test_auto_selection(topo, array_ok, shm_offered, nbytes, want) -> None:
     got = choose("auto", nranks=4, array_ok=array_ok, ring_ok=array_ok, nbytes=nbytes, ring_threshold=1 << 20,
@@ -113,7 +116,7 @@ def test_auto_selection(topo, array_ok, shm_offered, nbytes, want) -> None:
 
 
 def test_forced_and_trivial_selection() -> None:
-    for via in ("tree", "ring", "shm", "hier"):
+    for via in ("tree", "ring", "doubling", "shm", "hier"):
         assert choose(via, nranks=4, array_ok=True, ring_ok=True, nbytes=1, ring_threshold=1,
                       topology=TWO_HOSTS, shm_offered=True) == via
     assert choose("auto", nranks=1, array_ok=True, ring_ok=True, nbytes=1, ring_threshold=1,

@@ -90,7 +90,7 @@ def test_ddp_50_steps_equal_gloo(tmp_path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("via", ["ring", "tree"])
+@pytest.mark.parametrize("via", ["ring", "tree", "doubling"])
 def test_ddp_equal_gloo_other_algorithms(tmp_path, via: str) -> None:
     gloo = _ddp(tmp_path, "gloo", 4)
     ours = _ddp(tmp_path, "twisternet", 4, "--via", via)

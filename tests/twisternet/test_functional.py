@@ -210,3 +210,34 @@ def test_allreduce_async_of_an_operation() -> None:
             hs = [op.allreduce_async(np.full(4, float(i + ctx.rank))) for i in range(3)]
             return [h.wait()[0] for h in hs]
     assert run_local(2, body, timeout=60) == [[1.0, 3.0, 5.0]] * 2
+
+
+@pytest.mark.parametrize("world", [2, 3, 5])     # 3 and 5: recursive doubling folds ranks in and out
+def test_barrier_returns_only_after_every_rank_entered(world: int) -> None:
+    """Rank 0 enters last (after every other rank is about to enter); no rank leaves before it entered,
+    in the blocking and the non-blocking form."""
+    import threading
+    entered: list[int] = []
+    lock = threading.Lock()
+    others = [threading.Event() for _ in range(2)]
+    count = [0, 0]
+
+    def body(ctx):
+        seen = []
+        for i, blocking in enumerate((True, False)):
+            if ctx.rank == 0:
+                others[i].wait(60)
+            with lock:
+                entered.append(ctx.rank)
+                if ctx.rank:
+                    count[i] += 1
+                    if count[i] == world - 1:
+                        others[i].set()
+            if blocking:
+                tn.barrier(ctx=ctx)
+            else:
+                tn.barrier(async_op=True, ctx=ctx).wait(60)
+            with lock:
+                seen.append(sorted(entered).count(0))
+        return seen
+    assert run_local(world, body, timeout=120) == [[1, 2]] * world

@@ -39,7 +39,7 @@ from .tensors import TorchBackendError
 
 log = logging.getLogger(__name__)
 
-#: Environment variable choosing the allreduce algorithm of every group ("auto", "shm", "ring", "tree",
+#: Environment variable choosing the allreduce algorithm of every group ("auto", "shm", "ring", "doubling", "tree",
 #: "innet"); not a TWISTERNET_ variable, which would be read as a configuration key.
 VIA_ENV = "TORCH_TWISTERNET_VIA"
 _default_via: str | None = None

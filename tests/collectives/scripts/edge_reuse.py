@@ -21,8 +21,8 @@ with tn.init() as ctx:
             op = C.AllReduce(ctx, edge=5, op="sum", via=VIA, timeout=30, ring_threshold=1024)
             grad = np.full(4096, ctx.rank + epoch, np.float64)
             total = op.allreduce(grad)
-            # via="ring" takes arrays only: a second array stands in for the scalar
-            loss = (op.allreduce(np.full(8, float(ctx.rank * epoch)))[0] if VIA == "ring"
+            # via="ring" and "doubling" take arrays only: a second array stands in for the scalar
+            loss = (op.allreduce(np.full(8, float(ctx.rank * epoch)))[0] if VIA in ("ring", "doubling")
                     else op.allreduce(float(ctx.rank * epoch)))
             op.close()
             want = sum(r + epoch for r in range(ctx.world))
