@@ -65,7 +65,7 @@ class KeyedGatherTables(TableOps, UpTreeState):
         larger than memory: past ``memory_limit`` bytes (default this destination's share of
         ``config.memory_limit``) sorted runs are spilled as Arrow IPC files to ``config.spill_dir``
         (``compression``: e.g. ``"lz4"`` or ``"zstd"``) and merged back by key in blocks; afterwards
-        ``spilled_runs`` says how many runs were written."""
+        ``spilled_runs`` says how many runs were written and ``spilled_run_bytes`` their size on disk."""
         from ..columnar_spill import SortedRuns
         task = self._check_table_results(task)
         require_pyarrow()
@@ -90,10 +90,10 @@ class KeyedGatherTables(TableOps, UpTreeState):
                 runs.add(t.replace_schema_metadata(plain.metadata))
             if runs is None:
                 return
-            self.spilled_runs = runs.runs
+            self.spilled_runs, self.spilled_run_bytes = runs.runs, runs.spilled_bytes
             for batch in runs.batches():
                 yield batch
-            self.spilled_runs = runs.runs
+            self.spilled_runs, self.spilled_run_bytes = runs.runs, runs.spilled_bytes
         finally:
             if runs is not None:
                 runs.close()
