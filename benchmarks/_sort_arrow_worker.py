@@ -8,7 +8,8 @@ keys gives the range splitters, ``send_table`` routes the rows to the destinatio
 range, and ``result_batches`` reads this destination's rows back in key order within ``memory_limit``
 (sorted runs spilled as Arrow IPC files and merged), each batch summarized as it comes (count,
 checksum, order, first and last key). The time is this worker's, from the start to its last batch
-summarized. Prints one ``SORT {json}`` line per worker (``phases``: seconds of this worker's steps).
+summarized. Prints one ``SORT {json}`` line per worker (``phases``: seconds of this worker's steps;
+``peak_rss_mb``: the process's peak RSS, which includes its input table, ``input_mb``).
 
 ``SORT_PROFILE=PATH`` in the environment: rank 0 runs the timed part under cProfile and writes the
 stats to PATH (``python -m pstats PATH``); its time then includes the profiler's overhead.
@@ -16,6 +17,7 @@ stats to PATH (``python -m pstats PATH``); its time then includes the profiler's
 
 import json
 import os
+import resource
 import sys
 import time
 from pathlib import Path
@@ -72,7 +74,8 @@ def main() -> None:
             prof.dump_stats(profile_to)
         out = summary.result()
         out.update(rank=ctx.rank, seconds=elapsed, cpu_s=cpu, spilled_bytes=sort.spilled_bytes,
-                   spilled_runs=sort.spilled_runs, spilled_run_bytes=sort.spilled_run_bytes,
+                   input_mb=table.nbytes / 1e6, peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3,
+                   spilled_runs=sort.spilled_runs,
                    phases={"splitters": t1 - t0, "send": t2 - t1, "receive+merge": t3 - t2 - checking,
                            "summary": checking})
         print("SORT " + json.dumps(out), flush=True)

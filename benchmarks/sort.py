@@ -79,7 +79,7 @@ def run_twisternet(workers: int, total: int, memory: int, arrow: bool = False) -
     rows.sort(key=lambda r: r["rank"])
     return {"seconds": max(r["seconds"] for r in rows), "parts": rows,
             "cpu_s": sum(r["cpu_s"] for r in rows) if all("cpu_s" in r for r in rows) else None,
-            "spilled_bytes": sum(r["spilled_bytes"] + r.get("spilled_run_bytes", 0) for r in rows)}
+            "spilled_bytes": sum(r["spilled_bytes"] for r in rows)}
 
 
 def run_pyarrow(workers: int, total: int) -> dict[str, Any]:

@@ -1,15 +1,16 @@
 """Sorting tables larger than memory: sorted runs spilled as Arrow IPC files, merged back by key in
 vectorized blocks.
 
-:class:`SortedRuns` takes tables (:meth:`~SortedRuns.add`) while their bytes stay under a budget; past it
-the held rows are sorted by key (stable) and written as a *run*: an Arrow IPC file of record batches
+:class:`SortedRuns` takes tables (:meth:`~SortedRuns.add`) while their bytes stay under a budget; past
+it the held rows are sorted by key (stable) and written as a *run*: an Arrow IPC file of record batches
 (optionally compressed). :meth:`~SortedRuns.batches` then yields every row in key order, stable (equal
-keys in the order added), as record batches: from memory when nothing was spilled, else by a block-wise
-k-way merge: each round takes, from every run's current batch, the rows whose key is below the smallest
-last key of the runs that have more batches (found by binary search), sorts that block with one Arrow
-sort, and yields it. Runs are written in batches of 1/16 of the budget, so merging holds about two such
-batches per run: within the budget up to 8 runs (data 8x the budget), growing by 1/8 of it per
-further run. Freed Arrow memory is handed back to the system after each run and merge block.
+keys by a ``tiebreak`` column if given, then in the order added), as record batches: from memory when
+nothing was spilled, else by a block-wise k-way merge: each round takes, from every run's current batch,
+the rows whose key is below the smallest last key of the runs that have more batches (found by binary
+search), sorts that block with one Arrow sort, and yields it. Runs are written in batches of 1/16 of the
+budget, so merging holds about two such batches per run: within the budget up to 8 runs (data 8x the
+budget), growing by 1/8 of it per further run. Freed Arrow memory is handed back to the system after
+each run and merge block.
 """
 
 from __future__ import annotations
@@ -100,11 +101,14 @@ class SortedRuns:
     bytes while adding, spilling sorted Arrow IPC runs to ``spill_dir`` past it."""
 
     def __init__(self, keys: Sequence[str], memory_limit: int, spill_dir: str | None = None, *,
-                 compression: str | None = None, batch_rows: int = 65536, name: str = "sorted runs") -> None:
+                 compression: str | None = None, batch_rows: int = 65536, name: str = "sorted runs",
+                 tiebreak: str | None = None) -> None:
         pa = require_pyarrow()
         if compression is not None and not pa.Codec.is_available(compression):
             raise ValueError(f"Arrow IPC compression {compression!r} is not available in this pyarrow")
         self.keys = list(keys)
+        #: A column ordering rows of equal keys (before the order they were added in), or None.
+        self.tiebreak = tiebreak
         self.memory_limit = max(1, int(memory_limit))
         self.spill_dir = spill_dir or tempfile.gettempdir()
         self.compression = compression
@@ -131,7 +135,23 @@ class SortedRuns:
         pa = require_pyarrow()
         table = pa.concat_tables(self._mem) if self._mem else None
         self._mem, self._mem_bytes = [], 0
-        return sort_by_keys(table, self.keys) if table is not None else None
+        return sort_by_keys(table, self.keys, self.tiebreak) if table is not None else None
+
+    def set_compression(self, compression: str | None) -> None:
+        """Compress the runs written from now on with ``compression`` (e.g. ``"lz4"``; None: not)."""
+        pa = require_pyarrow()
+        if compression is not None and not pa.Codec.is_available(compression):
+            raise ValueError(f"Arrow IPC compression {compression!r} is not available in this pyarrow")
+        self.compression = compression
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of the rows held in memory (not yet spilled)."""
+        return self._mem_bytes
+
+    def spill(self) -> None:
+        """Write the rows held in memory as one more sorted run (none if there are none)."""
+        self._spill()
 
     def _spill(self) -> None:
         pa = require_pyarrow()
@@ -198,7 +218,7 @@ class SortedRuns:
                     if not r.buf.num_rows:
                         r.load()
             if block:
-                merged = sort_by_keys(pa.concat_tables(block), self.keys)
+                merged = sort_by_keys(pa.concat_tables(block), self.keys, self.tiebreak)
                 del block
                 yield from merged.to_batches(max_chunksize=self.batch_rows)
                 del merged
