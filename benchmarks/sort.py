@@ -150,7 +150,7 @@ def run(opts: SuiteOptions) -> SuiteResult:
     bar.step("checksum of the input")
     want = {w: expected(w, total) for w in workers}
     raw: dict[str, Any] = {"records": total, "bytes": total * RECORD_BYTES, ARROW: {}, RECORD: {},
-                           "spilled_bytes": {ARROW: {}, RECORD: {}}, "phases": {}, "pyarrow": {},
+                           "spilled_bytes": {ARROW: {}, RECORD: {}}, "phases": {}, "pyarrow": {},  # phases: per rank
                            "pyarrow sort_s": {}, "memory_limit": {}, "PySpark": {}, "Dask": {},
                            "PySpark startup_s": {}, "PySpark spilled_bytes": {},
                            "cpu_s": {ARROW: {}, RECORD: {}, "PySpark": {}, "pyarrow": {}}}
@@ -167,7 +167,9 @@ def run(opts: SuiteOptions) -> SuiteResult:
                 raw["spilled_bytes"][name].setdefault(w, []).append(r["spilled_bytes"])
                 raw["cpu_s"][name].setdefault(w, []).append(r.get("cpu_s"))
                 if name == ARROW:
-                    raw["phases"].setdefault(w, []).append([p.get("phases") for p in r["parts"]])
+                    raw["phases"].setdefault(w, []).append([
+                        {k: p.get(k) for k in ("phases", "peak_rss_mb", "input_mb", "spilled_runs")}
+                        for p in r["parts"]])
             if with_pyarrow:
                 bar.step(f"run {rep + 1}/{repeat}: pyarrow, 1 process (input of {w} workers)")
                 r = run_pyarrow(w, total)
@@ -255,12 +257,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dask", type=int, default=None, help="1: include Dask, 0: leave it out")
     ap.add_argument("--record", type=int, default=None, help="0: leave out twisternet's record path")
     ap.add_argument("--pyarrow", type=int, default=None, help="0: leave out the pyarrow reference")
+    ap.add_argument("--json", default=None, help="also write the suite's result, raw figures included, here")
     a = ap.parse_args(argv)
     extra = {k: str(v) for k, v in (("bytes", a.bytes), ("records", a.records), ("memory", a.memory),
                                      ("spark", a.spark), ("dask", a.dask), ("record", a.record),
                                      ("pyarrow", a.pyarrow)) if v is not None}
     workers = [int(x) for x in a.workers.split(",")]
-    report.run_standalone(NAME, run, SuiteOptions(quick=a.quick, repeat=a.repeat, workers=workers, extra=extra))
+    report.run_standalone(NAME, run, SuiteOptions(quick=a.quick, repeat=a.repeat, workers=workers, extra=extra),
+                          json_path=a.json)
     return 0
 
 
