@@ -9,7 +9,8 @@ range, and ``result_batches`` reads this destination's rows back in key order wi
 (sorted runs spilled as Arrow IPC files and merged), each batch summarized as it comes (count,
 checksum, order, first and last key). The time is this worker's, from the start to its last batch
 summarized. Prints one ``SORT {json}`` line per worker (``phases``: seconds of this worker's steps;
-``peak_rss_mb``: the process's peak RSS, which includes its input table, ``input_mb``).
+``start_rss_mb``: RSS at the start, its input table, ``input_mb``, included; ``peak_rss_mb``: peak
+RSS from there to the end, on Linux).
 
 ``SORT_PROFILE=PATH`` in the environment: rank 0 runs the timed part under cProfile and writes the
 stats to PATH (``python -m pstats PATH``); its time then includes the profiler's overhead.
@@ -17,7 +18,6 @@ stats to PATH (``python -m pstats PATH``); its time then includes the profiler's
 
 import json
 import os
-import resource
 import sys
 import time
 from pathlib import Path
@@ -35,6 +35,27 @@ from _sort_data import BatchSummary, generate_table
 SAMPLE = 10_000         # keys sampled per worker for the splitters
 
 
+def _status_mb(field: str) -> float | None:
+    """``field`` (e.g. ``VmRSS``, ``VmHWM``) of /proc/self/status in MB, None where there is none."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) / 1e3
+    except OSError:
+        pass
+    return None
+
+
+def _reset_peak() -> None:
+    """Start VmHWM (peak RSS) over from the current RSS (Linux), so it covers the sort alone."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
 def main() -> None:
     total, memory = int(sys.argv[1]), int(sys.argv[2])
     with tn.init(timeout=1800, memory_limit=memory) as ctx:
@@ -48,6 +69,8 @@ def main() -> None:
         if profile_to:
             import cProfile
             prof = cProfile.Profile()
+        _reset_peak()
+        start_rss = _status_mb("VmRSS")
         Barrier(ctx, "start", ctx.world).enter(ctx.rank)
         t0, c0 = time.perf_counter(), time.process_time()
         if prof is not None:
@@ -74,7 +97,7 @@ def main() -> None:
             prof.dump_stats(profile_to)
         out = summary.result()
         out.update(rank=ctx.rank, seconds=elapsed, cpu_s=cpu, spilled_bytes=sort.spilled_bytes,
-                   input_mb=table.nbytes / 1e6, peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3,
+                   input_mb=table.nbytes / 1e6, start_rss_mb=start_rss, peak_rss_mb=_status_mb("VmHWM"),
                    spilled_runs=sort.spilled_runs,
                    phases={"splitters": t1 - t0, "send": t2 - t1, "receive+merge": t3 - t2 - checking,
                            "summary": checking})

@@ -168,7 +168,7 @@ def run(opts: SuiteOptions) -> SuiteResult:
                 raw["cpu_s"][name].setdefault(w, []).append(r.get("cpu_s"))
                 if name == ARROW:
                     raw["phases"].setdefault(w, []).append([
-                        {k: p.get(k) for k in ("phases", "peak_rss_mb", "input_mb", "spilled_runs")}
+                        {k: p.get(k) for k in ("phases", "start_rss_mb", "peak_rss_mb", "input_mb", "spilled_runs")}
                         for p in r["parts"]])
             if with_pyarrow:
                 bar.step(f"run {rep + 1}/{repeat}: pyarrow, 1 process (input of {w} workers)")
