@@ -16,22 +16,37 @@ from .hashing import _valid
 def sort_by_keys(table: Any, keys: Sequence[str], tiebreak: str | None = None) -> Any:
     """``table`` stably sorted by ``keys`` ascending, nulls first; rows of equal keys ordered by the
     ``tiebreak`` column (an unsigned integer column without nulls), if given, before their row order."""
-    import pyarrow.compute as pc
     if table.num_rows < 2 or not keys:
         return table
-    if any(c.num_chunks > 1 for c in table.columns):
-        # Arrow sorts and takes contiguous columns several times faster (one dictionary per column first)
-        table = table.unify_dictionaries().combine_chunks()
-    fast = _binary_key_order(table, keys, tiebreak)
+    return sorted_source(table).take(sort_indices(table, keys, tiebreak))
+
+
+def sorted_source(table: Any) -> Any:
+    """``table`` ready for taking rows in a sort order (dictionary columns unified across chunks; the
+    other columns stay as they are: taking from chunks needs no combined copy of the table)."""
+    pa = require_pyarrow()
+    if any(c.num_chunks > 1 and pa.types.is_dictionary(c.type) for c in table.columns):
+        table = table.unify_dictionaries()
+    return table
+
+
+def sort_indices(table: Any, keys: Sequence[str], tiebreak: str | None = None) -> Any:
+    """The stable order (row indices, numpy or Arrow) of :func:`sort_by_keys`, computed from the key
+    (and tie-break) columns alone, combined into one chunk each first (Arrow sorts contiguous columns
+    several times faster)."""
+    import pyarrow.compute as pc
+    names = [*keys, *([tiebreak] if tiebreak else [])]
+    by = table.select(names)
+    if any(c.num_chunks > 1 for c in by.columns):
+        by = by.unify_dictionaries().combine_chunks()
+    fast = _binary_key_order(by, keys, tiebreak)
     if fast is not None:
-        return table.take(fast)
-    by = _sortable(table, list(keys) + ([tiebreak] if tiebreak else []))
-    order = [*keys, *([tiebreak] if tiebreak else [])]
+        return fast
+    by = _sortable(by, names)
     try:       # pyarrow >= 25: null placement per sort key
-        idx = pc.sort_indices(by, sort_keys=[(k, "ascending", "at_start") for k in order])
+        return pc.sort_indices(by, sort_keys=[(k, "ascending", "at_start") for k in names])
     except (TypeError, ValueError):
-        idx = pc.sort_indices(by, sort_keys=[(k, "ascending") for k in order], null_placement="at_start")
-    return table.take(idx)
+        return pc.sort_indices(by, sort_keys=[(k, "ascending") for k in names], null_placement="at_start")
 
 
 def _word_columns(raw: np.ndarray, n: int, width: int) -> list[np.ndarray]:
