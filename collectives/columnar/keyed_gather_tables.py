@@ -112,6 +112,7 @@ class KeyedGatherTables(TableOps, UpTreeState):
         if g is not None:
             if compression is not None:
                 g.runs.set_compression(compression)
+            self.spilled_runs = g.runs.runs
             yield from g.batches(schema, memory_limit, batch_rows)
             self.spilled_runs = g.runs.runs
         self._consumed(task)
