@@ -1,15 +1,16 @@
 """Sorting tables larger than memory: sorted runs spilled as Arrow IPC files, merged back by key in
 vectorized blocks.
 
-:class:`SortedRuns` takes tables (:meth:`~SortedRuns.add`) while their bytes stay under a budget; past it
-the held rows are sorted by key (stable) and written as a *run*: an Arrow IPC file of record batches
+:class:`SortedRuns` takes tables (:meth:`~SortedRuns.add`) while their bytes stay under a budget; past
+it the held rows are sorted by key (stable) and written as a *run*: an Arrow IPC file of record batches
 (optionally compressed). :meth:`~SortedRuns.batches` then yields every row in key order, stable (equal
-keys in the order added), as record batches: from memory when nothing was spilled, else by a block-wise
-k-way merge: each round takes, from every run's current batch, the rows whose key is below the smallest
-last key of the runs that have more batches (found by binary search), sorts that block with one Arrow
-sort, and yields it. Runs are written in batches of 1/16 of the budget, so merging holds about two such
-batches per run: within the budget up to 8 runs (data 8x the budget), growing by 1/8 of it per
-further run. Freed Arrow memory is handed back to the system after each run and merge block.
+keys by a ``tiebreak`` column if given, then in the order added), as record batches: from memory when
+nothing was spilled, else by a block-wise k-way merge: each round takes, from every run's current batch,
+the rows whose key is below the smallest last key of the runs that have more batches (found by binary
+search), sorts that block with one Arrow sort, and yields it. Runs are written in batches of 1/16 of the
+budget, so merging holds about two such batches per run: within the budget up to 8 runs (data 8x the
+budget), growing by 1/8 of it per further run. Freed Arrow memory is handed back to the system after
+each run and merge block.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from collections.abc import Iterator, Sequence
 
 from twisternet.arrowcodec import require_pyarrow
 
-from .columnar import sort_by_keys
+from .columnar.sorting import sort_indices, sorted_source
 
 log = logging.getLogger(__name__)
 
@@ -100,11 +101,14 @@ class SortedRuns:
     bytes while adding, spilling sorted Arrow IPC runs to ``spill_dir`` past it."""
 
     def __init__(self, keys: Sequence[str], memory_limit: int, spill_dir: str | None = None, *,
-                 compression: str | None = None, batch_rows: int = 65536, name: str = "sorted runs") -> None:
+                 compression: str | None = None, batch_rows: int = 65536, name: str = "sorted runs",
+                 tiebreak: str | None = None) -> None:
         pa = require_pyarrow()
         if compression is not None and not pa.Codec.is_available(compression):
             raise ValueError(f"Arrow IPC compression {compression!r} is not available in this pyarrow")
         self.keys = list(keys)
+        #: A column ordering rows of equal keys (before the order they were added in), or None.
+        self.tiebreak = tiebreak
         self.memory_limit = max(1, int(memory_limit))
         self.spill_dir = spill_dir or tempfile.gettempdir()
         self.compression = compression
@@ -127,27 +131,52 @@ class SortedRuns:
         if self._mem_bytes >= self.memory_limit:
             self._spill()
 
-    def _sorted_mem(self) -> Any:
+    def _sorted_mem(self, batch_rows: int) -> Iterator[Any]:
+        """The rows held, sorted (stable), as tables of at most ``batch_rows`` rows; they are no longer
+        held. Each table is taken from the held rows in turn, so no sorted copy of all of them is made."""
         pa = require_pyarrow()
-        table = pa.concat_tables(self._mem) if self._mem else None
+        if not self._mem:
+            return
+        table = pa.concat_tables(self._mem)
         self._mem, self._mem_bytes = [], 0
-        return sort_by_keys(table, self.keys) if table is not None else None
+        if table.num_rows < 2:
+            yield table
+            return
+        order = sort_indices(table, self.keys, self.tiebreak)
+        table = sorted_source(table)
+        for start in range(0, table.num_rows, batch_rows):
+            yield table.take(order[start:start + batch_rows])
+
+    def set_compression(self, compression: str | None) -> None:
+        """Compress the runs written from now on with ``compression`` (e.g. ``"lz4"``; None: not)."""
+        pa = require_pyarrow()
+        if compression is not None and not pa.Codec.is_available(compression):
+            raise ValueError(f"Arrow IPC compression {compression!r} is not available in this pyarrow")
+        self.compression = compression
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of the rows held in memory (not yet spilled)."""
+        return self._mem_bytes
+
+    def spill(self) -> None:
+        """Write the rows held in memory as one more sorted run (none if there are none)."""
+        self._spill()
 
     def _spill(self) -> None:
         pa = require_pyarrow()
-        table = self._sorted_mem()
-        if table is None:
+        if not self._mem:
             return
+        # run batches of 1/16 of the budget: merging 16 runs holds about the budget again
+        per_row = max(1, self._mem_bytes // max(1, sum(t.num_rows for t in self._mem)))
+        rows = max(64, self.memory_limit // 16 // per_row)
+        schema = self._mem[0].schema
         os.makedirs(self.spill_dir, exist_ok=True)
         path = os.path.join(self.spill_dir, f"twisternet-run-{os.getpid()}-{uuid.uuid4().hex}.arrow")
         options = pa.ipc.IpcWriteOptions(compression=self.compression)
-        with pa.OSFile(path, "wb") as f, pa.ipc.new_file(f, table.schema, options=options) as w:
-            # run batches of 1/16 of the budget: merging 16 runs holds about the budget again
-            per_row = max(1, table.nbytes // max(1, table.num_rows))
-            rows = max(64, self.memory_limit // 16 // per_row)
-            for batch in table.to_batches(max_chunksize=rows):
-                w.write_batch(batch)
-        del table
+        with pa.OSFile(path, "wb") as f, pa.ipc.new_file(f, schema, options=options) as w:
+            for part in self._sorted_mem(rows):
+                w.write_table(part)
         _release()
         self._paths.append(path)
         self.runs += 1
@@ -159,9 +188,8 @@ class SortedRuns:
         """Every row added, sorted by key (stable), as record batches of at most ``batch_rows`` rows."""
         pa = require_pyarrow()
         if not self._paths:
-            table = self._sorted_mem()
-            if table is not None:
-                yield from table.to_batches(max_chunksize=self.batch_rows)
+            for part in self._sorted_mem(self.batch_rows):
+                yield from part.to_batches()
             return
         self._spill()
         self._runs = [_Run(p, self.keys) for p in self._paths]
@@ -198,10 +226,13 @@ class SortedRuns:
                     if not r.buf.num_rows:
                         r.load()
             if block:
-                merged = sort_by_keys(pa.concat_tables(block), self.keys)
+                merged = pa.concat_tables(block)
                 del block
-                yield from merged.to_batches(max_chunksize=self.batch_rows)
-                del merged
+                order = sort_indices(merged, self.keys, self.tiebreak)
+                merged = sorted_source(merged)
+                for start in range(0, merged.num_rows, self.batch_rows):   # no sorted copy of the block
+                    yield from merged.take(order[start:start + self.batch_rows]).to_batches()
+                del merged, order
                 _release()
             if not pending:
                 break

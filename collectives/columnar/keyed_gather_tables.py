@@ -1,5 +1,5 @@
-"""KeyedGather's table path: rows routed by key, sorted by key at their destination (spilled runs past
-the memory bound)."""
+"""KeyedGather's table path: rows routed by key, sorted by key at their destination (in batch mode kept
+as they arrive by :mod:`.gathered_tables`: sorted Arrow runs spilled past the memory bound)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from collections.abc import Iterable, Iterator, Sequence
 
 from twisternet.arrowcodec import require_pyarrow
+from twisternet.errors import TwisternetError
 
 from ..uptree import Node, UpTreeState
 from .sorting import sort_by_keys
@@ -50,6 +51,37 @@ class KeyedGatherTables(TableOps, UpTreeState):
         self._send_direct(task, node.parent, UP_BASE + node.level - 1, ("d", node.tid, [[tag], [task], [piece]]),
                           timeout, before=lambda: self._flush_node(node))
 
+    def _table_piece(self, node: Node, tag: Any, piece: Any) -> None:
+        """Batch: keep a table piece reaching destination ``node`` (under the lock) in its sorted runs."""
+        from .gathered_tables import GatheredTables
+        gathered = self.__dict__.setdefault("_gathered", {})
+        g = gathered.get(node.tid)
+        if g is None:
+            share = max(1024, self.ctx.config.memory_limit // max(1, len(self.local_destinations)))
+            g = gathered[node.tid] = GatheredTables(share, self.ctx.config.spill_dir,
+                                                    f"{self.describe()}(edge={self.edge}) task {node.tid}")
+        g.add((int(tag[0]), int(tag[1])), piece)
+
+    def _gathered_tables(self, task: int) -> Any:
+        """Batch: destination ``task``'s GatheredTables (None if no table reached it)."""
+        return self.__dict__.get("_gathered", {}).get(task)
+
+    def _gathered_result(self, task: int, timeout: float | None) -> tuple[Any, Any]:
+        """Batch: once destination ``task`` is complete, its GatheredTables and the result's schema
+        (None, None without tables); raises on records among the tables or schemas that differ."""
+        if self.callback is not None:
+            raise TwisternetError(f"{self.describe()} on edge {self.edge} delivers its results to the callback")
+        sink = self._sinks[task]
+        self._wait(lambda: sink.complete, "batch results not complete", task, timeout)
+        store = self._nodes[task].state
+        if store is not None and len(store):
+            (_key, src), value = next(iter(store))
+            self._checked_piece(None, None, src, value)        # raises: a record, not a table
+        g = self._gathered_tables(task)
+        if g is None:
+            return None, None
+        return g, g.check_schemas(self._checked_piece)
+
     def _table_pairs(self, task: int, timeout: float | None) -> Iterable[tuple[int, Any]]:
         for tag, value in self.results(task, timeout=timeout):
             if self.group and isinstance(value, list):
@@ -62,11 +94,12 @@ class KeyedGatherTables(TableOps, UpTreeState):
                        batch_rows: int = 65536, memory_limit: int | None = None,
                        compression: str | None = None) -> Iterator[Any]:
         """Batch: :meth:`result_table`'s rows as ``pyarrow.RecordBatch``es in the same order, for results
-        larger than memory: past ``memory_limit`` bytes (default this destination's share of
-        ``config.memory_limit``) sorted runs are spilled as Arrow IPC files to ``config.spill_dir``
-        (``compression``: e.g. ``"lz4"`` or ``"zstd"``) and merged back by key in blocks; afterwards
-        ``spilled_runs`` says how many runs were written."""
-        from ..columnar_spill import SortedRuns
+        larger than memory. The rows are kept as they arrive within this destination's share of
+        ``config.memory_limit``, past it as sorted runs spilled as Arrow IPC files to
+        ``config.spill_dir``; the rows still held are spilled too when more than ``memory_limit``
+        bytes (``compression``, e.g. ``"lz4"`` or ``"zstd"``, applies to the runs written from here
+        on); the runs are merged back by key in blocks. Afterwards ``spilled_runs`` says how many runs
+        were written."""
         task = self._check_table_results(task)
         require_pyarrow()
         if self.mode != "batch":          # streaming: pieces as they arrive (unsorted), key metadata dropped
@@ -75,35 +108,30 @@ class KeyedGatherTables(TableOps, UpTreeState):
                 meta.pop(b"twisternet.keys", None)
                 yield batch.replace_schema_metadata(meta or None)
             return
-        cfg = self.ctx.config
-        limit = memory_limit or max(1 << 20, cfg.memory_limit // max(1, len(self.local_destinations)))
-        runs = None
-        try:
-            for t, _ in self._checked_pieces(self._table_pairs(task, timeout)):
-                if runs is None:    # the first piece: its metadata names the key columns
-                    first = t.schema
-                    meta = dict(first.metadata or {})
-                    keys = json.loads(meta.pop(b"twisternet.keys", b"[]"))
-                    plain = first.with_metadata(meta or None)
-                    runs = SortedRuns(keys, limit, cfg.spill_dir, compression=compression, batch_rows=batch_rows,
-                                      name=f"{self.describe()}(edge={self.edge}) task {task}")
-                runs.add(t.replace_schema_metadata(plain.metadata))
-            if runs is None:
-                return
-            self.spilled_runs = runs.runs
-            for batch in runs.batches():
-                yield batch
-            self.spilled_runs = runs.runs
-        finally:
-            if runs is not None:
-                runs.close()
+        g, schema = self._gathered_result(task, timeout)
+        if g is not None:
+            if compression is not None:
+                g.runs.set_compression(compression)
+            self.spilled_runs = g.runs.runs
+            yield from g.batches(schema, memory_limit, batch_rows)
+            self.spilled_runs = g.runs.runs
+        self._consumed(task)
 
     def result_table(self, task: int | None = None, *, timeout: float | None = None) -> Any:
         """Batch: this destination's rows sorted by the key columns (nulls first; equal keys by
         source task, then send order)."""
+        pa = require_pyarrow()
         task = self._check_table_results(task)
-        table = self._collect(task, timeout, self._table_pairs(task, timeout))
-        meta = dict(table.schema.metadata or {})
-        keys = json.loads(meta.pop(b"twisternet.keys", b"[]"))
-        table = table.replace_schema_metadata(meta or None)
-        return sort_by_keys(table, keys)
+        if self.mode != "batch":
+            table = self._collect(task, timeout, self._table_pairs(task, timeout))
+            meta = dict(table.schema.metadata or {})
+            keys = json.loads(meta.pop(b"twisternet.keys", b"[]"))
+            return sort_by_keys(table.replace_schema_metadata(meta or None), keys)
+        g, schema = self._gathered_result(task, timeout)
+        if g is None:
+            self._consumed(task)
+            return pa.table({})
+        table = pa.Table.from_batches(list(g.batches(schema, None, 1 << 62)), schema=schema)
+        self.spilled_runs = g.runs.runs
+        self._consumed(task)
+        return table

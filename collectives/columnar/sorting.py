@@ -1,4 +1,5 @@
-"""Stable sorting of tables by key columns, nulls first (numpy for a single fixed-size binary key)."""
+"""Stable sorting of tables by key columns, nulls first (numpy for a single fixed-size binary key), with an
+optional tie-break column ordering rows of equal keys."""
 
 from __future__ import annotations
 
@@ -12,23 +13,40 @@ from twisternet.arrowcodec import require_pyarrow
 from .hashing import _valid
 
 
-def sort_by_keys(table: Any, keys: Sequence[str]) -> Any:
-    """``table`` stably sorted by ``keys`` ascending, nulls first."""
-    import pyarrow.compute as pc
+def sort_by_keys(table: Any, keys: Sequence[str], tiebreak: str | None = None) -> Any:
+    """``table`` stably sorted by ``keys`` ascending, nulls first; rows of equal keys ordered by the
+    ``tiebreak`` column (an unsigned integer column without nulls), if given, before their row order."""
     if table.num_rows < 2 or not keys:
         return table
-    if any(c.num_chunks > 1 for c in table.columns):
-        # Arrow sorts and takes contiguous columns several times faster (one dictionary per column first)
-        table = table.unify_dictionaries().combine_chunks()
-    fast = _binary_key_order(table, keys)
+    return sorted_source(table).take(sort_indices(table, keys, tiebreak))
+
+
+def sorted_source(table: Any) -> Any:
+    """``table`` ready for taking rows in a sort order (dictionary columns unified across chunks; the
+    other columns stay as they are: taking from chunks needs no combined copy of the table)."""
+    pa = require_pyarrow()
+    if any(c.num_chunks > 1 and pa.types.is_dictionary(c.type) for c in table.columns):
+        table = table.unify_dictionaries()
+    return table
+
+
+def sort_indices(table: Any, keys: Sequence[str], tiebreak: str | None = None) -> Any:
+    """The stable order (row indices, numpy or Arrow) of :func:`sort_by_keys`, computed from the key
+    (and tie-break) columns alone, combined into one chunk each first (Arrow sorts contiguous columns
+    several times faster)."""
+    import pyarrow.compute as pc
+    names = [*keys, *([tiebreak] if tiebreak else [])]
+    by = table.select(names)
+    if any(c.num_chunks > 1 for c in by.columns):
+        by = by.unify_dictionaries().combine_chunks()
+    fast = _binary_key_order(by, keys, tiebreak)
     if fast is not None:
-        return table.take(fast)
-    by = _sortable(table, keys)
+        return fast
+    by = _sortable(by, names)
     try:       # pyarrow >= 25: null placement per sort key
-        idx = pc.sort_indices(by, sort_keys=[(k, "ascending", "at_start") for k in keys])
+        return pc.sort_indices(by, sort_keys=[(k, "ascending", "at_start") for k in names])
     except (TypeError, ValueError):
-        idx = pc.sort_indices(by, sort_keys=[(k, "ascending") for k in keys], null_placement="at_start")
-    return table.take(idx)
+        return pc.sort_indices(by, sort_keys=[(k, "ascending") for k in names], null_placement="at_start")
 
 
 def _word_columns(raw: np.ndarray, n: int, width: int) -> list[np.ndarray]:
@@ -48,12 +66,12 @@ def _word_columns(raw: np.ndarray, n: int, width: int) -> list[np.ndarray]:
     return words
 
 
-def _binary_key_order(table: Any, keys: Sequence[str]) -> np.ndarray | None:
-    """Stable sort indices (nulls first) of ``table`` by a single fixed-size binary key, computed with
-    numpy on the key's bytes as big-endian 64-bit words; None for other keys. Arrow compares
-    fixed-size binary values one by one, several times slower: this is the TeraSort key. When the
-    first word already orders the rows with no ties (random keys), one unstable argsort of it is the
-    stable order; else a stable lexsort of every word."""
+def _binary_key_order(table: Any, keys: Sequence[str], tiebreak: str | None = None) -> np.ndarray | None:
+    """Stable sort indices (nulls first) of ``table`` by a single fixed-size binary key (then by the
+    ``tiebreak`` column), computed with numpy on the key's bytes as big-endian 64-bit words; None for
+    other keys. Arrow compares fixed-size binary values one by one, several times slower: this is the
+    TeraSort key. When the first word already orders the rows with no ties (random keys), one unstable
+    argsort of it is the stable order; else a stable lexsort of every word (and the tie-break)."""
     pa = require_pyarrow()
     if len(keys) != 1:
         return None
@@ -67,11 +85,17 @@ def _binary_key_order(table: Any, keys: Sequence[str]) -> np.ndarray | None:
     raw = np.frombuffer(arr.buffers()[1], dtype=np.uint8)[arr.offset * width:(arr.offset + n) * width]
     valid = _valid(arr)
     rows = None if arr.null_count == 0 else np.flatnonzero(valid)
+    tb = None
+    if tiebreak is not None:
+        tb = table.column(tiebreak).combine_chunks().to_numpy(zero_copy_only=False)
     if rows is not None:
         raw = raw.reshape(n, width)[rows].ravel()
+    null_rows = np.flatnonzero(~valid) if rows is not None else None
+    if null_rows is not None and tb is not None:
+        null_rows = null_rows[np.argsort(tb[null_rows], kind="stable")]
     m = n if rows is None else len(rows)
     if m == 0:
-        return np.flatnonzero(~valid)
+        return null_rows
     words = _word_columns(raw, m, width)
     order = None
     if len(words) > 1 and m > 1:
@@ -80,10 +104,14 @@ def _binary_key_order(table: Any, keys: Sequence[str]) -> np.ndarray | None:
         if bool(np.any(first[1:] == first[:-1])):
             order = None
     if order is None:
-        order = np.lexsort(words[::-1]) if len(words) > 1 else np.argsort(words[0], kind="stable")
+        if tb is not None:
+            words.append(tb if rows is None else tb[rows])       # least significant: lexsort's first
+            order = np.lexsort([words[-1], *words[-2::-1]])
+        else:
+            order = np.lexsort(words[::-1]) if len(words) > 1 else np.argsort(words[0], kind="stable")
     if rows is None:
         return order
-    return np.concatenate([np.flatnonzero(~valid), rows[order]])
+    return np.concatenate([null_rows, rows[order]])
 
 
 def _sortable(table: Any, keys: Sequence[str]) -> Any:

@@ -7,8 +7,11 @@ import itertools
 from typing import TYPE_CHECKING, Any
 from collections.abc import Iterable, Iterator, Mapping
 
+from twisternet.errors import TwisternetError
+
 from ..base import Callback, Mode
 from ..columnar import KeyedGatherTables
+from ..columnar.gathered_tables import is_table_piece
 from ..columns import is_columns
 from ..reduce import _need_edge
 from ..reduction import _flat, snapshot
@@ -49,6 +52,18 @@ class KeyedGather(KeyedGatherTables, TreeGatherBase):
 
     def _setup(self) -> None:
         self._build_up({d: self.plan.rank_of(d) for d in self.destinations})
+
+    @property
+    def spilled_bytes(self) -> int:
+        """Bytes this process's batch destinations have written to spill files (records' and tables'
+        sorted runs, past ``config.memory_limit``) so far."""
+        tables = self.__dict__.get("_gathered", {}).values()
+        return TreeGatherBase.spilled_bytes.fget(self) + sum(g.spilled_bytes for g in tables)  # type: ignore[attr-defined]
+
+    def _release_storage(self) -> None:
+        for g in self.__dict__.get("_gathered", {}).values():
+            g.close()
+        super()._release_storage()
 
     def _select(self, key: Any) -> int:
         return self._check_selected(self.selector(key, self.destinations), key)
@@ -163,6 +178,9 @@ class KeyedGather(KeyedGatherTables, TreeGatherBase):
 
     def _root_cols(self, node: Node, keys: list, tasks: list, vals: list) -> None:
         if self.mode == "batch":
+            if len(vals) == 1 and is_table_piece(vals[0]):      # send_table's: kept as sorted Arrow runs
+                self._table_piece(node, keys[0], vals[0])
+                return
             store: SpillStore = node.state
             try:
                 store.add_many(list(zip(zip(keys, tasks), vals)))
@@ -171,7 +189,11 @@ class KeyedGather(KeyedGatherTables, TreeGatherBase):
         else:
             self._deliver_many(node.tid, list(zip(keys, vals)))
 
-    def _batch_items(self, store: SpillStore) -> Iterator[Any]:
+    def _batch_items(self, node: Node) -> Iterator[Any]:
+        if self._gathered_tables(node.tid) is not None:
+            raise TwisternetError(f"{self.describe()} (edge {self.edge}): destination {node.tid} received "
+                                  f"send_table() tables: read them with result_table() or result_batches()")
+        store: SpillStore = node.state
         if self.group:
             for key, recs in itertools.groupby(store, key=lambda r: r[0][0]):
                 yield key, [v for _, v in recs]
@@ -181,7 +203,6 @@ class KeyedGather(KeyedGatherTables, TreeGatherBase):
 
     def _root_complete(self, node: Node) -> None:
         if self.mode == "batch":
-            store = node.state
-            self._complete(node.tid, lambda: self._batch_items(store))
+            self._complete(node.tid, lambda: self._batch_items(node))
         else:
             self._end(node.tid)

@@ -57,3 +57,32 @@ def test_verify_rejects_a_wrong_sort(damage):
         b.insert(0, a.pop(0))            # both sorted, but b starts below a's end
     with pytest.raises(ValueError):
         sd.verify([sd.summarize(a), sd.summarize(b)], want)
+
+
+def test_arrow_share_holds_the_same_records():
+    pytest.importorskip("pyarrow")
+    table = sd.generate_table(1, 3, 1000)
+    recs = sd.generate(1, 3, 1000)
+    assert table.column("key").to_pylist() == [k for k, _ in recs]
+    assert table.column("value").to_pylist() == [v for _, v in recs]
+
+
+@pytest.mark.parametrize("damage", [None, "unsorted", "unsorted across batches", "change"])
+def test_batch_summary_is_summarize_of_the_batches(damage):
+    pa = pytest.importorskip("pyarrow")
+    recs = sorted(r for w in range(2) for r in sd.generate(w, 2, 3000))
+    recs.insert(5, (recs[4][0][:-1] + b"\x00", recs[4][1]))         # a key ending in a zero byte
+    recs.sort()
+    if damage == "unsorted":
+        recs[10], recs[11] = recs[11], recs[10]
+    elif damage == "unsorted across batches":
+        recs[100], recs[101] = recs[101], recs[100]     # batches of 100 from recs[1]: across a boundary
+    elif damage == "change":
+        recs[7] = (recs[7][0], recs[7][1][:-1] + b"!")
+    table = pa.table({"key": pa.array([k for k, _ in recs], pa.binary(sd.KEY_BYTES)),
+                      "value": pa.array([v for _, v in recs], pa.binary(sd.VALUE_BYTES))})
+    summary = sd.BatchSummary()
+    for batch in table.slice(1).to_batches(max_chunksize=100):   # an offset into the buffers too
+        summary.add(batch)
+    assert summary.result() == sd.summarize(recs[1:])
+    assert summary.result()["sorted"] is (damage in (None, "change"))

@@ -27,14 +27,21 @@ def sorted_parts(workers: int, total: int) -> list[dict]:
 
 @pytest.fixture
 def fake_sort(monkeypatch):
-    """twisternet takes 1 s, PySpark 4 s, Dask 2 s, all answering right (tests override what they need)."""
-    def tn(w, total, memory):
-        return {"seconds": 1.0, "parts": sorted_parts(w, total), "spilled_bytes": 123 * 10**6}
+    """twisternet takes 1 s (its record path 8 s), PySpark 4 s, Dask 2 s, pyarrow in one process 0.5 s,
+    all answering right (tests override what they need)."""
+    def tn(w, total, memory, arrow=False):
+        return {"seconds": 1.0 if arrow else 8.0, "parts": sorted_parts(w, total),
+                "spilled_bytes": (123 if arrow else 456) * 10**6}
+
+    def reference(w, total):
+        recs = sorted(r for rank in range(w) for r in sd.generate(rank, w, total))
+        return {**sd.summarize(recs), "seconds": 0.5, "sort_s": 0.25}
 
     def peer(seconds):
         return lambda w, total: {"seconds": seconds, "n": total, "parts": sorted_parts(w, total)}
 
     monkeypatch.setattr(sort_suite, "run_twisternet", tn)
+    monkeypatch.setattr(sort_suite, "run_pyarrow", reference)
     monkeypatch.setattr(sort_suite, "run_spark", peer(4.0))
     monkeypatch.setattr(sort_suite, "run_dask", peer(2.0))
     monkeypatch.setattr(common, "spark_missing", lambda: None)
@@ -50,11 +57,16 @@ def test_sort_ratios_and_target_from_the_measured_times(fake_sort):
     res = sort_suite.run(opts(records=TOTAL, spark=1, dask=1))
     assert res.skipped == [] and res.raw["records"] == TOTAL
     (tab,) = res.tables
-    tn_row = tab.rows[0]
-    assert tn_row[0] == "twisternet KeyedGather, 2 workers" and tn_row[-2:] == ["4.00", "2.00"]
+    tn_row, rec_row, ref_row = tab.rows[:3]
+    assert tn_row[0] == "twisternet KeyedGather, Arrow tables, 2 workers" and tn_row[-3:] == ["4.00", "2.00", "2.00"]
     assert "123 MB" in tn_row[4]
-    assert [r[0] for r in tab.rows[1:]] == ["PySpark local[2] sortByKey", "Dask sort_values, 2 workers"]
-    spark, dask = res.targets                      # issue #23: >= 5x PySpark, >= 3x Dask
+    assert rec_row[0] == "twisternet KeyedGather, records, 2 workers" and rec_row[-3:] == ["0.50", "0.25", "16.00"]
+    assert "456 MB" in rec_row[4]
+    assert ref_row[0].startswith("pyarrow Table.sort_by, 1 process") and "0.25 s" in ref_row[0]
+    assert ref_row[1] == "0.50" and ref_row[-1] == "1.00"
+    assert [r[0] for r in tab.rows[3:]] == ["PySpark local[2] sortByKey", "Dask sort_values, 2 workers"]
+    assert tab.rows[3][-1] == "8.00"                   # PySpark takes 8x the pyarrow reference's time
+    spark, dask = res.targets                      # issue #23: >= 5x PySpark, >= 3x Dask, the Arrow path's
     assert spark.wanted == ">= 5x faster" and spark.met is False and spark.measured.startswith("4.00x")
     assert "Dask" in dask.name and dask.wanted == ">= 3x faster" and dask.met is False
     assert dask.measured.startswith("2.00x")
@@ -67,7 +79,7 @@ def test_sort_target_met_and_missed(fake_sort):
     res = sort_suite.run(opts(records=TOTAL, spark=1, dask=0))
     (target,) = res.targets
     assert target.met is True and target.measured.startswith("5.00x")
-    spark_row = res.tables[0].rows[1]
+    spark_row = res.tables[0].rows[3]
     assert spark_row[5] == "7.5" and spark_row[4].startswith("300 MB")     # start-up apart, spill shown
     fake_sort.setattr(sort_suite, "run_spark",
                       lambda w, total: {"seconds": 1.5, "n": total, "parts": sorted_parts(w, total)})
@@ -90,8 +102,9 @@ def test_sort_peer_crash_is_skipped_with_its_reason(fake_sort):
     assert any(s.startswith("Dask: failed at 2 workers") and "KilledWorker: boom" in s for s in res.skipped)
     assert any(s.startswith("PySpark: failed") and "no result within 1800 s" in s for s in res.skipped)
     (tab,) = res.tables
-    assert [r[0] for r in tab.rows] == ["twisternet KeyedGather, 2 workers", "twisternet KeyedGather, 4 workers"]
-    assert all(r[-2:] == ["n/a", "n/a"] for r in tab.rows)
+    assert [r[0] for r in tab.rows if r[0].startswith("twisternet")] == [
+        f"twisternet KeyedGather, {kind}, {w} workers" for w in (2, 4) for kind in ("Arrow tables", "records")]
+    assert all(r[-3:-1] == ["n/a", "n/a"] for r in tab.rows if r[0].startswith("twisternet"))
     assert [t.met for t in res.targets] == [None, None, None, None]        # PySpark and Dask at 2 and 4
 
 
@@ -110,14 +123,29 @@ def test_sort_peer_with_a_wrong_answer_fails_the_suite(fake_sort, damage):
         sort_suite.run(opts(records=TOTAL, spark=1, dask=0))
 
 
-def test_sort_twisternet_wrong_answer_fails_the_suite(fake_sort):
-    def tn(w, total, memory):
+@pytest.mark.parametrize("wrong_path", ["arrow", "records"])
+def test_sort_twisternet_wrong_answer_fails_the_suite(fake_sort, wrong_path):
+    def tn(w, total, memory, arrow=False):
         parts = sorted_parts(w, total)
-        parts[0], parts[1] = parts[1], parts[0]            # ranges out of order
+        if arrow == (wrong_path == "arrow"):
+            parts[0], parts[1] = parts[1], parts[0]            # ranges out of order
         return {"seconds": 1.0, "parts": parts, "spilled_bytes": 1}
 
     fake_sort.setattr(sort_suite, "run_twisternet", tn)
     with pytest.raises(ValueError, match="overlap"):
+        sort_suite.run(opts(records=TOTAL))
+
+
+def test_sort_pyarrow_reference_wrong_answer_fails_and_paths_can_be_left_out(fake_sort):
+    def wrong(w, total):
+        recs = sorted(r for rank in range(w) for r in sd.generate(rank, w, total))
+        return {**sd.summarize(recs[1:]), "seconds": 0.5, "sort_s": 0.25}
+
+    res = sort_suite.run(opts(records=TOTAL, record=0, pyarrow=0))
+    assert [r[0] for r in res.tables[0].rows] == ["twisternet KeyedGather, Arrow tables, 2 workers"]
+    assert res.tables[0].rows[0][-1] == "n/a"
+    fake_sort.setattr(sort_suite, "run_pyarrow", wrong)
+    with pytest.raises(ValueError, match="records"):
         sort_suite.run(opts(records=TOTAL))
 
 

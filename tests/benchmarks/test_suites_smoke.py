@@ -153,9 +153,11 @@ def test_records_quick(tmp_path):
 @pytest.mark.timeout(300)
 def test_sort_quick(tmp_path):
     p, suite = quick_suite(tmp_path, "sort")
-    assert "twisternet KeyedGather, 2 workers" in p.stdout and "records/s" in p.stdout
+    assert "twisternet KeyedGather, Arrow tables, 2 workers" in p.stdout and "records/s" in p.stdout
+    assert "twisternet KeyedGather, records, 2 workers" in p.stdout and "pyarrow Table.sort_by" in p.stdout
     (tab,) = suite["tables"]
     assert tab["headers"] == ["implementation", "seconds", "records/s", "MB/s", "spilled to disk",
-                              "start-up s (not timed)", "CPU s", "PySpark / this", "Dask / this"]
-    assert suite["raw"]["spilled_bytes"]["2"][0] > 0                 # the memory bound made it spill
+                              "start-up s (not timed)", "CPU s", "PySpark / this", "Dask / this", "this / pyarrow"]
+    for path in ("twisternet (arrow)", "twisternet (records)"):      # the memory bound made both spill
+        assert suite["raw"]["spilled_bytes"][path]["2"][0] > 0
     assert any("PySpark" in s for s in suite["skipped"]) and any("Dask" in s for s in suite["skipped"])

@@ -98,3 +98,26 @@ def test_fixed_size_binary_keys_sort_with_numpy_like_arrow(monkeypatch, width, d
     monkeypatch.setattr(pc, "sort_indices", no_arrow_sort)
     assert sort_by_keys(table, ["k"]).equals(expected["whole"])
     assert sort_by_keys(table.slice(7, n - 20), ["k"]).equals(expected["slice"])
+
+
+@pytest.mark.parametrize("key", ["fixed4", "fixed10", "int"])
+def test_tiebreak_column_orders_equal_keys(key):
+    """sort_by_keys(..., tiebreak=col): equal keys ordered by the tie-break column, then row order,
+    nulls first (ordered by it too), on the numpy path (fixed-size binary) and Arrow's alike."""
+    rng = np.random.default_rng(7)
+    n = 2000
+    width = {"fixed4": 4, "fixed10": 10, "int": 0}[key]
+    nulls = rng.random(n) < 0.05
+    if width:
+        raw = rng.integers(0, 3, (n, width), dtype=np.uint8)
+        keys = pa.array([None if m else bytes(r) for r, m in zip(raw, nulls)], pa.binary(width))
+    else:
+        keys = pa.array(rng.integers(0, 5, n), mask=nulls)
+    tb = rng.integers(0, 4, n).astype(np.uint64)
+    table = pa.table({"k": keys, "o": tb, "i": np.arange(n)})
+    idx = pc.sort_indices(table, sort_keys=[("k", "ascending", "at_start"), ("o", "ascending"),
+                                            ("i", "ascending")])
+    assert sort_by_keys(table, ["k"], tiebreak="o").equals(table.take(idx))
+    assert sort_by_keys(table.slice(5, n - 9), ["k"], tiebreak="o").equals(
+        table.slice(5, n - 9).take(pc.sort_indices(table.slice(5, n - 9), sort_keys=[
+            ("k", "ascending", "at_start"), ("o", "ascending"), ("i", "ascending")])))

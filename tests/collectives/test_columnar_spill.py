@@ -69,8 +69,13 @@ def test_sorted_runs_in_memory_and_close(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
-def test_keyed_gather_result_batches_spill_and_match_result_table():
+@pytest.mark.parametrize("bound", ["config", "result_batches"])
+def test_keyed_gather_result_batches_spill_and_match_result_table(bound):
+    """Past config.memory_limit the pieces are kept as sorted runs as they arrive; result_batches'
+    memory_limit spills the rows still held; either way the result is the stable sort of every
+    source's rows (equal keys by source task, then send order) that result_table returns."""
     import collectives as C
+    from collectives.columnar import destination_index
 
     def body(ctx):
         data = tables(4, 4000, 200, seed=ctx.rank)
@@ -79,18 +84,53 @@ def test_keyed_gather_result_batches_spill_and_match_result_table():
             with C.KeyedGather(ctx, edge=11 if method == "batches" else 12) as op:
                 task = ctx.my_tasks[0]
                 for t in data:
-                    op.send_table(task, t, key=["s", "k"])
+                    op.send_table(task, t.append_column("src", pa.array([task] * t.num_rows)), key=["s", "k"])
                 op.finish(task)
                 if method == "batches":
-                    got = list(op.result_batches(task, memory_limit=50_000, batch_rows=1000))
-                    out[method] = (pa.Table.from_batches(got), op.spilled_runs)
+                    limit = 50_000 if bound == "result_batches" else None
+                    got = list(op.result_batches(task, memory_limit=limit, batch_rows=1000))
+                    out[method] = (pa.Table.from_batches(got), op.spilled_runs, op.spilled_bytes)
                 else:
                     out[method] = op.result_table(task)
         return out
-    for r in run_local(2, body, timeout=180):
-        table, spilled = r["batches"]
-        assert spilled > 3
+    config = {"memory_limit": 50_000} if bound == "config" else {}
+    res = run_local(2, body, timeout=180, **config)
+    sent = pa.concat_tables([t.append_column("src", pa.array([r] * t.num_rows))
+                             for r in range(2) for t in tables(4, 4000, 200, seed=r)])
+    for j, r in enumerate(res):
+        table, spilled, spilled_bytes = r["batches"]
+        assert spilled > 3 if bound == "config" else spilled == 1
+        assert spilled_bytes > 0
+        mine = sent.filter(pa.array(destination_index(sent, ["s", "k"], 2) == j))
+        assert table.equals(stable_sorted(mine, ["s", "k"]))
         assert table.equals(r["table"])
+
+
+def test_keyed_gather_tables_and_records_are_read_apart():
+    """A batch KeyedGather that received tables does not hand them to results() (they are sorted
+    runs, read with result_table/result_batches), and records among tables are an error there."""
+    import collectives as C
+    from twisternet.errors import TwisternetError
+
+    def body(ctx):
+        task = ctx.my_tasks[0]
+        with C.KeyedGather(ctx, edge=13, destinations=[0]) as op:
+            op.send_table(task, pa.table({"k": [3, 1, 2]}), key="k")
+            op.finish(task)
+            if ctx.rank == 0:
+                with pytest.raises(TwisternetError, match="result_table"):
+                    list(op.results(task))
+        with C.KeyedGather(ctx, edge=14, destinations=[0]) as op:
+            if ctx.rank == 0:
+                op.send_table(task, pa.table({"k": [3, 1, 2]}), key="k")
+            else:
+                op.send(task, 5, "a record")
+            op.finish(task)
+            if ctx.rank == 0:
+                with pytest.raises(TwisternetError, match="not a table"):
+                    op.result_table(task)
+        return True
+    assert run_local(2, body, timeout=60) == [True, True]
 
 
 def test_memory_does_not_grow_with_the_data():
@@ -132,3 +172,48 @@ def test_memory_does_not_grow_with_the_data():
         assert rows * 100 >= factor * limit
     assert growth[12] - growth[4] < limit * 2, growth        # 8 more limits of data: no more memory
     assert growth[12] < 12 * limit * 0.6, growth             # far below the data
+
+
+def test_keyed_gather_tables_memory_does_not_grow_with_the_data(tmp_path):
+    """A KeyedGather of tables 4x and 12x config.memory_limit (one process): the pieces go to sorted
+    runs as they arrive, so peak RSS grows by about the same for both, far below the data."""
+    code = textwrap.dedent("""
+        import resource, sys, numpy as np, pyarrow as pa
+        import twisternet as tn
+        from collectives import KeyedGather
+        limit, total, spill = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+        def chunk(i, rows=40_000):
+            raw = np.random.default_rng(i).integers(0, 256, (rows, 10), dtype=np.uint8)
+            val = np.full(rows * 90, 120, np.uint8)
+            fsb = pa.FixedSizeBinaryArray.from_buffers
+            return pa.table({"key": fsb(pa.binary(10), rows, [None, pa.py_buffer(raw)]),
+                             "value": fsb(pa.binary(90), rows, [None, pa.py_buffer(val)])})
+        with tn.init(memory_limit=limit, spill_dir=spill) as ctx:
+            op = KeyedGather(ctx, None, None, 1)
+            chunk(0).sort_by("key")
+            base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+            n = i = rows = 0
+            while n < total:
+                t = chunk(i); i += 1; n += t.nbytes
+                op.send_table(0, t, key="key"); del t
+            op.finish(0)
+            last = None
+            for b in op.result_batches(0):
+                k = b.column(0)
+                assert last is None or last <= k[0].as_py()
+                last = k[-1].as_py(); rows += len(b)
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+            print(peak - base, rows, op.spilled_runs)
+    """)
+    limit = 8 << 20
+    growth = {}
+    for factor in (4, 12):
+        p = subprocess.run([sys.executable, "-c", code, str(limit), str(factor * limit), str(tmp_path)],
+                           capture_output=True, text=True, timeout=600, env=job_env())
+        assert p.returncode == 0, p.stderr
+        g, rows, runs = map(int, p.stdout.split())
+        growth[factor] = g
+        assert rows * 100 >= factor * limit and runs >= factor - 1
+    assert growth[12] - growth[4] < limit * 2, growth        # 8 more limits of data: no more memory
+    assert growth[12] < 12 * limit * 0.6, growth             # far below the data
+    assert not any(files for _, _, files in os.walk(tmp_path))

@@ -17,21 +17,28 @@ import tests.collectives.scripts.columnar_job as J
 
 def test_one_huge_send_travels_as_bounded_pieces():
     """A table far larger than table_piece_bytes in one send_table call: routed and sent slice by
-    slice, so no message (and no extra copy at the sender) is larger than about one slice."""
+    slice, so no message (and no extra copy at the sender) is larger than about one slice (seen as
+    the pieces a streaming destination receives; a batch one gets the same rows, sorted)."""
     import collectives as C
 
     def body(ctx):
-        with C.KeyedGather(ctx, edge=13, group=False) as op:
+        t = pa.table({"k": np.arange(50_000) % 1000, "v": np.arange(50_000, dtype=np.float64)})
+        with C.KeyedGather(ctx, edge=13, group=False, mode="streaming") as op:
             op.table_piece_bytes = 16 << 10
-            t = pa.table({"k": np.arange(50_000) % 1000, "v": np.arange(50_000, dtype=np.float64)})
             for task in op.local_sources:
                 op.send_table(task, t, key="k")
                 op.finish(task)
             pieces = [v for _, v in op.results()]
-        return len(pieces), max(p.nbytes for p in pieces), sum(p.num_rows for p in pieces)
+        with C.KeyedGather(ctx, edge=17, group=False) as op:
+            op.table_piece_bytes = 16 << 10
+            for task in op.local_sources:
+                op.send_table(task, t, key="k")
+                op.finish(task)
+            rows = op.result_table().num_rows
+        return len(pieces), max(p.nbytes for p in pieces), sum(p.num_rows for p in pieces), rows
     res = run_local(2, body, timeout=120)
-    assert sum(r[2] for r in res) == 100_000
-    for count, biggest, _ in res:
+    assert sum(r[2] for r in res) == 100_000 == sum(r[3] for r in res)
+    for count, biggest, _, _ in res:
         assert count > 20 and biggest <= 16 << 10
 
 
