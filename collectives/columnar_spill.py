@@ -8,9 +8,11 @@ keys by a ``tiebreak`` column if given, then in the order added), as record batc
 nothing was spilled, else by a block-wise k-way merge: each round takes, from every run's current batch,
 the rows whose key is below the smallest last key of the runs that have more batches (found by binary
 search), sorts that block with one Arrow sort, and yields it. Runs are written in batches of 1/16 of the
-budget, so merging holds about two such batches per run: within the budget up to 8 runs (data 8x the
-budget), growing by 1/8 of it per further run. Freed Arrow memory is handed back to the system after
-each run and merge block.
+budget, so merging holds about two such batches per run: within the budget for up to
+:data:`MERGE_FAN_IN` runs. With more runs, passes first merge every :data:`MERGE_FAN_IN` consecutive
+runs into one, until at most that many are left, so memory stays within the budget plus a constant
+however large the data; each pass reads and writes the data once more. Freed Arrow memory is
+handed back to the system after each run and merge block.
 """
 
 from __future__ import annotations
@@ -28,6 +30,10 @@ from twisternet.arrowcodec import require_pyarrow
 from .columnar.sorting import sort_indices, sorted_source
 
 log = logging.getLogger(__name__)
+
+#: Most runs merged at once (each holds about 1/8 of the budget while merging); more are merged in
+#: passes first.
+MERGE_FAN_IN = 8
 
 
 def _order_key(v: Any) -> tuple:
@@ -118,6 +124,7 @@ class SortedRuns:
         self._mem_bytes = 0
         self._paths: list[str] = []
         self._runs: list[_Run] = []
+        self._run_rows = batch_rows
         self.spilled_bytes = 0
         #: How many runs were spilled so far.
         self.runs = 0
@@ -164,79 +171,111 @@ class SortedRuns:
         self._spill()
 
     def _spill(self) -> None:
-        pa = require_pyarrow()
         if not self._mem:
             return
         # run batches of 1/16 of the budget: merging 16 runs holds about the budget again
         per_row = max(1, self._mem_bytes // max(1, sum(t.num_rows for t in self._mem)))
-        rows = max(64, self.memory_limit // 16 // per_row)
-        schema = self._mem[0].schema
+        self._run_rows = rows = max(64, self.memory_limit // 16 // per_row)
+        path = self._write_run(self._mem[0].schema, self._sorted_mem(rows))
+        self.runs += 1
+        log.debug("%s: spilled run %d (%d bytes)", self.name, len(self._paths), os.path.getsize(path))
+
+    def _write_run(self, schema: Any, parts: Iterator[Any]) -> str:
+        """Write ``parts`` (sorted tables) as one more run file at the end of ``_paths``; its path."""
+        pa = require_pyarrow()
         os.makedirs(self.spill_dir, exist_ok=True)
         path = os.path.join(self.spill_dir, f"twisternet-run-{os.getpid()}-{uuid.uuid4().hex}.arrow")
         options = pa.ipc.IpcWriteOptions(compression=self.compression)
+        self._paths.append(path)     # removed by close() even if writing fails
         with pa.OSFile(path, "wb") as f, pa.ipc.new_file(f, schema, options=options) as w:
-            for part in self._sorted_mem(rows):
+            for part in parts:
                 w.write_table(part)
         _release()
-        self._paths.append(path)
-        self.runs += 1
         self.spilled_bytes += os.path.getsize(path)
-        log.debug("%s: spilled run %d (%d bytes)", self.name, len(self._paths), os.path.getsize(path))
+        return path
 
-    # Complexity accepted: one merge loop over the runs, with its read-ahead and cleanup.
-    def batches(self) -> Iterator[Any]:  # noqa: C901
+    def batches(self) -> Iterator[Any]:
         """Every row added, sorted by key (stable), as record batches of at most ``batch_rows`` rows."""
-        pa = require_pyarrow()
         if not self._paths:
             for part in self._sorted_mem(self.batch_rows):
                 yield from part.to_batches()
             return
         self._spill()
-        self._runs = [_Run(p, self.keys) for p in self._paths]
-        runs = self._runs
-        for r in runs:
-            if r.more():
-                r.load()
-        while True:
-            pending = [r for r in runs if r.more()]
-            if not pending:
-                block = [r.buf for r in runs if r.buf.num_rows]
-                for r in runs:
-                    r.buf = r.buf.slice(r.buf.num_rows)
-            else:
-                bound = min(r.key_at(r.buf.num_rows - 1) if r.buf.num_rows else ((-1,),) for r in pending)
-                if bound == ((-1,),):            # a pending run with an empty buffer: load it first
+        while len(self._paths) > MERGE_FAN_IN:
+            # One pass: every MERGE_FAN_IN consecutive runs become one run in their place, so equal
+            # keys keep the order the rows were added in (every merge keeps its runs' order).
+            before, self._paths = self._paths, []
+            for i in range(0, len(before), MERGE_FAN_IN):
+                group = before[i:i + MERGE_FAN_IN]
+                if len(group) == 1:
+                    self._paths.append(group[0])
+                    continue
+                try:
+                    schema = require_pyarrow().ipc.open_file(group[0]).schema
+                    self._write_run(schema, self._merge(group, self._run_rows))
+                except BaseException:
+                    self._paths.extend(before[i:])      # close() removes what is left
+                    raise
+            log.debug("%s: a merge pass left %d runs", self.name, len(self._paths))
+        paths, self._paths = self._paths, []
+        for part in self._merge(paths, self.batch_rows):
+            yield from part.to_batches()
+        self.close()
+
+    # Complexity accepted: one merge loop over the runs, with its read-ahead.
+    def _merge(self, paths: list[str], rows: int) -> Iterator[Any]:  # noqa: C901
+        """The rows of the run files ``paths`` in key order (stable: earlier runs first among equal
+        keys), as tables of at most ``rows`` rows; the files are removed once read."""
+        pa = require_pyarrow()
+        runs = [_Run(p, self.keys) for p in paths]
+        self._runs = runs
+        try:
+            for r in runs:
+                if r.more():
+                    r.load()
+            while True:
+                pending = [r for r in runs if r.more()]
+                if not pending:
+                    block = [r.buf for r in runs if r.buf.num_rows]
+                    for r in runs:
+                        r.buf = r.buf.slice(r.buf.num_rows)
+                else:
+                    bound = min(r.key_at(r.buf.num_rows - 1) if r.buf.num_rows else ((-1,),) for r in pending)
+                    if bound == ((-1,),):            # a pending run with an empty buffer: load it first
+                        for r in pending:
+                            if not r.buf.num_rows:
+                                r.load()
+                        continue
+                    block = []
+                    for r in runs:
+                        if r.buf.num_rows:
+                            cut = r.count_below(bound)
+                            if cut:
+                                block.append(r.buf.slice(0, cut))
+                                r.buf = r.buf.slice(cut)
+                    if not block:       # every remaining row of the bounding runs equals the bound: read on
+                        for r in pending:
+                            if r.key_at(r.buf.num_rows - 1) == bound:
+                                r.load()
+                        continue
                     for r in pending:
                         if not r.buf.num_rows:
                             r.load()
-                    continue
-                block = []
-                for r in runs:
-                    if r.buf.num_rows:
-                        cut = r.count_below(bound)
-                        if cut:
-                            block.append(r.buf.slice(0, cut))
-                            r.buf = r.buf.slice(cut)
-                if not block:       # every remaining row of the bounding runs equals the bound: read on
-                    for r in pending:
-                        if r.key_at(r.buf.num_rows - 1) == bound:
-                            r.load()
-                    continue
-                for r in pending:
-                    if not r.buf.num_rows:
-                        r.load()
-            if block:
-                merged = pa.concat_tables(block)
-                del block
-                order = sort_indices(merged, self.keys, self.tiebreak)
-                merged = sorted_source(merged)
-                for start in range(0, merged.num_rows, self.batch_rows):   # no sorted copy of the block
-                    yield from merged.take(order[start:start + self.batch_rows]).to_batches()
-                del merged, order
-                _release()
-            if not pending:
-                break
-        self.close()
+                if block:
+                    merged = pa.concat_tables(block)
+                    del block
+                    order = sort_indices(merged, self.keys, self.tiebreak)
+                    merged = sorted_source(merged)
+                    for start in range(0, merged.num_rows, rows):   # no sorted copy of the block
+                        yield merged.take(order[start:start + rows])
+                    del merged, order
+                    _release()
+                if not pending:
+                    break
+        finally:
+            for r in runs:
+                r.close()
+            self._runs = []
 
     def close(self) -> None:
         """Remove the run files (idempotent)."""
