@@ -9,9 +9,10 @@ nothing was spilled, else by a block-wise k-way merge: each round takes, from ev
 the rows whose key is below the smallest last key of the runs that have more batches (found by binary
 search), sorts that block with one Arrow sort, and yields it. Runs are written in batches of 1/16 of the
 budget, so merging holds about two such batches per run: within the budget for up to
-:data:`MERGE_FAN_IN` runs. With more runs, passes first merge every :data:`MERGE_FAN_IN` consecutive
-runs into one, until at most that many are left, so memory stays within the budget plus a constant
-however large the data; each pass reads and writes the data once more. Freed Arrow memory is
+:data:`MERGE_FAN_IN` runs. With more, groups of consecutive runs are first merged into one each (as in
+external sorts: just enough that :data:`MERGE_FAN_IN` are left; 9 runs cost one merge of 2), so memory
+stays within the budget plus a constant however large the data; the runs so merged are read and
+written once more. Freed Arrow memory is
 handed back to the system after each run and merge block.
 """
 
@@ -201,22 +202,22 @@ class SortedRuns:
                 yield from part.to_batches()
             return
         self._spill()
+        at = 0
         while len(self._paths) > MERGE_FAN_IN:
-            # One pass: every MERGE_FAN_IN consecutive runs become one run in their place, so equal
-            # keys keep the order the rows were added in (every merge keeps its runs' order).
-            before, self._paths = self._paths, []
-            for i in range(0, len(before), MERGE_FAN_IN):
-                group = before[i:i + MERGE_FAN_IN]
-                if len(group) == 1:
-                    self._paths.append(group[0])
-                    continue
-                try:
-                    schema = require_pyarrow().ipc.open_file(group[0]).schema
-                    self._write_run(schema, self._merge(group, self._run_rows))
-                except BaseException:
-                    self._paths.extend(before[i:])      # close() removes what is left
-                    raise
-            log.debug("%s: a merge pass left %d runs", self.name, len(self._paths))
+            # Merge just enough consecutive runs (into one, in their place: equal keys keep the order
+            # the rows were added in) that MERGE_FAN_IN are left, moving on past each merged run so
+            # that no run is rewritten before every run has been once.
+            k = min(MERGE_FAN_IN, len(self._paths) - MERGE_FAN_IN + 1)
+            if at + k > len(self._paths):
+                at = 0
+            group = self._paths[at:at + k]
+            head, tail = self._paths[:at], self._paths[at + k:]
+            self._paths = head + tail + group       # close() removes them all if the merge fails
+            schema = require_pyarrow().ipc.open_file(group[0]).schema
+            self._write_run(schema, self._merge(group, self._run_rows))
+            self._paths = head + self._paths[-1:] + tail
+            at += 1
+            log.debug("%s: merged %d runs into one, %d left", self.name, k, len(self._paths))
         paths, self._paths = self._paths, []
         for part in self._merge(paths, self.batch_rows):
             yield from part.to_batches()
