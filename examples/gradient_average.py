@@ -1,6 +1,6 @@
 """Data-parallel training: every worker computes a gradient on its shard, AllReduce averages them.
 
-    twisternet run -n 4 examples/gradient_average.py [--steps N] [--features F] [--via auto|tree|ring|innet]
+    twisternet run -n 4 examples/gradient_average.py [--steps N] [--features F] [--via auto|tree|ring|doubling|innet]
 
 Least-squares linear regression on synthetic data (a deterministic weight vector plus noise). Each
 step every worker computes the gradient of the loss on its own shard and calls
@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     ap.add_argument("--rows", type=int, default=256, help="rows per worker")
     ap.add_argument("--features", type=int, default=50_000, help="model size (float32 parameters)")
     ap.add_argument("--lr", type=float, default=None, help="step size (default: 1/L for this data)")
-    ap.add_argument("--via", default="auto", choices=["auto", "tree", "ring", "innet"])
+    ap.add_argument("--via", default="auto", choices=["auto", "tree", "ring", "doubling", "innet"])
     args = ap.parse_args(argv)
 
     with tn.init() as ctx:
