@@ -8,12 +8,12 @@ keys by a ``tiebreak`` column if given, then in the order added), as record batc
 nothing was spilled, else by a block-wise k-way merge: each round takes, from every run's current batch,
 the rows whose key is below the smallest last key of the runs that have more batches (found by binary
 search), sorts that block with one Arrow sort, and yields it. Runs are written in batches of 1/16 of the
-budget, so merging holds about two such batches per run: within the budget for up to
-:data:`MERGE_FAN_IN` runs. With more, groups of consecutive runs are first merged into one each (as in
-external sorts: just enough that :data:`MERGE_FAN_IN` are left; 9 runs cost one merge of 2), so memory
-stays within the budget plus a constant however large the data; the runs so merged are read and
-written once more. Freed Arrow memory is
-handed back to the system after each run and merge block.
+budget, so merging holds about two such batches per run: within twice the budget (as adding does at
+its peak) for up to :data:`MERGE_FAN_IN` runs. With more, groups of consecutive runs are first merged
+into one each (as in external sorts: just enough that :data:`MERGE_FAN_IN` are left; 17 runs cost one
+merge of 2), so memory stays within twice the budget plus a constant however large the data; the runs
+so merged are read and written once more. Freed Arrow memory is handed back to the system after each
+run and merge block.
 """
 
 from __future__ import annotations
@@ -32,9 +32,10 @@ from .columnar.sorting import sort_indices, sorted_source
 
 log = logging.getLogger(__name__)
 
-#: Most runs merged at once (each holds about 1/8 of the budget while merging); more are merged in
-#: passes first.
-MERGE_FAN_IN = 8
+#: Most runs merged at once. Each holds about two batches of 1/16 of the budget while merging, so a
+#: merge of 16 holds about twice the budget: what adding holds at its peak too (the rows held and
+#: their sorted copy while a run is written). More runs are merged in groups first.
+MERGE_FAN_IN = 16
 
 
 def _order_key(v: Any) -> tuple:

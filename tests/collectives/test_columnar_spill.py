@@ -57,9 +57,9 @@ def test_sorted_runs_merge_is_sorted_and_stable(tmp_path, keys, distinct, compre
 def test_many_runs_are_merged_in_passes_sorted_and_stable(tmp_path, keys, distinct):
     """More runs than MERGE_FAN_IN: groups of them are merged first (each in place of its runs) until
     MERGE_FAN_IN are left; the result is still every row, sorted, equal keys in the order added, and
-    no run was rewritten twice (30 runs: 8 + 8 + 7 merged once each); no file is left."""
+    no run was rewritten twice; no file is left."""
     from collectives.columnar_spill import MERGE_FAN_IN
-    data = tables(30, 1000, distinct, seed=3)
+    data = tables(2 * MERGE_FAN_IN + 6, 1000, distinct, seed=3)
     runs = SortedRuns(keys, 20_000, str(tmp_path), batch_rows=700)
     for t in data:
         runs.add(t)
