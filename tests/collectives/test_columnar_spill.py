@@ -150,25 +150,42 @@ def test_keyed_gather_tables_and_records_are_read_apart():
     assert run_local(2, body, timeout=60) == [True, True]
 
 
-def test_memory_does_not_grow_with_the_data(tmp_path):
-    """Sorting 4x and 24x the memory limit: peak RSS grows by about the same (a constant in the data
-    size: ~50-60 MB here at an 8 MB limit, the merge's blocks and Arrow's pool), well under the data."""
-    code = textwrap.dedent("""
-        import resource, sys, numpy as np, pyarrow as pa
-        from collectives.columnar_spill import SortedRuns
-        limit, total = int(sys.argv[1]), int(sys.argv[2])
-        def chunk(i, rows=50_000):
+#: A chunk of TeraSort-like rows (10-byte random keys, 90-byte values) in the memory tests' jobs.
+CHUNK = """def chunk(i, rows):
             raw = np.random.default_rng(i).integers(0, 256, (rows, 10), dtype=np.uint8)
             val = np.full(rows * 90, 120, np.uint8)
             fsb = pa.FixedSizeBinaryArray.from_buffers
             return pa.table({"key": fsb(pa.binary(10), rows, [None, pa.py_buffer(raw)]),
-                             "value": fsb(pa.binary(90), rows, [None, pa.py_buffer(val)])})
+                             "value": fsb(pa.binary(90), rows, [None, pa.py_buffer(val)])})"""
+
+
+def peak_growths(code: str, limit: int, factors: tuple[int, ...], tmp_path, *, own_dirs: bool = True) -> dict:
+    """Run ``code`` (a job printing its peak RSS growth and counts) once per data factor, with
+    ``limit`` and ``factor * limit`` bytes; {factor: the integers it printed}."""
+    out = {}
+    for factor in factors:
+        spill = str(tmp_path / f"spill{factor}") if own_dirs else str(tmp_path)
+        p = subprocess.run([sys.executable, "-c", code, str(limit), str(factor * limit), spill],
+                           capture_output=True, text=True, timeout=600, env=job_env())
+        assert p.returncode == 0, p.stderr
+        out[factor] = tuple(map(int, p.stdout.split()))
+    return out
+
+
+def test_memory_does_not_grow_with_the_data(tmp_path):
+    """Sorting 4x and 24x the memory limit: peak RSS grows by about the same (a constant in the data
+    size: ~50-60 MB here at an 8 MB limit, the merge's blocks and Arrow's pool), well under the data."""
+    code = textwrap.dedent(f"""
+        import resource, sys, numpy as np, pyarrow as pa
+        from collectives.columnar_spill import SortedRuns
+        limit, total = int(sys.argv[1]), int(sys.argv[2])
+        {CHUNK}
         r = SortedRuns(["key"], limit, sys.argv[3])
-        chunk(0); r.add(chunk(0)); r._mem = []; r._mem_bytes = 0
+        chunk(0, 50_000); r.add(chunk(0, 50_000)); r._mem = []; r._mem_bytes = 0
         base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         n = i = rows = 0
         while n < total:
-            t = chunk(i); i += 1; n += t.nbytes; r.add(t); del t
+            t = chunk(i, 50_000); i += 1; n += t.nbytes; r.add(t); del t
         last = None
         for b in r.batches():
             k = b.column(0).to_pylist()
@@ -179,12 +196,7 @@ def test_memory_does_not_grow_with_the_data(tmp_path):
     """)
     limit = 8 << 20
     growth = {}
-    for factor in (4, 24):
-        spill = str(tmp_path / f"spill{factor}")
-        p = subprocess.run([sys.executable, "-c", code, str(limit), str(factor * limit), spill],
-                           capture_output=True, text=True, timeout=600, env=job_env())
-        assert p.returncode == 0, p.stderr
-        g, rows = map(int, p.stdout.split())
+    for factor, (g, rows) in peak_growths(code, limit, (4, 24), tmp_path).items():
         growth[factor] = g
         assert rows * 100 >= factor * limit
     assert growth[24] - growth[4] < limit * 2, growth        # 20 more limits of data: no more memory
@@ -194,24 +206,19 @@ def test_memory_does_not_grow_with_the_data(tmp_path):
 def test_keyed_gather_tables_memory_does_not_grow_with_the_data(tmp_path):
     """A KeyedGather of tables 4x and 12x config.memory_limit (one process): the pieces go to sorted
     runs as they arrive, so peak RSS grows by about the same for both, far below the data."""
-    code = textwrap.dedent("""
+    code = textwrap.dedent(f"""
         import resource, sys, numpy as np, pyarrow as pa
         import twisternet as tn
         from collectives import KeyedGather
         limit, total, spill = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-        def chunk(i, rows=40_000):
-            raw = np.random.default_rng(i).integers(0, 256, (rows, 10), dtype=np.uint8)
-            val = np.full(rows * 90, 120, np.uint8)
-            fsb = pa.FixedSizeBinaryArray.from_buffers
-            return pa.table({"key": fsb(pa.binary(10), rows, [None, pa.py_buffer(raw)]),
-                             "value": fsb(pa.binary(90), rows, [None, pa.py_buffer(val)])})
+        {CHUNK}
         with tn.init(memory_limit=limit, spill_dir=spill) as ctx:
             op = KeyedGather(ctx, None, None, 1)
-            chunk(0).sort_by("key")
+            chunk(0, 40_000).sort_by("key")
             base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
             n = i = rows = 0
             while n < total:
-                t = chunk(i); i += 1; n += t.nbytes
+                t = chunk(i, 40_000); i += 1; n += t.nbytes
                 op.send_table(0, t, key="key"); del t
             op.finish(0)
             last = None
@@ -224,11 +231,7 @@ def test_keyed_gather_tables_memory_does_not_grow_with_the_data(tmp_path):
     """)
     limit = 8 << 20
     growth = {}
-    for factor in (4, 12):
-        p = subprocess.run([sys.executable, "-c", code, str(limit), str(factor * limit), str(tmp_path)],
-                           capture_output=True, text=True, timeout=600, env=job_env())
-        assert p.returncode == 0, p.stderr
-        g, rows, runs = map(int, p.stdout.split())
+    for factor, (g, rows, runs) in peak_growths(code, limit, (4, 12), tmp_path, own_dirs=False).items():
         growth[factor] = g
         assert rows * 100 >= factor * limit and runs >= factor - 1
     assert growth[12] - growth[4] < limit * 2, growth        # 8 more limits of data: no more memory

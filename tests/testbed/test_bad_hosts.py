@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from twisternet.testbed import JobResult, Testbed
+from twisternet.testbed import Job, JobResult, Testbed
 
 LOOP = Path(__file__).parent / "scripts" / "allreduce_loop.py"
 CONNECT_TIMEOUT = 10.0
@@ -132,19 +132,27 @@ def test_wrong_token_master_exits(wrong_token) -> None:
 
 
 # ------------------------------------------------------------------------------------ link drops mid-job
-@pytest.fixture(scope="module")
-def link_drop(testbed: Testbed) -> tuple[Testbed, JobResult, float, dict[int, int]]:
-    """A job of allreduce calls whose host 1 loses its link (eth0 down) after a few calls."""
-    job = testbed.start_twisternet_job(LOOP, ["120"], env=ENV)
+def cut_link_mid_job(testbed: Testbed, job: Job, host: int = 1) -> tuple[JobResult, float]:
+    """Once every worker of ``job`` printed its fourth STEP, take ``host``'s link down; wait for the job
+    (up to peer_timeout + 60 s, stacks dumped if it times out), bring the link back. The result and
+    when the link went down."""
     try:
         for c in job.main:
             c.wait_for_line(re.compile(r"STEP rank=\d+ i=3\b"), 120)
         down = time.monotonic()
-        testbed.link_down(1)
+        testbed.link_down(host)
         res = job.wait(down - job.started + PEER_TIMEOUT + 60, dump_signal=signal.SIGUSR1)
     finally:
         job.stop()
-        testbed.link_up(1)
+        testbed.link_up(host)
+    return res, down
+
+
+@pytest.fixture(scope="module")
+def link_drop(testbed: Testbed) -> tuple[Testbed, JobResult, float, dict[int, int]]:
+    """A job of allreduce calls whose host 1 loses its link (eth0 down) after a few calls."""
+    job = testbed.start_twisternet_job(LOOP, ["120"], env=ENV)
+    res, down = cut_link_mid_job(testbed, job)
     ranks = {}
     for p in res.workers:
         m = re.search(r"READY rank=(\d+) host=(\S+)", p.stdout)

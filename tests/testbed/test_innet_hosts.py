@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import re
 import secrets
-import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.jobs import require_emulated_cluster
-from tests.testbed.test_bad_hosts import ENV, PEER_TIMEOUT, SLACK, assert_every_worker_failed_by, failures
+from tests.testbed.test_bad_hosts import (ENV, PEER_TIMEOUT, SLACK, assert_every_worker_failed_by, cut_link_mid_job,
+                                          failures)
 from twisternet.testbed import Job, Testbed
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -70,15 +69,7 @@ def test_results_are_exact_on_every_rank_and_cross_the_links(cluster) -> None:
 def test_a_cut_link_ends_every_ranks_call_with_an_error(cluster) -> None:
     tb, token, env, services = cluster
     job = tb.start_twisternet_job(LOOP, ["120", "65536", "innet"], token=token, env=env)
-    try:
-        for c in job.main:
-            c.wait_for_line(re.compile(r"STEP rank=\d+ i=3\b"), 120)
-        down = time.monotonic()
-        tb.link_down(1)
-        res = job.wait(down - job.started + PEER_TIMEOUT + 60, dump_signal=signal.SIGUSR1)
-    finally:
-        job.stop()
-        tb.link_up(1)
+    res, down = cut_link_mid_job(tb, job)
     assert_every_worker_failed_by(res, down + PEER_TIMEOUT + SLACK)
     fails = failures(res)
     assert len(fails) == tb.hosts, res.describe()

@@ -19,6 +19,7 @@ import numpy as np
 
 import twisternet as tn
 from collectives import AllReduce
+from worker_report import report_failure
 
 
 def main() -> int:
@@ -44,10 +45,7 @@ def main() -> int:
                     i += 1
             print(f"DONE rank={rank}", flush=True)
     except Exception as e:  # noqa: BLE001 - reported for the test to read
-        msg = str(e).replace("\n", " | ")
-        print(f"FAILED rank={rank} host={host} after={time.monotonic() - last:.2f} type={type(e).__name__}: {msg}",
-              flush=True)
-        return 3
+        return report_failure(rank, host, last, e)
     return 0
 
 
