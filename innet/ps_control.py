@@ -12,7 +12,9 @@ job's derived in-network token, ``innet.tokens.p4runtime_token``, as the switch'
 holds it) and an ``op``: ``info`` (answer: the PS's UDP ``address`` and packet width ``values``), ``add``
 (``job``: job_id, world, scale, switch, workers, keep; refused if the id is taken) or ``remove``
 (``job_id``). Answers are ``{"ok": true, ...}`` or ``{"ok": false, "error": "..."}``. A wrong token, a
-line over 1 MB or a silent client for 10 s ends the connection with an error answer.
+line over 1 MB or a silent client for 10 s ends the connection with an error answer. At most
+:data:`MAX_CONNECTIONS` connections are served at once (a thread each); more are closed at once, so held
+connections cannot pile up threads.
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ log = logging.getLogger(__name__)
 
 _MAX_LINE = 1 << 20
 _TIMEOUT = 10.0
+#: Connections served at once; the ones past it are closed unanswered (requests are one line each, and
+#: the first rank of a job makes one at a time).
+MAX_CONNECTIONS = 32
 
 
 class PSControlError(RuntimeError):
@@ -45,6 +50,8 @@ class PSControlServer:
         if not token:
             raise ValueError("a PS control server needs a token")
         self.ps, self.token = ps, token
+        #: Connections closed unanswered because MAX_CONNECTIONS were being served.
+        self.refused = 0
         outer = self
 
         class Handler(socketserver.StreamRequestHandler):
@@ -61,9 +68,27 @@ class PSControlServer:
                 except OSError:
                     pass
 
+        slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+
         class Server(socketserver.ThreadingTCPServer):
             daemon_threads = True
             allow_reuse_address = True
+
+            def process_request(self, request: Any, client_address: Any) -> None:
+                if not slots.acquire(blocking=False):
+                    outer.refused += 1
+                    if outer.refused in (1, 10, 100) or outer.refused % 1000 == 0:
+                        log.warning("PS control: %d connections refused (over %d at once)", outer.refused,
+                                    MAX_CONNECTIONS)
+                    self.shutdown_request(request)
+                    return
+                super().process_request(request, client_address)
+
+            def process_request_thread(self, request: Any, client_address: Any) -> None:
+                try:
+                    super().process_request_thread(request, client_address)
+                finally:
+                    slots.release()
 
         self._server = Server((host, port), Handler)
         bound = self._server.server_address

@@ -127,3 +127,41 @@ def test_allreduce_places_its_job_on_the_standing_ps(tmp_path) -> None:
         ps.wait()
         if ps.stdout:
             ps.stdout.close()
+
+
+def test_held_connections_do_not_pile_up_threads(monkeypatch) -> None:
+    """Connections that send nothing hold at most MAX_CONNECTIONS handler threads; the rest are closed
+    at once (counted), and once the held ones are gone a request is served again."""
+    import socket
+    import threading
+    import time
+
+    from innet import ps_control
+
+    monkeypatch.setattr(ps_control, "_TIMEOUT", 300.0)  # the held ones stay held however slow the test
+    ps = ParameterServer(("127.0.0.1", 0), value_count=100)
+    control = PSControlServer(ps, "127.0.0.1", 0, TOKEN)
+    addr = control.address
+    before = threading.active_count()
+    held = [socket.create_connection(addr) for _ in range(ps_control.MAX_CONNECTIONS + 20)]
+    try:
+        for s in held[ps_control.MAX_CONNECTIONS:]:   # past the cap: closed by the server, unanswered
+            s.settimeout(60)
+            assert s.recv(1) == b""
+        assert threading.active_count() - before <= ps_control.MAX_CONNECTIONS
+        assert control.refused == 20
+        for s in held:
+            s.close()
+        deadline = time.monotonic() + 60
+        while True:     # polling a condition: the held connections' threads end as they see EOF
+            try:
+                info = ps_request(addr, TOKEN, "info", timeout=30)
+                break
+            except PSControlError:
+                assert time.monotonic() < deadline, "no request served after the held connections closed"
+        assert info["values"] == 100
+    finally:
+        for s in held:
+            s.close()
+        control.close()
+        ps.transport.close()
