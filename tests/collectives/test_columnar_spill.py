@@ -205,7 +205,8 @@ def test_memory_does_not_grow_with_the_data(tmp_path):
 
 def test_keyed_gather_tables_memory_does_not_grow_with_the_data(tmp_path):
     """A KeyedGather of tables 4x and 12x config.memory_limit (one process): the pieces go to sorted
-    runs as they arrive, so peak RSS grows by about the same for both, far below the data."""
+    runs as they arrive, so peak RSS grows by about the same for both, within the bound plus a constant
+    (the runs' budget is a quarter of the bound: with all of it they took ~3.7x it)."""
     code = textwrap.dedent(f"""
         import resource, sys, numpy as np, pyarrow as pa
         import twisternet as tn
@@ -229,11 +230,11 @@ def test_keyed_gather_tables_memory_does_not_grow_with_the_data(tmp_path):
             peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
             print(peak - base, rows, op.spilled_runs)
     """)
-    limit = 8 << 20
+    limit = 16 << 20
     growth = {}
     for factor, (g, rows, runs) in peak_growths(code, limit, (4, 12), tmp_path, own_dirs=False).items():
         growth[factor] = g
         assert rows * 100 >= factor * limit and runs >= factor - 1
     assert growth[12] - growth[4] < limit * 2, growth        # 8 more limits of data: no more memory
-    assert growth[12] < 12 * limit * 0.6, growth             # far below the data
+    assert growth[12] < limit + (40 << 20), growth           # the bound plus a constant (~25 MB here)
     assert not any(files for _, _, files in os.walk(tmp_path))
