@@ -4,6 +4,7 @@ that tear down channels never closed and end a job whose silent peers would neve
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import sys
@@ -53,12 +54,23 @@ def _abort_if_peers_froze() -> None:
     if not MPI.Is_initialized() or MPI.Is_finalized():
         return
     ranks = ", ".join(f"{r} ({why})" for r, why in sorted(_SILENT_LOST.items()))
+    end_job(MPI, f"rank {MPI.COMM_WORLD.Get_rank()}: exiting after losing silent ranks {ranks}; ending the "
+                 "MPI job (MPI_Abort), or they would never exit")
+
+
+def end_job(MPI: Any, message: str, *, stacks: bool = False) -> None:
+    """Write ``twisternet: message`` (and, with ``stacks``, every thread's stack) to stderr, then end the
+    whole job with ``MPI_Abort``, MPICH's shared-memory files unlinked first. Nothing if MPI is not
+    running (not initialised, or finalized)."""
+    if not MPI.Is_initialized() or MPI.Is_finalized():
+        return
     try:
         sys.stdout.flush()
-        sys.stderr.write(f"twisternet: rank {MPI.COMM_WORLD.Get_rank()}: exiting after losing silent "
-                         f"ranks {ranks}; ending the MPI job (MPI_Abort), or they would never exit\n")
+        sys.stderr.write(f"twisternet: {message}\n")
+        if stacks:
+            faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
         sys.stderr.flush()
-    except Exception:  # noqa: BLE001 - exiting anyway
+    except Exception:  # noqa: BLE001 - ending the job anyway
         pass
     _unlink_mpich_segments()
     MPI.COMM_WORLD.Abort(1)
@@ -139,15 +151,8 @@ def _install_abort_hook(MPI: Any) -> None:
             except Exception:  # noqa: BLE001 - exiting anyway
                 pass
             if MPI.Is_initialized() and not MPI.Is_finalized():
-                try:
-                    rank = MPI.COMM_WORLD.Get_rank()
-                    sys.stderr.write(f"twisternet: rank {rank}: uncaught {exc_type.__name__}; "
-                                     "ending the MPI job (MPI_Abort)\n")
-                    sys.stderr.flush()
-                except Exception:  # noqa: BLE001
-                    pass
-                _unlink_mpich_segments()
-                MPI.COMM_WORLD.Abort(1)
+                end_job(MPI, f"rank {MPI.COMM_WORLD.Get_rank()}: uncaught {exc_type.__name__}; ending the MPI "
+                             "job (MPI_Abort)")
 
     sys.excepthook = abort_on_uncaught
 

@@ -15,14 +15,12 @@ thread's stack to stderr and ends the job with ``MPI_Abort``; without it, it log
 
 from __future__ import annotations
 
-import faulthandler
 import logging
-import sys
 import threading
 import time
 from typing import TYPE_CHECKING
 
-from .launch import _unlink_mpich_segments
+from .launch import end_job
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from .channel import MPIChannel
@@ -46,7 +44,6 @@ class ProgressWatchdog:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"twisternet-mpi-watchdog-{channel.rank}",
                                         daemon=True)
-        self.fired: str | None = None
 
     def start(self) -> None:
         self._thread.start()
@@ -72,25 +69,12 @@ class ProgressWatchdog:
     def _fire(self, stuck: float) -> None:
         ch = self._channel
         now = time.monotonic()
-        peers = [p for p in range(ch.world) if p != ch.rank and p not in ch._lost]
-        quiet = {p: now - ch._heard[p] for p in peers}
-        silent = [p for p in peers if quiet[p] > ch._peer_timeout]
+        silent = [p for p in range(ch.world)
+                  if p != ch.rank and p not in ch._lost and now - ch._heard[p] > ch._peer_timeout]
         why = (f"rank {ch.rank}: the MPI channel's progress has been stuck for {stuck:.1f}s (a thread is "
                f"inside an MPI call that does not return, or waits for one); not heard from since: "
                f"{ch.describe_ranks(silent) if silent else 'nobody'}")
-        self.fired = why
         if not ch.config.mpi_abort_on_error:
             log.error("%s; mpi_abort_on_error is off, so the job is left running", why)
             return
-        MPI = ch._MPI
-        try:
-            sys.stdout.flush()
-            sys.stderr.write(f"twisternet: {why}: ending the MPI job (MPI_Abort). Stacks:\n")
-            sys.stderr.flush()
-            faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
-            sys.stderr.flush()
-        except Exception:  # noqa: BLE001 - ending the job anyway
-            pass
-        if MPI.Is_initialized() and not MPI.Is_finalized():
-            _unlink_mpich_segments()
-            MPI.COMM_WORLD.Abort(1)
+        end_job(ch._MPI, f"{why}: ending the MPI job (MPI_Abort). Stacks:", stacks=True)
