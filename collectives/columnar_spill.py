@@ -127,6 +127,7 @@ class SortedRuns:
         self._paths: list[str] = []
         self._runs: list[_Run] = []
         self._run_rows = batch_rows
+        self._schema: Any = None          # the runs' (the first run's; every run has one schema)
         self.spilled_bytes = 0
         #: How many runs were spilled so far.
         self.runs = 0
@@ -178,7 +179,8 @@ class SortedRuns:
         # run batches of 1/16 of the budget: merging 16 runs holds about the budget again
         per_row = max(1, self._mem_bytes // max(1, sum(t.num_rows for t in self._mem)))
         self._run_rows = rows = max(64, self.memory_limit // 16 // per_row)
-        path = self._write_run(self._mem[0].schema, self._sorted_mem(rows))
+        self._schema = self._mem[0].schema
+        path = self._write_run(self._schema, self._sorted_mem(rows))
         self.runs += 1
         log.debug("%s: spilled run %d (%d bytes)", self.name, len(self._paths), os.path.getsize(path))
 
@@ -211,12 +213,9 @@ class SortedRuns:
             k = min(MERGE_FAN_IN, len(self._paths) - MERGE_FAN_IN + 1)
             if at + k > len(self._paths):
                 at = 0
-            group = self._paths[at:at + k]
-            head, tail = self._paths[:at], self._paths[at + k:]
-            self._paths = head + tail + group       # close() removes them all if the merge fails
-            schema = require_pyarrow().ipc.open_file(group[0]).schema
-            self._write_run(schema, self._merge(group, self._run_rows))
-            self._paths = head + self._paths[-1:] + tail
+            # _write_run adds the merged run at the end (close() removes every file listed if it fails)
+            self._write_run(self._schema, self._merge(self._paths[at:at + k], self._run_rows))
+            self._paths = self._paths[:at] + self._paths[-1:] + self._paths[at + k:-1]
             at += 1
             log.debug("%s: merged %d runs into one, %d left", self.name, k, len(self._paths))
         paths, self._paths = self._paths, []
