@@ -47,7 +47,6 @@ from twisternet.errors import (
 from ..edges import AR_DOWN, AR_UP, RING
 from ..reduction import own, snapshot
 from ..routing import KaryTree
-from .doubling import DoublingPath
 from .hierarchical import HierarchicalPath
 from .plumbing import _compatible  # re-exported for tests
 from .ring import _RingCall
@@ -60,7 +59,7 @@ if TYPE_CHECKING:
 VIAS = ("auto", "tree", "ring", "doubling", "shm", "hier", "innet")
 
 
-class RankAllReduce(TreePath, HierarchicalPath, DoublingPath):
+class RankAllReduce(TreePath, HierarchicalPath):
     """Carries out ``allreduce`` calls for one AllReduce operation.
 
     One call at a time per process; every participating rank makes the same sequence of calls, with
