@@ -60,7 +60,6 @@ def test_verify_rejects_a_wrong_sort(damage):
 
 
 def test_arrow_share_holds_the_same_records():
-    pytest.importorskip("pyarrow")
     table = sd.generate_table(1, 3, 1000)
     recs = sd.generate(1, 3, 1000)
     assert table.column("key").to_pylist() == [k for k, _ in recs]
@@ -69,7 +68,7 @@ def test_arrow_share_holds_the_same_records():
 
 @pytest.mark.parametrize("damage", [None, "unsorted", "unsorted across batches", "change"])
 def test_batch_summary_is_summarize_of_the_batches(damage):
-    pa = pytest.importorskip("pyarrow")
+    import pyarrow as pa   # a dev dependency (the arrow extra): no skip
     recs = sorted(r for w in range(2) for r in sd.generate(w, 2, 3000))
     recs.insert(5, (recs[4][0][:-1] + b"\x00", recs[4][1]))         # a key ending in a zero byte
     recs.sort()
