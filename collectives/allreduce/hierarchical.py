@@ -104,6 +104,7 @@ class HierarchicalPath(RingPath, DoublingPath):
         leader = group[0]
         leaders = topo.leaders
         src = np.ascontiguousarray(value).reshape(-1)
+        flat_out = None if out is None else out.reshape(-1)   # one view: results land in it, never copied
         how = leader_algorithm(src.nbytes, src.size, len(leaders), op.ring_threshold)
         self._start(call, f"hier/{how}", value)
         local = self._host_shm(call, t, group) if len(group) > 1 else None
@@ -123,14 +124,16 @@ class HierarchicalPath(RingPath, DoublingPath):
         if me == leader:
             assert partial is not None
             if how == "ring":
-                res = self._ring(partial, call, t, None, ranks=leaders, kind="R")
+                # straight into the caller's array (in place when out is the value and no host phase ran)
+                dest = partial if out is value and partial is src else flat_out
+                res = self._ring(partial, call, t, dest, ranks=leaders, kind="R").reshape(-1)
             elif how == "doubling":
                 acc = partial if partial is not src else src.copy()
                 res = self._doubling(acc, describe_value(value), call, t, leaders)
             else:
                 res = partial if partial is not src else src.copy()
         else:
-            res = np.empty_like(src) if out is None else out.reshape(-1)
+            res = np.empty_like(src) if flat_out is None else flat_out
         # 3. inside the host, from the leader
         if len(group) > 1:
             if local is not None:
@@ -138,8 +141,8 @@ class HierarchicalPath(RingPath, DoublingPath):
             else:
                 self._local_down(res, call, t, group)
         if out is not None:
-            flat_out = out.reshape(-1)
-            if res is not flat_out:
+            assert flat_out is not None
+            if not np.may_share_memory(res, flat_out):
                 flat_out[...] = res
             return out
         return res.reshape(value.shape)

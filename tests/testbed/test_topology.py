@@ -200,6 +200,40 @@ def test_hierarchical_equals_flat(monkeypatch: pytest.MonkeyPatch, shape: int, r
             assert np.array_equal(x, y)
 
 
+def _allreduce_into(ctx, mode: str, sizes: list[int]) -> list[np.ndarray]:
+    """The calls of :func:`_allreduce_all` (hier, float64 sums) with ``out=`` a fresh array ("out") or the
+    value itself ("inplace"): the result must be that very array."""
+    op = C.AllReduce(ctx, edge=3, op="sum", via="hier", ring_threshold=16 << 10, chunk_bytes=16 << 10,
+                     shm_chunk_bytes=8192)
+    rng = np.random.default_rng(ctx.rank)
+    got = []
+    for n in sizes:
+        v = rng.standard_normal(n)
+        keep = v.copy()
+        out = v if mode == "inplace" else np.full_like(v, np.nan)
+        res = op.allreduce(v, out=out, timeout=60)
+        assert res is out
+        if mode == "out":
+            assert np.array_equal(v, keep)                 # the input is only read
+        got.append(res.copy())
+    op.close()
+    return got
+
+
+@pytest.mark.parametrize("shape", [5, 6, 7])
+@pytest.mark.parametrize("mode", ["out", "inplace"])
+def test_hierarchical_writes_into_out(shape: int, mode: str) -> None:
+    """The leaders' ring writes straight into ``out`` (also in place, with no host phase before it: the
+    one-rank hosts of 5 and 6); every rank gets the same array as without ``out``."""
+    world = len(HOSTS[shape])
+    sizes = [1, 1000, 70_000]
+    into = run_local(world, _allreduce_into, mode, sizes, plan=_plan(shape), timeout=120)
+    plain = run_local(world, _allreduce_all, "hier", "sum", "float64", sizes, plan=_plan(shape), timeout=120)
+    for r in range(world):
+        for a, b in zip(into[r], plain[r]):
+            assert np.array_equal(a, b.reshape(-1))
+
+
 def test_auto_uses_the_hierarchy_when_the_plan_says_several_hosts(monkeypatch: pytest.MonkeyPatch) -> None:
     used = []
     orig = C.allreduce.RankAllReduce._hier
