@@ -13,7 +13,9 @@ its peak) for up to :data:`MERGE_FAN_IN` runs. With more, groups of consecutive 
 into one each (as in external sorts: just enough that :data:`MERGE_FAN_IN` are left; 17 runs cost one
 merge of 2), so memory stays within twice the budget plus a constant however large the data; the runs
 so merged are read and written once more. Freed Arrow memory is handed back to the system after each
-run and merge block.
+run and merge block. A single fixed-size binary key (the
+TeraSort key) is searched with numpy on its bytes as 64-bit words; other keys by a Python binary
+search over Arrow scalars.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from collections.abc import Iterator, Sequence
 
 from twisternet.arrowcodec import require_pyarrow
 
-from .columnar.sorting import sort_indices, sorted_source
+from .columnar.sorting import binary_key_words, bytes_words, count_below_words, sort_indices, sorted_source
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +69,11 @@ class _Run:
         self._reader = pa.ipc.open_file(self._file)
         self._next = 0
         self.buf = pa.Table.from_batches([], schema=self._reader.schema)
+        #: ``buf``'s key as words (a single fixed-size binary key without nulls; False: another key), so
+        #: that :meth:`count_below` is a numpy binary search instead of a Python one over Arrow scalars.
+        self._words: list[Any] | None | bool = None
+        key = self._reader.schema.field(self.keys[0]).type if len(self.keys) == 1 else None
+        self._width = key.byte_width if key is not None and pa.types.is_fixed_size_binary(key) else 0
 
     def more(self) -> bool:
         """Whether the file has batches not yet loaded."""
@@ -79,12 +86,26 @@ class _Run:
         self._next += 1
         self.buf = pa.concat_tables([self.buf, pa.Table.from_batches([batch])]) if self.buf.num_rows else \
             pa.Table.from_batches([batch])
+        if self._words is not False:
+            self._words = None
+
+    def drop(self, rows: int) -> None:
+        """Drop the first ``rows`` rows of ``buf`` (merged)."""
+        self.buf = self.buf.slice(rows)
+        if isinstance(self._words, list):
+            self._words = [w[rows:] for w in self._words]
 
     def key_at(self, i: int) -> tuple:
         return tuple(_order_key(self.buf.column(k)[i].as_py()) for k in self.keys)
 
     def count_below(self, bound: tuple) -> int:
         """Rows of ``buf`` (sorted) whose key is below ``bound``."""
+        if self._width and self._words is not False and len(bound) == 1 and len(bound[0]) == 2 \
+                and isinstance(bound[0][1], bytes):
+            if self._words is None:
+                self._words = binary_key_words(self.buf, self.keys) or False
+            if isinstance(self._words, list):
+                return count_below_words(self._words, bytes_words(bound[0][1], self._width))
         lo, hi = 0, self.buf.num_rows
         while lo < hi:
             mid = (lo + hi) // 2
@@ -239,7 +260,7 @@ class SortedRuns:
                 if not pending:
                     block = [r.buf for r in runs if r.buf.num_rows]
                     for r in runs:
-                        r.buf = r.buf.slice(r.buf.num_rows)
+                        r.drop(r.buf.num_rows)
                 else:
                     bound = min(r.key_at(r.buf.num_rows - 1) if r.buf.num_rows else ((-1,),) for r in pending)
                     if bound == ((-1,),):            # a pending run with an empty buffer: load it first
@@ -253,7 +274,7 @@ class SortedRuns:
                             cut = r.count_below(bound)
                             if cut:
                                 block.append(r.buf.slice(0, cut))
-                                r.buf = r.buf.slice(cut)
+                                r.drop(cut)
                     if not block:       # every remaining row of the bounding runs equals the bound: read on
                         for r in pending:
                             if r.key_at(r.buf.num_rows - 1) == bound:

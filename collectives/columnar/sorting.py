@@ -66,6 +66,43 @@ def _word_columns(raw: np.ndarray, n: int, width: int) -> list[np.ndarray]:
     return words
 
 
+def binary_key_words(table: Any, keys: Sequence[str]) -> list[np.ndarray] | None:
+    """The single fixed-size binary key of ``table`` as :func:`_word_columns` (comparing word tuples
+    compares keys), or None for other keys, or when the key has nulls."""
+    pa = require_pyarrow()
+    if len(keys) != 1:
+        return None
+    col = table.column(keys[0])
+    if not pa.types.is_fixed_size_binary(col.type) or col.type.byte_width == 0 or col.null_count:
+        return None
+    arr = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+    n, width = len(arr), col.type.byte_width
+    if n == 0:
+        return [np.zeros(0, np.uint64) for _ in range(0, width, 8)]
+    raw = np.frombuffer(arr.buffers()[1], dtype=np.uint8)[arr.offset * width:(arr.offset + n) * width]
+    return _word_columns(raw, n, width)
+
+
+def count_below_words(words: list[np.ndarray], bound: list[int]) -> int:
+    """How many of the sorted keys ``words`` (:func:`binary_key_words`) are below the key ``bound``
+    (its words): a binary search per word, within the rows equal on the words before it."""
+    lo, hi = 0, len(words[0])
+    for w, b in zip(words, bound):
+        seg = w[lo:hi]
+        below = int(np.searchsorted(seg, np.uint64(b), "left"))
+        equal_end = int(np.searchsorted(seg, np.uint64(b), "right"))
+        lo, hi = lo + below, lo + equal_end
+        if lo == hi:
+            break
+    return lo
+
+
+def bytes_words(key: bytes, width: int) -> list[int]:
+    """The words of one fixed-size key (as :func:`_word_columns` cuts them)."""
+    padded = key + bytes(-len(key) % 8)
+    return [int.from_bytes(padded[w:w + 8], "big") for w in range(0, width, 8)]
+
+
 def _binary_key_order(table: Any, keys: Sequence[str], tiebreak: str | None = None) -> np.ndarray | None:
     """Stable sort indices (nulls first) of ``table`` by a single fixed-size binary key (then by the
     ``tiebreak`` column), computed with numpy on the key's bytes as big-endian 64-bit words; None for

@@ -33,12 +33,19 @@ def tables(n_tables: int, rows: int, distinct: int, seed: int = 0) -> list:
             "s": [f"s{v}" for v in rng.integers(0, 5, rows)],
             "f": rng.integers(-3, 3, rows).astype(np.float64),
             "i": np.arange(rows) + j * rows,           # arrival order, to check stability
+            # fixed-size binary keys (the TeraSort kind: merged by numpy binary search), one with nulls
+            "b": pa.array([bin_keys[v % 64] for v in rng.integers(0, max(1, distinct), rows)], pa.binary(10)),
+            "c": pa.array([bin_keys[v % 64][:3] for v in rng.integers(0, max(1, distinct), rows)], pa.binary(3),
+                          mask=rng.random(rows) < 0.02),
         }))
     return out
 
 
+bin_keys = [bytes(np.random.default_rng(100 + v).integers(0, 4, 10, dtype=np.uint8)) for v in range(64)]
+
+
 @pytest.mark.parametrize("keys,distinct", [(["k"], 50), (["k"], 1), (["s", "k"], 20), (["f"], 6),
-                                           (["s"], 5)])
+                                           (["s"], 5), (["b"], 40), (["b"], 1), (["c"], 30)])
 @pytest.mark.parametrize("compression", [None, "lz4"])
 def test_sorted_runs_merge_is_sorted_and_stable(tmp_path, keys, distinct, compression):
     if compression and not pa.Codec.is_available(compression):
@@ -53,7 +60,7 @@ def test_sorted_runs_merge_is_sorted_and_stable(tmp_path, keys, distinct, compre
     assert os.listdir(tmp_path) == []                   # run files removed once merged
 
 
-@pytest.mark.parametrize("keys,distinct", [(["k"], 50), (["s", "k"], 20)])
+@pytest.mark.parametrize("keys,distinct", [(["k"], 50), (["s", "k"], 20), (["b"], 60)])
 def test_many_runs_are_merged_in_passes_sorted_and_stable(tmp_path, keys, distinct):
     """More runs than MERGE_FAN_IN: groups of them are merged first (each in place of its runs) until
     MERGE_FAN_IN are left; the result is still every row, sorted, equal keys in the order added, and
@@ -69,6 +76,23 @@ def test_many_runs_are_merged_in_passes_sorted_and_stable(tmp_path, keys, distin
     assert out.equals(stable_sorted(pa.concat_tables(data), keys))
     assert written < runs.spilled_bytes < 2 * written     # merged runs written, each run at most once more
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("width", [3, 8, 10, 17])
+def test_count_below_words_is_bisect_on_the_bytes(width):
+    """The merge's numpy binary search over a fixed-size binary key agrees with bisect on the bytes,
+    for bounds that are keys, between keys and beyond them, with long runs of equal keys."""
+    import bisect
+
+    from collectives.columnar.sorting import binary_key_words, bytes_words, count_below_words
+    rng = np.random.default_rng(width)
+    pool = [bytes(rng.integers(0, 3, width, dtype=np.uint8)) for _ in range(40)]
+    keys = sorted(pool[i] for i in rng.integers(0, len(pool), 500))
+    words = binary_key_words(pa.table({"k": pa.array(keys, pa.binary(width))}), ["k"])
+    assert words is not None and len(words) == (width + 7) // 8
+    for bound in pool + [bytes(width), b"\xff" * width, keys[0], keys[-1]]:
+        assert count_below_words(words, bytes_words(bound, width)) == bisect.bisect_left(keys, bound)
+    assert binary_key_words(pa.table({"k": pa.array([b"abc", None], pa.binary(3))}), ["k"]) is None
 
 
 def test_sorted_runs_in_memory_and_close(tmp_path):
