@@ -12,8 +12,9 @@ budget, so merging holds about two such batches per run: within twice the budget
 its peak) for up to :data:`MERGE_FAN_IN` runs. With more, groups of consecutive runs are first merged
 into one each (as in external sorts: just enough that :data:`MERGE_FAN_IN` are left; 17 runs cost one
 merge of 2), so memory stays within twice the budget plus a constant however large the data; the runs
-so merged are read and written once more. Freed Arrow memory is handed back to the system after each
-run and merge block. A single fixed-size binary key (the
+so merged are read and written once more. Freed Arrow memory is handed back to the system after a
+run or merge block once the process has grown by twice the budget since the runs started (not every
+time: memory handed back is faulted in again by the next block). A single fixed-size binary key (the
 TeraSort key) is searched with numpy on its bytes as 64-bit words; other keys by a Python binary
 search over Arrow scalars.
 """
@@ -56,6 +57,18 @@ def _release() -> None:
         require_pyarrow().default_memory_pool().release_unused()
     except AttributeError:      # pyarrow < 12
         pass
+
+
+def _rss_bytes() -> int | None:
+    """This process's resident set size (Linux), or None."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 class _Run:
@@ -150,6 +163,7 @@ class SortedRuns:
         self._run_rows = batch_rows
         self._schema: Any = None          # the runs' (the first run's; every run has one schema)
         self.spilled_bytes = 0
+        self._rss_start = _rss_bytes() or 0
         #: How many runs were spilled so far.
         self.runs = 0
 
@@ -215,9 +229,18 @@ class SortedRuns:
         with pa.OSFile(path, "wb") as f, pa.ipc.new_file(f, schema, options=options) as w:
             for part in parts:
                 w.write_table(part)
-        _release()
+        self._trim()
         self.spilled_bytes += os.path.getsize(path)
         return path
+
+    def _trim(self) -> None:
+        """Hand freed Arrow memory back to the system once this process's RSS has grown past twice the
+        budget since these runs started (or always, where RSS cannot be read). Not after every run
+        and merge block: memory handed back is faulted in again by the next block, which on a 1 GB
+        sort cost ~10 % of the time."""
+        rss = _rss_bytes()
+        if rss is None or rss > self._rss_start + 2 * self.memory_limit:
+            _release()
 
     def batches(self) -> Iterator[Any]:
         """Every row added, sorted by key (stable), as record batches of at most ``batch_rows`` rows."""
@@ -291,7 +314,7 @@ class SortedRuns:
                     for start in range(0, merged.num_rows, rows):   # no sorted copy of the block
                         yield merged.take(order[start:start + rows])
                     del merged, order
-                    _release()
+                    self._trim()
                 if not pending:
                     break
         finally:

@@ -95,6 +95,31 @@ def test_count_below_words_is_bisect_on_the_bytes(width):
     assert binary_key_words(pa.table({"k": pa.array([b"abc", None], pa.binary(3))}), ["k"]) is None
 
 
+def test_freed_memory_goes_back_only_past_twice_the_budget(tmp_path, monkeypatch):
+    """Runs and merge blocks hand Arrow's freed memory back once RSS has grown by twice the budget
+    since the runs started (or when RSS cannot be read), not after every one of them."""
+    import collectives.columnar_spill as cs
+    rss = [1000 << 20]
+    released = []
+    monkeypatch.setattr(cs, "_rss_bytes", lambda: rss[0])
+    monkeypatch.setattr(cs, "_release", lambda: released.append(rss[0]))
+    runs = SortedRuns(["k"], 10 << 20, str(tmp_path))
+    rss[0] += 20 << 20
+    runs._trim()
+    assert released == []
+    rss[0] += 1
+    runs._trim()
+    assert len(released) == 1
+    monkeypatch.setattr(cs, "_rss_bytes", lambda: None)
+    runs._trim()
+    assert len(released) == 2
+    small = SortedRuns(["k"], 20_000, str(tmp_path))
+    for t in tables(6, 2000, 30):                  # writing runs and merging them trims too
+        small.add(t)
+    list(small.batches())
+    assert small.runs >= 2 and len(released) > 2 + small.runs
+
+
 def test_sorted_runs_in_memory_and_close(tmp_path):
     data = tables(2, 100, 10)
     runs = SortedRuns(["k"], 1 << 30, str(tmp_path))
