@@ -54,6 +54,7 @@ def scenario_config_mismatch() -> None:
 def scenario_rank_dies() -> None:
     """Rank 1 dies (os._exit) in the middle of traffic: the launcher must end the job."""
     ch, rec = make_channel(buffer_size=16 << 10)
+    _forget_mpich_segments()
     print(f"READY rank={ch.rank}", flush=True)
     end = time.monotonic() + 0.3
     peer = (ch.rank + 1) % ch.world
@@ -73,9 +74,20 @@ def scenario_mpi_abort() -> None:
     from mpi4py import MPI
     ch, rec = make_channel()
     print(f"READY rank={ch.rank}", flush=True)
-    MPI.COMM_WORLD.Barrier()  # every rank is up and said READY before the abort (not a fixed sleep)
+    _forget_mpich_segments()  # (a barrier: every rank is up and said READY before the abort)
     if ch.rank == 2:
         MPI.COMM_WORLD.Abort(3)
     while time.monotonic() < DEADLINE:  # the others wait forever: only the launcher can end them
         ch.progress(0.01)
     raise AssertionError("survived the abort")
+
+
+def _forget_mpich_segments() -> None:
+    """Once every rank has attached them (a barrier), unlink MPICH's shared-memory files: these jobs end
+    by a death MPICH does not clean up after (hydra kills the rest), which would leave them in /dev/shm
+    for good; the ranks keep their mappings. (The channel does the same before its own MPI_Abort.)"""
+    from mpi4py import MPI
+
+    from channels.mpi.launch import _unlink_mpich_segments
+    MPI.COMM_WORLD.Barrier()
+    _unlink_mpich_segments()
