@@ -290,3 +290,76 @@ def test_streaming_keyed_reduce_running_values(op: str) -> None:
             assert sorted(map(tuple, zip(v[::2], v[1::2]))) == sorted(map(tuple, zip(want[::2], want[1::2])))
         else:
             assert v == want
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_streaming_sends_held_back_keep_every_update_in_order(world: int) -> None:
+    """Per-record sends in a stream are held back and handed over in batches: every destination still
+    sees each source's updates of a key in send order, interleaved with send_many, arrays (taken at
+    once) and offer, and nothing is left behind at finish."""
+    def body(ctx):
+        kr = C.KeyedReduce(ctx, sources=ctx.tasks, destinations=ctx.tasks, edge=1, op="sum", key_type="object",
+                           mode="streaming")
+        task = ctx.my_tasks[0]
+        got: list = []
+
+        def consume():
+            for k, v in kr.results(task):
+                got.append((k, v.copy() if isinstance(v, np.ndarray) else v))
+        import threading
+        th = threading.Thread(target=consume)
+        th.start()
+        for i in range(3000):
+            kr.send(task, ("k", i % 7), 1)
+            if i % 500 == 499:
+                kr.send_many(task, [(("k", j), 1) for j in range(7)])
+            if i % 1000 == 999:
+                arr = np.ones(3)
+                kr.send(task, ("a", 0), arr)
+                arr[:] = 100             # changed after send(): the record holds what was sent
+            if i % 700 == 0:
+                while not kr.offer(task, ("o", 0), 2):
+                    pass
+        kr.finish(task)
+        th.join(60)
+        return got
+
+    res = run_local(world, body, timeout=100)
+    seen: dict = {}
+    for per_rank in res:
+        for k, v in per_rank:
+            seen.setdefault(k, []).append(v)
+    for j in range(7):                   # running sums: every update, in order, +1 or +world at a time
+        ups = seen[("k", j)]
+        assert ups == sorted(ups) and ups[-1] == world * (3000 // 7 + (1 if j < 3000 % 7 else 0) + 6)
+        assert len(ups) == world * (3000 // 7 + (1 if j < 3000 % 7 else 0) + 6)
+    assert [list(v) for v in seen[("a", 0)]][-1] == [3.0 * world] * 3
+    assert seen[("o", 0)][-1] == 2 * 5 * world
+
+
+def test_a_held_back_record_goes_without_another_call_from_its_sender() -> None:
+    """A record held back behind a stream is handed over by the engine within flush_delay, while the
+    sending thread does nothing more with twisternet (here: waits on an Event the receiver sets)."""
+    import threading
+    arrived = threading.Event()
+    world = 3
+
+    def body0(ctx):
+        kr = C.KeyedReduce(ctx, sources=[1, 2], destinations=[0], edge=1, op="sum", key_type="str",
+                           mode="streaming")
+        if ctx.rank == 0:
+            seen = 0
+            for _k, _v in kr.results(0):
+                seen += 1
+                if seen == 4:
+                    arrived.set()
+            return seen
+        task = ctx.my_tasks[0]
+        kr.send(task, f"x{task}", 1)            # after a pause: handed over at once
+        kr.send(task, f"y{task}", 1)            # right behind it: held back
+        ok = arrived.wait(30)                   # no twisternet call from this thread until both arrived
+        kr.finish(task)
+        return ok
+
+    out = run_local(world, body0, timeout=60)
+    assert out == [4, True, True]

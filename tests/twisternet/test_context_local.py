@@ -347,3 +347,34 @@ def test_register_control_handler_takes_only_control_edges_and_gets_earlier_reco
         return got
 
     assert run_local(2, job)[0] == [(1, "early")]
+
+
+@pytest.mark.parametrize("progress", ["thread", "manual"])
+def test_deferred_work_runs_within_the_flush_delay_again_until_done_and_on_flush(progress):
+    """ctx.defer: the engine (or whoever drives it) calls the function once it is due, again after
+    another delay while it returns False; a second defer of a waiting key changes nothing; flush()
+    calls every waiting function at once."""
+    def job(ctx):
+        calls = []
+        done = threading.Event()
+
+        def fn():
+            calls.append(time.monotonic())
+            if len(calls) >= 3:
+                done.set()
+                return True
+            return False
+        ctx.defer("k", fn)
+        ctx.defer("k", lambda: calls.append(-1.0) or True)   # already waiting: ignored
+        if progress == "manual":
+            deadline = time.monotonic() + 20
+            while not done.is_set() and time.monotonic() < deadline:
+                ctx.progress(0.01)
+        ok = done.wait(20)
+        flushed = []
+        ctx.defer("other", lambda: flushed.append(1) or True)
+        ctx.flush()                       # due in flush_delay, run now
+        return ok, len(calls), -1.0 in calls, flushed
+
+    for ok, n, second, flushed in run_local(2, job, progress=progress, timeout=40):
+        assert ok and n == 3 and not second and flushed == [1]

@@ -69,6 +69,8 @@ class Context(Outbound, OwnSend, ProgressEngine, Inbound, PeerLoss, Lifecycle):
         self._out_ready: set[tuple[int, int]] = set()     # streams with queued messages
         self._out_partial: dict[tuple[int, int], float] = {}  # stream -> when to send its partial buffer
         self._flush_delay = config.flush_delay
+        # key -> (due, fn): work an operation handed over to be done within flush_delay (see defer)
+        self._deferred: dict[Any, tuple[float, Callable[[], bool]]] = {}
         self._local_bytes: dict[int, int] = {}
         # inbound (inbound.py)
         self._in: dict[tuple[int, int], _InStream] = {}
@@ -253,8 +255,25 @@ class Context(Outbound, OwnSend, ProgressEngine, Inbound, PeerLoss, Lifecycle):
             return contextlib.nullcontext()
         return self.coflows.group(name, size=size, deadline=deadline, parents=parents)
 
+    def defer(self, key: Any, fn: Callable[[], bool]) -> None:
+        """Have ``fn()`` called within ``flush_delay`` by whichever thread runs the engine next (or by
+        :meth:`flush`, which every waiter calls): how an operation sends records it holds back to batch
+        them (``KeyedReduce.send``). ``fn`` must not block and returns whether it is done (False: call
+        it again after another delay). A key already waiting keeps its time."""
+        due = time.monotonic() + self._flush_delay
+        with self._lock:
+            if key in self._deferred:
+                return
+            self._deferred[key] = (due, fn)
+            wake = self._sleep_until > due
+        if wake:
+            self._kick()
+
     def flush(self) -> None:
-        """Send partly filled buffers now instead of waiting for the channel to go idle."""
+        """Send partly filled buffers (and records operations hold back, see :meth:`defer`) now instead
+        of waiting for the channel to go idle."""
+        if self._deferred:
+            self._run_deferred(everything=True)
         with self._lock:
             for key in list(self._out_partial):
                 self._emit_partial(self._out[key])
@@ -287,7 +306,7 @@ class Context(Outbound, OwnSend, ProgressEngine, Inbound, PeerLoss, Lifecycle):
             if not flushed:
                 # whoever waits for an answer wants its own pending records on their way now
                 flushed = True
-                if self._out_partial:
+                if self._out_partial or self._deferred:
                     self.flush()
             self._raise_failures()
             now = time.monotonic()

@@ -68,7 +68,8 @@ class ProgressEngine(ContextState):
                 # what arrived is delivered by the engine; a partly filled buffer due later needs
                 # the engine awake in time
                 late = bool(self._in_dirty) or (
-                    bool(self._out_partial) and self._sleep_until > min(self._out_partial.values()))
+                    bool(self._out_partial) and self._sleep_until > min(self._out_partial.values())) or (
+                    bool(self._deferred) and self._sleep_until > min(t for t, _ in self._deferred.values()))
             if not late:
                 return
         self.channel.wakeup()
@@ -123,6 +124,22 @@ class ProgressEngine(ContextState):
                     self._failure = e
             self.notify()
 
+    def _run_deferred(self, everything: bool = False) -> None:
+        """Call the deferred functions that are due (all with ``everything``), outside the lock."""
+        now = time.monotonic()
+        with self._lock:
+            due = [(k, fn) for k, (t, fn) in self._deferred.items() if everything or t <= now]
+            for k, _ in due:
+                del self._deferred[k]
+        for k, fn in due:
+            try:
+                done = fn()
+            except Exception:  # an operation's failure is its own: the engine goes on
+                log.debug("deferred %r failed", k, exc_info=True)
+                done = True
+            if not done:
+                self.defer(k, fn)
+
     def _sleep_for(self, timeout: float) -> float:
         """How long the channel may wait (at most ``timeout``): until the first partly filled buffer is
         due, and no longer than 10 ms while scheduled sends wait for pacing tokens or channel room; notes
@@ -130,6 +147,8 @@ class ProgressEngine(ContextState):
         now = time.monotonic()
         if self._out_partial:
             timeout = max(0.0, min(timeout, min(self._out_partial.values()) - now))
+        if self._deferred:
+            timeout = max(0.0, min(timeout, min(t for t, _ in self._deferred.values()) - now))
         if self._out_ready and self._coflow_pump is not None:
             timeout = max(0.0, min(timeout, self._coflow_pump.pace_until - now, 0.01))
         self._sleep_until = now + timeout
@@ -144,7 +163,7 @@ class ProgressEngine(ContextState):
                 self._seen = False
                 # (unlocked peeks, as below: nothing queued, nothing to hand over; a waiter's round
                 # for its reply usually finds nothing)
-                queued = bool(self._out_ready or self._out_partial or self._coflow_pump is not None)
+                queued = bool(self._out_ready or self._out_partial or self._deferred or self._coflow_pump is not None)
                 did = self._pump() if queued else False
                 seen = did
                 if self.coflows is not None:
@@ -164,6 +183,8 @@ class ProgressEngine(ContextState):
                 if deliver and (self._in_dirty or self._refused) and self._deliver():
                     did = seen = True
                     self.channel.flush_released()   # what the handlers released goes back now
+                if self._deferred:
+                    self._run_deferred()
                 seen = seen or self._seen
             finally:
                 self._in_progress.active = False
