@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import threading
-import time
 import zlib
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
@@ -14,6 +12,7 @@ from twisternet.errors import ConfigError
 from .base import Callback, Mode, record_nbytes
 from .columnar import KeyedReduceTables
 from .columns import is_columns, to_columns
+from .held_sends import HeldSends
 from .reduce import _need_edge, _pick_op
 from .reduction import _ATOMS, ReduceFn, Reduction, _flat, own, snapshot
 from .routing import Selector, check_key_type, hash_selector, normalize_key
@@ -23,11 +22,7 @@ if TYPE_CHECKING:
     from twisternet.context import Context
 
 
-#: Most per-record sends held back before they are handed over together (see KeyedReduce.send).
-SEND_BATCH = 64
-
-
-class KeyedReduce(KeyedReduceTables, UpTreeOperation):
+class KeyedReduce(HeldSends, KeyedReduceTables, UpTreeOperation):
     """Reduce values by key; each key belongs to one destination (``selector``, default a stable hash).
 
     Batch: every node of a destination's tree combines the values of each key it sees (a combiner,
@@ -53,13 +48,7 @@ class KeyedReduce(KeyedReduceTables, UpTreeOperation):
         self.key_type = check_key_type(key_type)
         self.selector: Selector = selector or hash_selector
         self._combiner_bytes: dict[int, int] = {}   # inner batch combiner (tree id) -> bytes taken since flush
-        # per-record sends held back to be handed over together (see send)
-        self._held_back: dict[int, list[tuple[int, Any, Any]]] = {}    # source task -> (destination, key, value)
-        self._held_back_lock = threading.Lock()         # the lists
-        self._handing_over = threading.Lock()      # one hand-over at a time: records keep their order
-        self._last_release: dict[int, float] = {}  # source task -> when its held records last went
-        self._held_key = object()                  # this operation's key for ctx.defer
-        self._hold_for = ctx.config.flush_delay
+        self._init_held(ctx)
         super().__init__(ctx, sources, destinations, _need_edge(edge, type(self).__name__), mode=mode,
                          callback=callback, limit=limit, timeout=timeout, fanout=fanout)
 
@@ -83,83 +72,32 @@ class KeyedReduce(KeyedReduceTables, UpTreeOperation):
     def send(self, task: int, key: Any, value: Any, *, timeout: float | None = None) -> None:
         """Contribute ``value`` under ``key`` from local source ``task``; blocks under back pressure.
 
-        A record sent while this source's records are flowing (the last went out less than
-        ``config.flush_delay`` ago) is held back with the ones after it, up to ``SEND_BATCH`` of them
-        or ``flush_delay``, and they are handed over together (as :meth:`send_many` does): the same
-        records in the same order, at a fraction of the cost per record. The key is checked and
-        routed at once (errors raise here); values that are not plain scalars are taken at once."""
+        While this source's records flow, a record is held back with the ones after it and they are
+        handed over together (:mod:`collectives.held_sends`): the same records in the same order, at
+        a fraction of the cost each. The key is checked and routed here (errors raise here)."""
         key = normalize_key(key, self.key_type)
         self._check_source(task)
         self._raise_if_failed()
-        d = self._select(key)
-        if type(value) not in _ATOMS:          # the caller may change it after send(): take it now
-            self._release_held(task, True, timeout)
-            self._send_one(task, d, key, value, True, timeout)
-            return
-        with self._held_back_lock:
-            held = self._held_back.setdefault(task, [])
-            held.append((d, key, value))
-            n = len(held)
-        if n >= SEND_BATCH or (n == 1 and time.monotonic() - self._last_release.get(task, 0.0) > self._hold_for):
-            self._release_held(task, True, timeout)
-        elif n == 1:
-            self.ctx.defer((self._held_key, task), lambda: self._release_held(task, False, None))
+        self.hold(task, self._select(key), key, value, timeout)
 
     def offer(self, task: int, key: Any, value: Any) -> bool:
         """Like :meth:`send` but returns False instead of blocking when the operation is full."""
-        if not self._release_held(task, False, None):
+        if not self.release_held(task, False, None):
             return False
         return self._send(task, key, value, False, None)
 
     def finish(self, task: int) -> None:
-        self._release_held(task, True, None)
+        self.release_held(task, True, None)
         super().finish(task)
 
     def close(self, *, timeout: float | None = None) -> None:
-        for task in list(self._held_back):
-            try:
-                self._release_held(task, False, None)
-            except Exception:  # noqa: BLE001 - closing: the operation's failure is reported by close
-                pass
+        self.release_all_held()
         super().close(timeout=timeout)
 
     def _held(self) -> int:
-        return super()._held() + sum(len(v) for v in list(self._held_back.values()))
+        return super()._held() + self.held_count()
 
-    def _release_held(self, task: int, block: bool, timeout: float | None) -> bool:
-        """Hand this source's held-back records over (one ``_input`` per destination); False when
-        ``block`` is False and some could not be taken now (they stay held, in order)."""
-        if not self._held_back.get(task):
-            return True
-        if not self._handing_over.acquire(blocking=block):    # another thread hands over: in order
-            return False
-        try:
-            with self._held_back_lock:
-                held = self._held_back.pop(task, None)
-            if not held:
-                return True
-            by_dest: dict[int, list] = {}
-            for d, key, value in held:
-                by_dest.setdefault(d, []).append((key, value))
-            left: list = []
-            try:
-                for d, lst in by_dest.items():
-                    if left or not self._hand_over(task, d, lst, block, timeout):
-                        left += [(d, k, v) for k, v in lst]
-            finally:
-                if left:
-                    with self._held_back_lock:
-                        self._held_back[task] = left + self._held_back.get(task, [])
-            self._last_release[task] = time.monotonic()
-            return not left
-        finally:
-            self._handing_over.release()
-
-    def _send_one(self, task: int, d: int, key: Any, value: Any, block: bool, timeout: float | None) -> bool:
-        return self._hand_over(task, d, [(key, value)], block, timeout)
-
-    def _hand_over(self, task: int, d: int, pairs: list, block: bool, timeout: float | None) -> bool:
-        """``pairs`` from local source ``task`` into destination ``d``'s tree (False: no room now)."""
+    def _hand_over_pairs(self, task: int, d: int, pairs: list, block: bool, timeout: float | None) -> bool:
         node = self._nodes[d]
         return self._input(task, lambda: self._room(node), lambda: self._take(node, pairs, snapshot),
                            block=block, timeout=timeout)
@@ -169,7 +107,7 @@ class KeyedReduce(KeyedReduceTables, UpTreeOperation):
         local source ``task``: keys are routed and combined per destination in one step per chunk, far
         cheaper than one :meth:`send` per pair. Same semantics as calling :meth:`send` for each pair."""
         self._check_source(task)
-        self._release_held(task, True, timeout)
+        self.release_held(task, True, timeout)
         pairs = items.items() if hasattr(items, "items") else items
         by_dest: dict[int, list] = {}
         kt = self.key_type
@@ -212,7 +150,7 @@ class KeyedReduce(KeyedReduceTables, UpTreeOperation):
     def _send(self, task: int, key: Any, value: Any, block: bool, timeout: float | None) -> bool:
         key = normalize_key(key, self.key_type)
         self._check_source(task)
-        return self._send_one(task, self._select(key), key, value, block, timeout)
+        return self._hand_over_pairs(task, self._select(key), [(key, value)], block, timeout)
 
     # ------------------------------------------------------------------ combining
     def _room(self, node: Node) -> bool:

@@ -13,6 +13,7 @@ from ..base import Callback, Mode
 from ..columnar import KeyedGatherTables
 from ..columnar.gathered_tables import is_table_piece
 from ..columns import is_columns
+from ..held_sends import HeldSends
 from ..reduce import _need_edge
 from ..reduction import _flat, snapshot
 from ..routing import Selector, check_key_type, hash_selector, normalize_key
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 _EXACT_KEY_TYPES: dict[str, type] = {"int": int, "float": float, "str": str, "bytes": bytes}
 
 
-class KeyedGather(KeyedGatherTables, TreeGatherBase):
+class KeyedGather(HeldSends, KeyedGatherTables, TreeGatherBase):
     """Collect ``(key, value)`` records at the destination chosen by the key (one tree per destination).
 
     Batch: each destination gets its keys in ascending order (keys must be mutually orderable), values of
@@ -47,6 +48,7 @@ class KeyedGather(KeyedGatherTables, TreeGatherBase):
         self.key_type = check_key_type(key_type)
         self.selector: Selector = selector or hash_selector
         self.group = group
+        self._init_held(ctx)
         super().__init__(ctx, sources, destinations, _need_edge(edge, type(self).__name__), mode=mode,
                          callback=callback, limit=limit, timeout=timeout, fanout=fanout)
 
@@ -80,12 +82,37 @@ class KeyedGather(KeyedGatherTables, TreeGatherBase):
 
     def send(self, task: int, key: Any, value: Any, *, timeout: float | None = None, copy: bool = True) -> None:
         """Send ``value`` under ``key`` from local source ``task``; blocks under back pressure.
-        ``copy=False``: the operation may keep a reference to ``value`` (no defensive copy)."""
-        self._send(task, key, value, True, timeout, copy)
+        ``copy=False``: the operation may keep a reference to ``value`` (no defensive copy).
+
+        While this source's records flow, a record is held back with the ones after it and they are
+        handed over together (:mod:`collectives.held_sends`): the same records in the same order, at
+        a fraction of the cost each. The key is checked and routed here (errors raise here)."""
+        key = normalize_key(key, self.key_type)
+        self._check_source(task)
+        self._raise_if_failed()
+        self.hold(task, self._select(key), key, snapshot(value) if copy else value, timeout)
 
     def offer(self, task: int, key: Any, value: Any, *, copy: bool = True) -> bool:
         """Like :meth:`send` but returns False instead of blocking when the operation is full."""
+        if not self.release_held(task, False, None):
+            return False
         return self._send(task, key, value, False, None, copy)
+
+    def finish(self, task: int) -> None:
+        self.release_held(task, True, None)
+        super().finish(task)
+
+    def close(self, *, timeout: float | None = None) -> None:
+        self.release_all_held()
+        super().close(timeout=timeout)
+
+    def _hand_over_pairs(self, task: int, d: int, pairs: list, block: bool, timeout: float | None) -> bool:
+        node = self._nodes[d]
+        keys = [k for k, _ in pairs]
+        vals = [v for _, v in pairs]
+        return self._input(task, lambda: self._input_room(node),
+                           lambda: self._push_cols(node, keys, [task] * len(keys), vals, local=True, direct=False),
+                           block=block, timeout=timeout)
 
     def send_many(self, task: int, items: Iterable[tuple[Any, Any]] | Mapping[Any, Any], *,
                   timeout: float | None = None, chunk: int = 4096, copy: bool = True) -> None:
@@ -95,6 +122,7 @@ class KeyedGather(KeyedGatherTables, TreeGatherBase):
         if not isinstance(chunk, int) or chunk < 1:
             raise ValueError(f"chunk must be a positive int, got {chunk!r}")
         self._check_source(task)
+        self.release_held(task, True, timeout)
         pairs = items.items() if isinstance(items, Mapping) else items
         by_dest: dict[int, tuple[list, list]] = {}
         kt = self.key_type
@@ -160,7 +188,7 @@ class KeyedGather(KeyedGatherTables, TreeGatherBase):
             self._up_send(node, "d", list(buf))
 
     def _held(self) -> int:
-        return sum(len(b[0]) for b in self._outbuf.values())
+        return sum(len(b[0]) for b in self._outbuf.values()) + self.held_count()
 
     def _up_data(self, node: Node, src: int, payload: Any) -> bool:
         if not self._input_room(node):

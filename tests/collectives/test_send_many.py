@@ -363,3 +363,49 @@ def test_a_held_back_record_goes_without_another_call_from_its_sender() -> None:
 
     out = run_local(world, body0, timeout=60)
     assert out == [4, True, True]
+
+
+@pytest.mark.parametrize("mode", ["streaming", "batch"])
+def test_keyed_gather_sends_held_back_arrive_complete_and_in_order(mode: str) -> None:
+    """KeyedGather per-record sends held back in a stream: every record arrives once, each source's
+    records of a key in send order, with send_many mixed in; a list changed after send() arrives as
+    it was sent (copy=True), a scalar sent with copy=False too."""
+    world = 3
+
+    def body(ctx):
+        kg = C.KeyedGather(ctx, sources=ctx.tasks, destinations=ctx.tasks, edge=1, key_type="int", mode=mode,
+                           group=False)
+        task = ctx.my_tasks[0]
+        got: list = []
+
+        def consume():
+            for k, v in kg.results(task):
+                got.append((k, v))
+        import threading
+        th = threading.Thread(target=consume)
+        th.start()
+        for i in range(2000):
+            kg.send(task, i % 5, (task, i), copy=i % 2 == 0)
+            if i % 400 == 399:
+                kg.send_many(task, [(j, (task, 10_000 + i + j)) for j in range(5)])
+            if i % 900 == 0:
+                lst = [task, i]
+                kg.send(task, 99, lst)
+                lst.append("changed")
+        kg.finish(task)
+        th.join(60)
+        return got
+
+    res = run_local(world, body, timeout=100)
+    records = [kv for per_rank in res for kv in per_rank]
+    assert len(records) == world * (2000 + 5 * 5 + 3)
+    by: dict = {}
+    for k, v in records:
+        by.setdefault((k, v[0]), []).append(v[1])
+    for (k, _src), seq in by.items():
+        if k == 99:
+            assert sorted(seq) == [0, 900, 1800]
+            continue
+        plain = [i for i in seq if i < 10_000]
+        assert plain == sorted(plain) and len(plain) == len(set(plain)) == len(range(k, 2000, 5))
+    assert all(len(v) == 2 for k, v in records if k == 99)
