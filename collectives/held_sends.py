@@ -22,6 +22,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from .reduction import _ATOMS
+from .routing import normalize_key
 
 if TYPE_CHECKING:
     from twisternet.context import Context
@@ -35,6 +36,12 @@ class HeldSends:
     else a source does. The operation provides :meth:`_hand_over_pairs` and (from Operation) ``ctx``."""
 
     ctx: Context
+    key_type: str
+
+    if TYPE_CHECKING:
+        def _check_source(self, task: int) -> None: ...
+        def _raise_if_failed(self) -> None: ...
+        def _select(self, key: Any) -> int: ...
 
     def _init_held(self, ctx: Context) -> None:
         self._held_back: dict[int, list[tuple[int, Any, Any]]] = {}    # source task -> (destination, key, value)
@@ -47,6 +54,16 @@ class HeldSends:
     def _hand_over_pairs(self, task: int, d: int, pairs: list, block: bool, timeout: float | None) -> bool:
         """``(key, value)`` pairs from local source ``task`` into destination ``d`` (False: no room)."""
         raise NotImplementedError
+
+    def send_record(self, task: int, key: Any, value: Any, timeout: float | None) -> None:
+        """One record from local source ``task``: the key is checked and routed here (errors raise
+        here), then :meth:`hold` sends it or holds it back while this source's records flow, to be
+        handed over with the ones after it: the same records in the same order, at a fraction of
+        the cost each."""
+        key = normalize_key(key, self.key_type)
+        self._check_source(task)
+        self._raise_if_failed()
+        self.hold(task, self._select(key), key, value, timeout)
 
     def hold(self, task: int, d: int, key: Any, value: Any, timeout: float | None) -> None:
         """Send one checked, routed record from ``task`` to destination ``d``: held back while records
@@ -67,6 +84,16 @@ class HeldSends:
             first = len(held) == 1
         if first:
             self.ctx.defer((self._held_key, task), lambda: self.release_held(task, False, None))
+
+    def finish(self, task: int) -> None:
+        """End the stream of source ``task`` (what it holds goes first)."""
+        self.release_held(task, True, None)
+        super().finish(task)  # type: ignore[misc]
+
+    def close(self, *, timeout: float | None = None) -> None:
+        """Close the operation (what every source holds goes first, if it can be taken now)."""
+        self.release_all_held()
+        super().close(timeout=timeout)  # type: ignore[misc]
 
     def held_count(self) -> int:
         return sum(len(v) for v in list(self._held_back.values()))

@@ -71,28 +71,14 @@ class KeyedReduce(HeldSends, KeyedReduceTables, UpTreeOperation):
     # ------------------------------------------------------------------ public API
     def send(self, task: int, key: Any, value: Any, *, timeout: float | None = None) -> None:
         """Contribute ``value`` under ``key`` from local source ``task``; blocks under back pressure.
-
-        While this source's records flow, a record is held back with the ones after it and they are
-        handed over together (:mod:`collectives.held_sends`): the same records in the same order, at
-        a fraction of the cost each. The key is checked and routed here (errors raise here)."""
-        key = normalize_key(key, self.key_type)
-        self._check_source(task)
-        self._raise_if_failed()
-        self.hold(task, self._select(key), key, value, timeout)
+        Records in a stream are held back and handed over together (:meth:`HeldSends.send_record`)."""
+        self.send_record(task, key, value, timeout)
 
     def offer(self, task: int, key: Any, value: Any) -> bool:
         """Like :meth:`send` but returns False instead of blocking when the operation is full."""
         if not self.release_held(task, False, None):
             return False
         return self._send(task, key, value, False, None)
-
-    def finish(self, task: int) -> None:
-        self.release_held(task, True, None)
-        super().finish(task)
-
-    def close(self, *, timeout: float | None = None) -> None:
-        self.release_all_held()
-        super().close(timeout=timeout)
 
     def _held(self) -> int:
         return super()._held() + self.held_count()

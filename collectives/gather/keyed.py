@@ -82,29 +82,15 @@ class KeyedGather(HeldSends, KeyedGatherTables, TreeGatherBase):
 
     def send(self, task: int, key: Any, value: Any, *, timeout: float | None = None, copy: bool = True) -> None:
         """Send ``value`` under ``key`` from local source ``task``; blocks under back pressure.
-        ``copy=False``: the operation may keep a reference to ``value`` (no defensive copy).
-
-        While this source's records flow, a record is held back with the ones after it and they are
-        handed over together (:mod:`collectives.held_sends`): the same records in the same order, at
-        a fraction of the cost each. The key is checked and routed here (errors raise here)."""
-        key = normalize_key(key, self.key_type)
-        self._check_source(task)
-        self._raise_if_failed()
-        self.hold(task, self._select(key), key, snapshot(value) if copy else value, timeout)
+        ``copy=False``: the operation may keep a reference to ``value`` (no defensive copy). Records
+        in a stream are held back and handed over together (:meth:`HeldSends.send_record`)."""
+        self.send_record(task, key, snapshot(value) if copy else value, timeout)
 
     def offer(self, task: int, key: Any, value: Any, *, copy: bool = True) -> bool:
         """Like :meth:`send` but returns False instead of blocking when the operation is full."""
         if not self.release_held(task, False, None):
             return False
         return self._send(task, key, value, False, None, copy)
-
-    def finish(self, task: int) -> None:
-        self.release_held(task, True, None)
-        super().finish(task)
-
-    def close(self, *, timeout: float | None = None) -> None:
-        self.release_all_held()
-        super().close(timeout=timeout)
 
     def _hand_over_pairs(self, task: int, d: int, pairs: list, block: bool, timeout: float | None) -> bool:
         node = self._nodes[d]
