@@ -7,8 +7,9 @@ keeps each record (already checked and routed by the caller) with the ones after
 :data:`SEND_BATCH`, and they are handed over together, per destination, in order: what ``send_many``
 does for a list. The progress engine hands over what is held once it is ``flush_delay`` old
 (``Context.defer``), so a last record never waits for another call; the operation's ``finish``,
-``send_many``, ``offer`` and ``close`` call :meth:`HeldSends.release_held` first, and so does every
-wait on the Context (``Context.flush``).
+``send_many``, ``offer`` and ``close`` call :meth:`HeldSends.release_held` first (``close`` waits for
+room as ``send`` would: nothing held is dropped unless the operation failed), and so does every wait on
+the Context (``Context.flush``).
 
 A record after a pause goes at once, and so does one whose value is not a plain scalar (the caller
 may change it after ``send`` returns). A ``send`` that raises (back pressure timed out, a lost peer)
@@ -37,6 +38,8 @@ class HeldSends:
 
     ctx: Context
     key_type: str
+    _closed: bool
+    _error: BaseException | None
 
     if TYPE_CHECKING:
         def _check_source(self, task: int) -> None: ...
@@ -91,20 +94,15 @@ class HeldSends:
         super().finish(task)  # type: ignore[misc]
 
     def close(self, *, timeout: float | None = None) -> None:
-        """Close the operation (what every source holds goes first, if it can be taken now)."""
-        self.release_all_held()
+        """Close the operation; what every source holds goes first (back pressure: waits up to
+        ``timeout`` and raises as ``send`` would, never drops it), unless the operation failed."""
+        if not self._closed and self._error is None:
+            for task in list(self._held_back):
+                self.release_held(task, True, timeout)
         super().close(timeout=timeout)  # type: ignore[misc]
 
     def held_count(self) -> int:
         return sum(len(v) for v in list(self._held_back.values()))
-
-    def release_all_held(self) -> None:
-        """Closing: hand over what every source holds, if it can be taken now."""
-        for task in list(self._held_back):
-            try:
-                self.release_held(task, False, None)
-            except Exception:  # noqa: BLE001 - closing: the operation's failure is reported by close
-                pass
 
     def release_held(self, task: int, block: bool, timeout: float | None,
                      then: tuple[int, Any, Any] | None = None) -> bool:
