@@ -161,6 +161,8 @@ class ProgressEngine(ContextState):
             self._in_progress.active = True
             try:
                 self._seen = False
+                if self._deferred:
+                    self._run_deferred()    # first: what it hands over goes out in this round's pump
                 # (unlocked peeks, as below: nothing queued, nothing to hand over; a waiter's round
                 # for its reply usually finds nothing)
                 queued = bool(self._out_ready or self._out_partial or self._deferred or self._coflow_pump is not None)
@@ -183,8 +185,6 @@ class ProgressEngine(ContextState):
                 if deliver and (self._in_dirty or self._refused) and self._deliver():
                     did = seen = True
                     self.channel.flush_released()   # what the handlers released goes back now
-                if self._deferred:
-                    self._run_deferred()
                 seen = seen or self._seen
             finally:
                 self._in_progress.active = False
