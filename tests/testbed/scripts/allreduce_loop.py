@@ -9,44 +9,31 @@ completed step) before exiting with status 3.
 
 from __future__ import annotations
 
-import faulthandler
-import signal
-import socket
 import sys
 import time
 
 import numpy as np
 
-import twisternet as tn
 from collectives import AllReduce
-from worker_report import report_failure
+from worker_report import run_reported
 
 
 def main() -> int:
-    faulthandler.register(signal.SIGUSR1, all_threads=True)  # a timed-out test asks where we are
     seconds = float(sys.argv[1])
     size = int(sys.argv[2]) if len(sys.argv) > 2 else 1 << 16
     via = sys.argv[3] if len(sys.argv) > 3 else "auto"
-    host = socket.gethostname()
-    rank = "?"
-    last = time.monotonic()
-    try:
-        with tn.init() as ctx:
-            rank = ctx.rank
-            print(f"READY rank={rank} host={host}", flush=True)
-            with AllReduce(ctx, edge=1, op="sum", via=via) as ar:
-                end = time.monotonic() + seconds
-                i = 0
-                while time.monotonic() < end:
-                    y = ar.allreduce(np.ones(size, np.float32))
-                    assert y[0] == ctx.world, y[:4]
-                    last = time.monotonic()
-                    print(f"STEP rank={rank} i={i}", flush=True)
-                    i += 1
-            print(f"DONE rank={rank}", flush=True)
-    except Exception as e:  # noqa: BLE001 - reported for the test to read
-        return report_failure(rank, host, last, e)
-    return 0
+
+    def body(ctx, host, step) -> None:
+        with AllReduce(ctx, edge=1, op="sum", via=via) as ar:
+            end = time.monotonic() + seconds
+            i = 0
+            while time.monotonic() < end:
+                y = ar.allreduce(np.ones(size, np.float32))
+                assert y[0] == ctx.world, y[:4]
+                step()
+                print(f"STEP rank={ctx.rank} i={i}", flush=True)
+                i += 1
+    return run_reported(body)
 
 
 if __name__ == "__main__":

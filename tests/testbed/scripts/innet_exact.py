@@ -11,17 +11,12 @@ fallback=F`` per call (W: the largest error as a fraction of its bound), ``DONE 
 
 from __future__ import annotations
 
-import faulthandler
-import signal
-import socket
 import sys
-import time
 
 import numpy as np
 
-import twisternet as tn
 from collectives import AllReduce
-from worker_report import report_failure
+from worker_report import run_reported
 from innet import DEFAULT_SCALE, error_bound
 
 
@@ -30,35 +25,27 @@ def value(rank: int, call: int, size: int) -> np.ndarray:
 
 
 def main() -> int:
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
     calls, size = int(sys.argv[1]), int(sys.argv[2])
-    host = socket.gethostname()
-    rank = "?"
-    last = time.monotonic()
-    try:
-        with tn.init() as ctx:
-            rank = ctx.rank
-            print(f"READY rank={rank} host={host}", flush=True)
-            with AllReduce(ctx, edge=1, op="sum", via="innet") as ar:
-                for i in range(calls):
-                    got = ar.allreduce(value(ctx.rank, i, size))
-                    ref = sum(value(r, i, size).astype(np.float64) for r in range(ctx.world))
-                    bound = error_bound(ref, DEFAULT_SCALE, ctx.world)
-                    err = np.abs(got.astype(np.float64) - ref)
-                    path = ar._rank_allreduce.innet
-                    if i == 0:
-                        w = path.job.worker
-                        print(f"WHERE rank={rank} host={host} worker={w.address[0]}:{w.address[1]} "
-                              f"switch={w.switch_addr[0]}:{w.switch_addr[1]} ps={w.ps_addr[0]}:{w.ps_addr[1]} "
-                              f"values={w.value_count} own_switch={path.service is not None}", flush=True)
-                    print(f"RESULT rank={rank} call={i} ok={bool((err <= bound).all())} "
-                          f"worst={(err / bound).max():.3g} fallback={path.last_stats.fallback}",
-                          flush=True)
-                    last = time.monotonic()
-            print(f"DONE rank={rank}", flush=True)
-    except Exception as e:  # noqa: BLE001 - reported for the test to read
-        return report_failure(rank, host, last, e)
-    return 0
+
+    def body(ctx, host, step) -> None:
+        rank = ctx.rank
+        with AllReduce(ctx, edge=1, op="sum", via="innet") as ar:
+            for i in range(calls):
+                got = ar.allreduce(value(ctx.rank, i, size))
+                ref = sum(value(r, i, size).astype(np.float64) for r in range(ctx.world))
+                bound = error_bound(ref, DEFAULT_SCALE, ctx.world)
+                err = np.abs(got.astype(np.float64) - ref)
+                path = ar._rank_allreduce.innet
+                if i == 0:
+                    w = path.job.worker
+                    print(f"WHERE rank={rank} host={host} worker={w.address[0]}:{w.address[1]} "
+                          f"switch={w.switch_addr[0]}:{w.switch_addr[1]} ps={w.ps_addr[0]}:{w.ps_addr[1]} "
+                          f"values={w.value_count} own_switch={path.service is not None}", flush=True)
+                print(f"RESULT rank={rank} call={i} ok={bool((err <= bound).all())} "
+                      f"worst={(err / bound).max():.3g} fallback={path.last_stats.fallback}",
+                      flush=True)
+                step()
+    return run_reported(body)
 
 
 if __name__ == "__main__":
