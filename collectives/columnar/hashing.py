@@ -94,12 +94,20 @@ def _column_hashes(pa: Any, pc: Any, arr: Any) -> np.ndarray:
         return _hash_words(data, offs[:-1].astype(np.int64), lengths)
     if pa.types.is_fixed_size_binary(t) or pa.types.is_decimal(t):
         width = t.byte_width
-        bufs = arr.buffers()
-        data = np.frombuffer(bufs[1], dtype=np.uint8)[arr.offset * width:(arr.offset + n) * width] \
-            if bufs[1] is not None else np.zeros(n * width, np.uint8)
+        data = fixed_width_bytes(arr)
         return _hash_words(data, np.arange(n, dtype=np.int64) * width, np.full(n, width, dtype=np.int64))
     raise TableSchemaError(f"key columns of type {t} are not supported (use integer, floating, boolean, "
                            f"temporal, string, binary, fixed-size binary, decimal or dictionary columns)")
+
+
+def fixed_width_bytes(arr: Any) -> np.ndarray:
+    """The values of a fixed-width Arrow array (fixed-size binary, decimal) as one flat uint8 array,
+    ``len(arr) * byte_width`` bytes, zero-copy (zeros where the array has no value buffer)."""
+    width, n = arr.type.byte_width, len(arr)
+    buf = arr.buffers()[1]
+    if buf is None:
+        return np.zeros(n * width, np.uint8)
+    return np.frombuffer(buf, dtype=np.uint8)[arr.offset * width:(arr.offset + n) * width]
 
 
 def _valid(arr: Any) -> np.ndarray:

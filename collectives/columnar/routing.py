@@ -9,7 +9,7 @@ import numpy as np
 
 from twisternet.arrowcodec import require_pyarrow
 
-from .hashing import row_hashes
+from .hashing import fixed_width_bytes, row_hashes
 from .sorting import _sortable, sort_by_keys
 from .table_input import check_key_columns, to_table
 
@@ -46,10 +46,7 @@ def _searchable(pa: Any, arr: Any) -> np.ndarray | None:
     if pa.types.is_temporal(t) and not pa.types.is_interval(t):
         return arr.view(getattr(pa, f"int{t.bit_width}")()).to_numpy(zero_copy_only=False)
     if pa.types.is_fixed_size_binary(t):
-        w = t.byte_width
-        bufs = arr.buffers()
-        raw = np.frombuffer(bufs[1], dtype=np.uint8)[arr.offset * w:(arr.offset + len(arr)) * w]
-        return raw.view(f"S{w}")     # equal-width bytes: numpy's order is memcmp's
+        return fixed_width_bytes(arr).view(f"S{t.byte_width}")   # equal-width bytes: numpy's order is memcmp's
     return None
 
 

@@ -10,7 +10,7 @@ import numpy as np
 
 from twisternet.arrowcodec import require_pyarrow
 
-from .hashing import _valid
+from .hashing import _valid, fixed_width_bytes
 
 
 def sort_by_keys(table: Any, keys: Sequence[str], tiebreak: str | None = None) -> Any:
@@ -79,8 +79,7 @@ def binary_key_words(table: Any, keys: Sequence[str]) -> list[np.ndarray] | None
     n, width = len(arr), col.type.byte_width
     if n == 0:
         return [np.zeros(0, np.uint64) for _ in range(0, width, 8)]
-    raw = np.frombuffer(arr.buffers()[1], dtype=np.uint8)[arr.offset * width:(arr.offset + n) * width]
-    return _word_columns(raw, n, width)
+    return _word_columns(fixed_width_bytes(arr), n, width)
 
 
 def count_below_words(words: list[np.ndarray], bound: list[int]) -> int:
@@ -119,7 +118,7 @@ def _binary_key_order(table: Any, keys: Sequence[str], tiebreak: str | None = No
     n, width = len(arr), col.type.byte_width
     if width == 0 or arr.buffers()[1] is None:
         return None
-    raw = np.frombuffer(arr.buffers()[1], dtype=np.uint8)[arr.offset * width:(arr.offset + n) * width]
+    raw = fixed_width_bytes(arr)
     valid = _valid(arr)
     rows = None if arr.null_count == 0 else np.flatnonzero(valid)
     tb = None
