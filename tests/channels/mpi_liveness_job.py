@@ -29,7 +29,13 @@ import threading
 import time
 from pathlib import Path
 
-import twisternet as tn
+if os.environ.get("LIVENESS_ERR_DIR"):    # straight to a file: hydra's pipe loses what precedes an abort
+    _err = os.open(os.path.join(os.environ["LIVENESS_ERR_DIR"], f"err-{os.environ.get('PMI_RANK', os.getpid())}"),
+                   os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(_err, 2)
+    os.close(_err)
+
+import twisternet as tn  # (after stderr is in place)
 from twisternet.errors import PeerLostError
 
 mode = sys.argv[1]

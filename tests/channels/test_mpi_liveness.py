@@ -31,9 +31,17 @@ def assert_no_segments_left(out: str) -> None:
 
 def run_liveness_job(args: list[str], timeout: float, **env_extra: str) -> tuple[int, str, str, float]:
     """The liveness job on 3 ranks under mpiexec; the test fails if it is still running after ``timeout``
-    (the operation timeout is 300 s, so a job that ends at all ended by the liveness mechanisms)."""
+    (the operation timeout is 300 s, so a job that ends at all ended by the liveness mechanisms).
+
+    The ranks' stderr goes to files (``LIVENESS_ERR_DIR``), appended to the stderr returned: hydra
+    forwards a rank's output through a pipe it stops reading once the job aborts, so the last lines
+    before an MPI_Abort (the ones these tests look for) were lost in 1 of 2-3 runs beside a CPU hog."""
+    import tempfile
     cmd = [require_mpiexec(), "-n", "3", sys.executable, str(SCRIPT), *args]
-    return run_killable(cmd, timeout, job_env(**env_extra), what="mpiexec")
+    with tempfile.TemporaryDirectory(prefix="liveness-err-") as d:
+        rc, out, err, took = run_killable(cmd, timeout, job_env(LIVENESS_ERR_DIR=d, **env_extra), what="mpiexec")
+        ranks = "".join(p.read_text(errors="replace") for p in sorted(Path(d).glob("err-*")))
+    return rc, out, err + ranks, took
 
 
 @pytest.mark.timeout(150)
