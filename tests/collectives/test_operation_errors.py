@@ -135,15 +135,17 @@ def test_reduce_function_error_surfaces() -> None:
 
     def body(ctx):
         op = C.Reduce(ctx, None, 0, 1, op=boom, timeout=10)
-        op.send(ctx.rank, ctx.rank + 1)
         if ctx.rank == 0:
+            op.send(0, 1)
             with pytest.raises(ArithmeticError, match="reduce failed"):
                 op.send(0, 5)         # a local combine fails in the caller's own thread
             with pytest.raises(ArithmeticError, match="reduce failed"):
                 op.finish(0)          # and the operation stays failed
             return True
-        # the failure reaches rank 1 too (RemoteError naming rank 0), here at its next wait
+        # the failure reaches rank 1 too (RemoteError naming rank 0), at whichever of its
+        # calls comes after the failure arrived: rank 0 does not wait for rank 1 to send
         with pytest.raises(RemoteError, match="rank 0 failed: ArithmeticError: reduce failed"):
+            op.send(1, 2)
             op.finish(1)
             op._wait(lambda: False, "the failure", None, 10)
         return True

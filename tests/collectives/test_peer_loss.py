@@ -42,6 +42,9 @@ def test_doubling_allreduce_survivors_name_the_killed_rank(world: int) -> None:
     lost = lines(p, "PEERLOST")
     assert len(lost) == world - 1, out[-4000:]
     for line in lost:
-        assert f"lost={victim} " in line and "calls=50 " in line, out[-4000:]
+        # the victim dies after its 50th call returned, so every survivor entered call 50; one
+        # that had not yet taken its partner's last frame when the death was seen fails call 50
+        # itself (calls=49), the others fail call 51 (calls=50): never an earlier call
+        assert f"lost={victim} " in line and re.search(r"calls=(49|50) ", line), out[-4000:]
     assert f"twisternet: rank {victim} was killed by SIGKILL" in p.stderr, p.stderr[-3000:]
     assert "HUNG" not in p.stdout

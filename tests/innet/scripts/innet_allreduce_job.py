@@ -25,7 +25,7 @@ with tn.init(timeout=120) as ctx:
         ok = got.shape == x.shape and bool((np.abs(got - ref) <= error_bound(ref, DEFAULT_SCALE, ctx.world)).all())
         path = ar._rank_allreduce.innet
         stats = path.last_stats
-        print(f"RESULT rank={ctx.rank} size={size} ok={ok} fallback={stats.fallback}", flush=True)
+        print(f"RESULT rank={ctx.rank} call={i} size={size} ok={ok} fallback={stats.fallback}", flush=True)
         if kill and i == 0 and path.service is not None:
             print(f"KILLED switch pid={path.service.switch_proc.pid}", flush=True)
             path.kill_switch()
