@@ -10,6 +10,7 @@ import dataclasses
 import os
 import re
 import sys
+import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -81,9 +82,10 @@ class Config:
     #: sleeping process costs ~150 µs on a VM, more than a short busy poll (MPI does the same).
     spin_time: float = 0.0002
     #: Microseconds a thread waiting for a reply (``wait_until``, blocked sends) busy-polls the channel
-    #: itself before it sleeps in the channel's poll. -1 (auto): ``spin_time`` when the job has no more
-    #: ranks than this process may use cores and the machine is not already busy (1-minute load
-    #: average below the core count; then a poll finds the reply sooner than a sleeping process is
+    #: itself before it sleeps in the channel's poll. -1 (auto): ``spin_time`` when the job's ranks on
+    #: this host and the threads of other programs that want a core at start-up (the least of a few
+    #: readings of the running count, not the load average, which remembers the last minute) fit the
+    #: cores this process may use (then a poll finds the reply sooner than a sleeping process is
     #: woken), else 0: on an oversubscribed job or machine a spinning rank takes the core from the
     #: very rank whose reply it waits for (measured: 2 ranks on a 2-core machine at load 30 had twice
     #: the latency with 200 us of polling than without). The MPI channel also polls back to back for
@@ -399,12 +401,12 @@ def to_env(config: Config) -> dict[str, str]:
     return out
 
 
-def busy_poll_seconds(config: Config, world: int, load: float | None = None, *,
+def busy_poll_seconds(config: Config, world: int, others: float | None = None, *,
                       auto: float | None = None) -> float:
     """How long a waiting thread busy-polls (see ``busy_poll_us``): the explicit value, or with -1
-    ``auto`` (default: ``spin_time``) if ``world`` ranks (those on this host) fit the cores this process
-    may run on and the load average is below their count, else 0. ``load`` (the 1-minute load average)
-    is read from the system if None."""
+    ``auto`` (default: ``spin_time``) if ``world`` ranks (those on this host) and ``others`` (threads
+    of other programs that want a core now, see :func:`runnable_elsewhere`; read if None) fit the
+    cores this process may run on, else 0."""
     if config.busy_poll_us >= 0:
         return config.busy_poll_us * 1e-6
     window = config.spin_time if auto is None else auto
@@ -412,9 +414,86 @@ def busy_poll_seconds(config: Config, world: int, load: float | None = None, *,
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cores = os.cpu_count() or 1
-    if load is None:
+    if others is None:
+        others = runnable_elsewhere()
+    return window if world + others <= cores else 0.0
+
+
+#: (when, value) of the last :func:`runnable_elsewhere` reading: a context and its MPI channel ask
+#: within milliseconds of each other.
+_RUNNABLE_CACHE: list[float] = []
+
+
+def runnable_elsewhere(samples: int = 5, gap: float = 0.001) -> float:
+    """How many threads of other programs want a CPU right now: the least of ``samples`` readings,
+    ``gap`` seconds apart, of the running count in ``/proc/loadavg`` less the running threads of this
+    process and of its siblings (the processes with the same parent: the other ranks a launcher,
+    mpiexec's proxy or torchrun started on this host, which poll while they wait in MPI_Init or the
+    bootstrap). The least, so that something busy for a moment is not counted, while a program that
+    keeps a core busy is. Not the load average: that is a minute's memory, which after one job (a
+    benchmark's previous run, say) would keep the next from polling on an idle machine. Where
+    ``/proc/loadavg`` has no running count, the 1-minute load average. Cached for a second."""
+    now = time.monotonic()
+    if _RUNNABLE_CACHE and now - _RUNNABLE_CACHE[0] < 1.0:
+        return _RUNNABLE_CACHE[1]
+    least: int | None = None
+    try:
+        ours = _job_processes()
+        for i in range(samples):
+            if i:
+                time.sleep(gap)
+            with open("/proc/loadavg", encoding="ascii") as f:
+                running = int(f.read().split()[3].partition("/")[0])
+            running -= max(1, _running_threads(ours))     # (this thread runs, whatever its stat said)
+            least = running if least is None else min(least, running)
+    except (OSError, ValueError, IndexError):
+        least = None
+    if least is not None:
+        value = float(max(0, least))
+    else:
         try:
-            load = os.getloadavg()[0]
+            value = os.getloadavg()[0]
         except (AttributeError, OSError):
-            load = 0.0
-    return window if world <= cores and load < cores else 0.0
+            value = 0.0
+    _RUNNABLE_CACHE[:] = [time.monotonic(), value]
+    return value
+
+
+def _job_processes() -> list[int]:
+    """This process and its siblings (same parent, unless the parent is pid 1, whose children are
+    everybody's orphans)."""
+    me, parent = os.getpid(), os.getppid()
+    if parent <= 1:
+        return [me]
+    out = [me]
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields_ = stat[stat.rfind(b")") + 2:].split()
+        if len(fields_) > 1 and fields_[1] == str(parent).encode():
+            out.append(int(name))
+    return out
+
+
+def _running_threads(pids: list[int]) -> int:
+    """Threads in state R (running or runnable) of the processes ``pids``."""
+    n = 0
+    for pid in pids:
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            if stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3] == b"R":
+                n += 1
+    return n

@@ -6,6 +6,8 @@ from __future__ import annotations
 import select
 import socket
 
+import os
+
 import pytest
 
 from channels import tcp
@@ -110,21 +112,45 @@ def test_owed_credit_shortens_a_sleep() -> None:
 
 
 def test_busy_poll_rule() -> None:
-    import os
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     cfg = Config(spin_time=0.0003)
-    assert busy_poll_seconds(cfg, cores, load=0.0) == pytest.approx(0.0003)   # fits the cores: poll
-    assert busy_poll_seconds(cfg, cores + 1, load=0.0) == 0.0                  # oversubscribed: sleep
-    assert busy_poll_seconds(cfg, 1, load=cores + 5.0) == 0.0                  # busy machine: sleep
+    assert busy_poll_seconds(cfg, cores, others=0) == pytest.approx(0.0003)   # fits the cores: poll
+    assert busy_poll_seconds(cfg, cores + 1, others=0) == 0.0                  # oversubscribed: sleep
+    assert busy_poll_seconds(cfg, 1, others=cores + 5) == 0.0                  # busy machine: sleep
     assert busy_poll_seconds(Config(busy_poll_us=50), cores + 1) == pytest.approx(50e-6)
     assert busy_poll_seconds(Config(busy_poll_us=0), 1) == 0.0
     # the MPI channel's own window (1 ms) follows the same rule: off for more ranks than cores
-    assert busy_poll_seconds(cfg, cores, load=0.0, auto=1e-3) == pytest.approx(1e-3)
-    assert busy_poll_seconds(cfg, cores + 1, load=0.0, auto=1e-3) == 0.0
-    assert busy_poll_seconds(cfg, 1, load=cores + 5.0, auto=1e-3) == 0.0
+    assert busy_poll_seconds(cfg, cores, others=0, auto=1e-3) == pytest.approx(1e-3)
+    assert busy_poll_seconds(cfg, cores + 1, others=0, auto=1e-3) == 0.0
+    assert busy_poll_seconds(cfg, 1, others=cores + 5, auto=1e-3) == 0.0
     assert busy_poll_seconds(Config(busy_poll_us=20), cores + 1, auto=1e-3) == pytest.approx(20e-6)
+    if cores > 1:
+        assert busy_poll_seconds(cfg, cores - 1, others=1) == pytest.approx(0.0003)
+    assert busy_poll_seconds(cfg, cores, others=1) == 0.0                      # one other program: sleep
     with pytest.raises(ConfigError):
         Config(busy_poll_us=-2)
+
+
+def test_runnable_elsewhere_sees_a_program_that_keeps_a_core_busy() -> None:
+    """The reading behind busy_poll_us=-1 counts a process that keeps a core busy."""
+    import subprocess
+    import sys
+
+    from twisternet import config as cfgmod
+    if not os.path.exists("/proc/loadavg"):
+        pytest.skip("no /proc/loadavg on this system")
+    hog = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdout.write('go\\n'); sys.stdout.flush()\n"
+                            "while True: pass"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert hog.stdout is not None and hog.stdout.readline() == "go\n"
+        cfgmod._RUNNABLE_CACHE.clear()
+        assert cfgmod.runnable_elsewhere(samples=5, gap=0.002) >= 1
+    finally:
+        hog.kill()
+        hog.wait()
+    seen = cfgmod.runnable_elsewhere()
+    assert cfgmod.runnable_elsewhere(samples=1, gap=0) == seen        # cached for a second
+    cfgmod._RUNNABLE_CACHE.clear()
 
 
 def test_small_record_to_an_idle_stream_goes_at_once_unbatched() -> None:

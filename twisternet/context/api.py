@@ -19,6 +19,7 @@ from ..config import Config, busy_poll_seconds
 from ..errors import ClosedError, OperationTimeout, TwisternetError
 from ..framing import BufferPool
 from ..task_plan import TaskPlan
+from ..topology import from_channel
 from .coflow_pump import CoflowPump
 from .engine import ProgressEngine
 from .inbound import Inbound
@@ -48,7 +49,7 @@ class Context(Outbound, OwnSend, ProgressEngine, Inbound, PeerLoss, Lifecycle):
         self._credit = config.buffer_size * config.buffer_count
         self._zc = config.zero_copy_threshold
         #: Seconds a waiting thread busy-polls the channel before sleeping (config ``busy_poll_us``).
-        self._busy_poll = busy_poll_seconds(config, channel.world)
+        self._busy_poll = busy_poll_seconds(config, _ranks_on_this_host(channel))
         self._on_close = on_close
 
         # The state of every part is made here, in one place; each part's docstring names what it owns.
@@ -361,3 +362,13 @@ class Context(Outbound, OwnSend, ProgressEngine, Inbound, PeerLoss, Lifecycle):
         """Raise PeerLostError (naming the first rank lost) if any peer was lost."""
         if self._lost:
             raise self._lost_error(next(iter(self._lost)))
+
+
+def _ranks_on_this_host(channel: Channel) -> int:
+    """How many of the job's ranks share this rank's host, where the channel knows (the TCP bootstrap
+    table); else the whole job (the safe guess: more ranks than cores means no busy polling)."""
+    hosts = from_channel(channel)
+    if hosts is None or channel.rank not in hosts:
+        return channel.world
+    mine = hosts[channel.rank]
+    return sum(1 for h in hosts.values() if h == mine)
