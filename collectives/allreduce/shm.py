@@ -275,7 +275,11 @@ class ShmAllReduce:
                 b = min(src.size, a + step)
                 k = self.round + 1
                 par = k & 1
-                ins[par][me][:b - a] = src[a:b]
+                lo, hi = mine[c][0] - a, mine[c][1] - a
+                # the others read their pieces of this chunk from the slot; this rank's own piece
+                # stays in src (only this rank reads it)
+                ins[par][me][:lo] = src[a:a + lo]
+                ins[par][me][hi:b - a] = src[a + hi:b]
                 if c == 0:
                     base = me * stride + _DESC * par
                     seq[base + _NBYTES] = src.nbytes
@@ -284,14 +288,15 @@ class ShmAllReduce:
                 self._await(_IN_SEQ, k, deadline, t, "chunk")
                 if c == 0:
                     self._check_same(src, value.shape, par)
-                lo, hi = mine[c][0] - a, mine[c][1] - a
                 dst = part[pos:pos + hi - lo]
+                # in rank order, as every rank reduces (bit-identical results)
+                inputs = [src[a + lo:a + hi] if j == me else ins[par][j][lo:hi] for j in range(n)]
                 if n == 1:
-                    dst[...] = ins[par][0][lo:hi]
+                    dst[...] = inputs[0]
                 else:
-                    ufunc(ins[par][0][lo:hi], ins[par][1][lo:hi], out=dst)
+                    ufunc(inputs[0], inputs[1], out=dst)
                     for j in range(2, n):
-                        ufunc(dst, ins[par][j][lo:hi], out=dst)
+                        ufunc(dst, inputs[j], out=dst)
                 pos += hi - lo
                 self.round = k
         except BaseException as e:
@@ -319,10 +324,13 @@ class ShmAllReduce:
                 self._await(_IN_SEQ, k, deadline, t, "start of a gather round")
                 lo, hi = mine[c][0] - a, mine[c][1] - a
                 outs[par][lo:hi] = part[pos:pos + hi - lo]
-                pos += hi - lo
                 seq[me * stride + _OUT_SEQ] = k
+                # this rank's own piece comes from part, the others' from the slot once written
+                result[a + lo:a + hi] = part[pos:pos + hi - lo]
+                pos += hi - lo
                 self._await(_OUT_SEQ, k, deadline, t, "gathered piece")
-                result[a:b] = outs[par][:b - a]
+                result[a:a + lo] = outs[par][:lo]
+                result[a + hi:b] = outs[par][hi:b - a]
                 self.round = k
         except BaseException as e:
             self.failed = e
