@@ -307,7 +307,7 @@ class ShmAllReduce:
     def allgather(self, part: np.ndarray, result: np.ndarray, t: float) -> None:
         """Every member's ``part`` (its pieces, as :meth:`reduce_scatter` returned them) into every
         member's ``result`` (flat): per chunk, each writes its piece into the output slot, and once all
-        have, copies the whole chunk out (two waits per slot, like a reduce round)."""
+        have, copies the others' pieces out (one wait per slot, two in the first)."""
         self._usable()
         seq, stride, me, n = self.seq, self.stride, self.i, self.n
         _, outs = self._slot_views(result.dtype)
@@ -321,7 +321,11 @@ class ShmAllReduce:
                 k = self.round + 1
                 par = k & 1
                 seq[me * stride + _IN_SEQ] = k
-                self._await(_IN_SEQ, k, deadline, t, "start of a gather round")
+                if c == 0:
+                    # nobody still reads this output slot from round k - 2 (another operation's). In
+                    # later rounds the wait for the pieces of round k - 1 said so already: a rank
+                    # publishes its piece of a round only after it copied the round before out
+                    self._await(_IN_SEQ, k, deadline, t, "start of a gather round")
                 lo, hi = mine[c][0] - a, mine[c][1] - a
                 outs[par][lo:hi] = part[pos:pos + hi - lo]
                 seq[me * stride + _OUT_SEQ] = k
