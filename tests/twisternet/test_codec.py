@@ -248,3 +248,30 @@ def test_small_lone_arrays_skip_msgpack_once_their_kind_is_known(monkeypatch):
         c.decode(other_rec)
     monkeypatch.setattr(codec_mod.msgpack, "unpackb", unpackb)
     assert same(c.decode(other_rec), other)
+
+
+def test_nested_extension_values_after_a_failure_inside_them() -> None:
+    """Tuples and arrays nested in tuples pack with one kept Packer per level: a value that fails deep
+    inside leaves no partial bytes behind, levels past the kept ones pack too, and a nested value that
+    grew its Packer's buffer past the limit round-trips (its Packer is not kept)."""
+    import threading
+
+    strict = Codec(allow_pickle=False)
+    good = ("d", 7, (np.arange(5, dtype=np.int32), ("x", (1.5, b"y"))), {"k": (1, 2)})
+    for _ in range(2):
+        with pytest.raises(CodecError, match="cannot encode a value of type"):
+            strict.encode(("a", ("b", ("c", threading.Lock()))))
+        assert same(strict.decode(join(strict.encode(good))), good)
+    deep: object = 1
+    for i in range(20):
+        deep = (deep, np.full(3, i, np.int16))
+    assert same(strict.decode(join(strict.encode(deep))), deep)
+    big = ("big", (list(range(300_000)), ("inner", 1)))
+    for _ in range(2):
+        assert same(strict.decode(join(strict.encode(big))), big)
+    enc = strict._local.enc          # this thread's encoder: back at the top level, and no Packer
+    assert enc._depth == 0           # kept whose buffer grew to the big value's size
+    assert enc._subs == []
+    assert same(strict.decode(join(strict.encode(deep))), deep)
+    from twisternet.codec import _KEEP_SUB_LEVELS
+    assert len(enc._subs) == _KEEP_SUB_LEVELS and enc._depth == 0
