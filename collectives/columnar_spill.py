@@ -31,7 +31,14 @@ from collections.abc import Iterator, Sequence
 
 from twisternet.arrowcodec import require_pyarrow
 
-from .columnar.sorting import binary_key_words, bytes_words, count_below_words, sort_indices, sorted_source
+from .columnar.sorting import (
+    binary_key_words,
+    bytes_words,
+    count_below_words,
+    sort_indices,
+    sorted_source,
+    take_rows,
+)
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +197,7 @@ class SortedRuns:
         order = sort_indices(table, self.keys, self.tiebreak)
         table = sorted_source(table)
         for start in range(0, table.num_rows, batch_rows):
-            yield table.take(order[start:start + batch_rows])
+            yield take_rows(table, order[start:start + batch_rows])
 
     def set_compression(self, compression: str | None) -> None:
         """Compress the runs written from now on with ``compression`` (e.g. ``"lz4"``; None: not)."""
@@ -312,7 +319,7 @@ class SortedRuns:
                     order = sort_indices(merged, self.keys, self.tiebreak)
                     merged = sorted_source(merged)
                     for start in range(0, merged.num_rows, rows):   # no sorted copy of the block
-                        yield merged.take(order[start:start + rows])
+                        yield take_rows(merged, order[start:start + rows])
                     del merged, order
                     self._trim()
                 if not pending:

@@ -30,6 +30,69 @@ def sorted_source(table: Any) -> Any:
     return table
 
 
+def take_rows(table: Any, indices: Any) -> Any:
+    """``table.take(indices)`` (one chunk per column in the result), fast for tables of many chunks.
+
+    Arrow's take from a column of many chunks resolves the chunk of every index on its own: on the
+    rows a sort holds (~60 received batches of 100-byte rows) it ran 5x slower than combining the
+    chunks first and taking from one. Combining would copy every held row at once, though, doubling
+    the memory a spill or merge needs. So a column of fixed-width values (fixed-size binary, numbers,
+    no nulls) is gathered here with numpy straight from its chunks into the result (the indices
+    grouped by chunk); any other column goes to Arrow's take."""
+    pa = require_pyarrow()
+    idx = indices.to_numpy(zero_copy_only=False) if hasattr(indices, "to_numpy") else np.asarray(indices)
+    idx = idx.astype(np.int64, copy=False)
+    if table.num_rows == 0 or len(idx) == 0 or all(c.num_chunks <= 1 for c in table.columns):
+        return table.take(idx)
+    columns = []
+    plan: list[tuple[np.ndarray, np.ndarray]] | None = None
+    for col in table.columns:
+        width = _gather_width(col.type)
+        if width is None or col.null_count or col.num_chunks <= 1:
+            columns.append(col.take(idx))
+            continue
+        if plan is None:
+            plan = _by_chunk(col, idx)
+        columns.append(_gather(col, width, idx, plan))
+    return pa.Table.from_arrays(columns, schema=table.schema)
+
+
+def _gather_width(t: Any) -> int | None:
+    """Bytes per value of a column type :func:`take_rows` gathers itself, or None."""
+    pa = require_pyarrow()
+    if pa.types.is_fixed_size_binary(t) or ((pa.types.is_integer(t) or pa.types.is_floating(t))
+                                            and not pa.types.is_float16(t)):
+        width: int = t.byte_width
+        return width
+    return None
+
+
+def _by_chunk(col: Any, idx: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per chunk of ``col``: the positions in ``idx`` of the rows it holds, and their rows within it."""
+    lengths = np.fromiter((len(c) for c in col.chunks), np.int64, col.num_chunks)
+    starts = np.zeros(len(lengths) + 1, np.int64)
+    np.cumsum(lengths, out=starts[1:])
+    if idx.min() < 0 or idx.max() >= starts[-1]:
+        raise IndexError(f"row index out of range for a table of {starts[-1]} rows")
+    which = np.searchsorted(starts, idx, side="right") - 1
+    plan = []
+    for k in range(len(lengths)):
+        pos = np.flatnonzero(which == k)
+        plan.append((pos, idx[pos] - starts[k]))
+    return plan
+
+
+def _gather(col: Any, width: int, idx: np.ndarray, plan: list[tuple[np.ndarray, np.ndarray]]) -> Any:
+    """The values of ``col`` (fixed width, no nulls, several chunks) at rows ``idx``, as one array."""
+    pa = require_pyarrow()
+    row = np.dtype(f"V{width}")          # one item per value: numpy copies each with one move
+    out = np.empty(len(idx), row)
+    for chunk, (pos, local) in zip(col.chunks, plan):
+        if len(pos):
+            out[pos] = fixed_width_bytes(chunk).view(row)[local]
+    return pa.Array.from_buffers(col.type, len(idx), [None, pa.py_buffer(out.view(np.uint8))])
+
+
 def sort_indices(table: Any, keys: Sequence[str], tiebreak: str | None = None) -> Any:
     """The stable order (row indices, numpy or Arrow) of :func:`sort_by_keys`, computed from the key
     (and tie-break) columns alone, combined into one chunk each first (Arrow sorts contiguous columns

@@ -95,6 +95,38 @@ def test_count_below_words_is_bisect_on_the_bytes(width):
     assert binary_key_words(pa.table({"k": pa.array([b"abc", None], pa.binary(3))}), ["k"]) is None
 
 
+def test_take_rows_from_many_chunks_is_arrows_take() -> None:
+    """take_rows gathers fixed-width columns itself (numbers, fixed-size binary, from sliced chunks)
+    and hands the rest to Arrow: the result is Arrow's take, for any indices, in one chunk."""
+    from collectives.columnar.sorting import take_rows
+    rng = np.random.default_rng(7)
+
+    def part(n: int, j: int):
+        t = pa.table({
+            "i8": rng.integers(-100, 100, n).astype(np.int8), "u16": rng.integers(0, 9999, n).astype(np.uint16),
+            "f32": rng.random(n).astype(np.float32), "i64": np.arange(n) + 1000 * j,
+            "fb": pa.array([bytes(rng.integers(0, 256, 5, dtype=np.uint8)) for _ in range(n)], pa.binary(5)),
+            "flag": rng.random(n) < 0.5,                                   # bit-packed: Arrow's take
+            "ts": pa.array(rng.integers(0, 10**9, n), pa.timestamp("s")),   # not gathered: Arrow's take
+            "nul": pa.array(rng.random(n), mask=rng.random(n) < 0.3),     # nulls: Arrow's take
+            "s": [f"r{j}-{x}" for x in range(n)],
+        })
+        return t.slice(j % 3, n - 3)                                     # chunks with offsets
+    table = pa.concat_tables([part(int(rng.integers(3, 40)), j) for j in range(25)])
+    assert table.column("i64").num_chunks == 25
+    n = table.num_rows
+    for idx in (rng.permutation(n), rng.integers(0, n, 3 * n), np.array([n - 1, 0, n - 1]), np.array([], np.int64)):
+        got = take_rows(table, idx)
+        assert got.equals(table.take(idx))
+        assert all(c.num_chunks <= 1 for c in got.columns)
+    assert take_rows(table, pa.array([4, 2, 2])).equals(table.take([4, 2, 2]))
+    single = table.combine_chunks()
+    assert take_rows(single, np.array([3, 1])).equals(single.take([3, 1]))
+    for bad in (np.array([n]), np.array([0, -1])):
+        with pytest.raises(IndexError):
+            take_rows(table, bad)
+
+
 def test_freed_memory_goes_back_only_past_twice_the_budget(tmp_path, monkeypatch):
     """Runs and merge blocks hand Arrow's freed memory back once RSS has grown by twice the budget
     since the runs started (or when RSS cannot be read), not after every one of them."""
