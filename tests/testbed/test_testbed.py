@@ -246,3 +246,36 @@ def test_a_timed_out_job_dumps_the_stacks_of_its_python_processes() -> None:
     err = res.procs[0].stderr
     assert "Current thread 0x" in err and "blocked_here" in err, err
     assert proc.poll() is not None, "the job was not killed after its dump"
+
+
+def test_a_dump_preempted_after_its_header_is_waited_for_whole() -> None:
+    """A dump whose writer is held up after its first line (as a busy machine can preempt it) is still
+    read whole before the job is killed: here a Python handler writes the header, keeps its CPU busy for
+    0.3 s, then writes the rest."""
+    from twisternet.testbed.processes import Job, OutputCollector
+
+    script = ("import signal, sys, threading, time\n"
+              "def dump(signum, frame):\n"
+              "    sys.stderr.write('Current thread 0x1 (most recent call first):\\n'); sys.stderr.flush()\n"
+              "    end = time.monotonic() + 0.3\n"
+              "    while time.monotonic() < end: pass\n"
+              "    sys.stderr.write('  File \"x.py\", line 1 in blocked_here\\nDUMP-END\\n'); sys.stderr.flush()\n"
+              "signal.signal(signal.SIGUSR1, dump)\n"
+              "print('READY', flush=True)\n"
+              "threading.Event().wait()\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+
+    class Host:
+        def counters(self) -> dict:
+            return {}
+
+        def _job_ended(self, job: Job) -> None:
+            pass
+
+    collector = OutputCollector(proc, 0, "worker", 0)
+    job = Job(Host(), [collector])  # type: ignore[arg-type]
+    collector.wait_for_line(re.compile("READY"), 60)
+    res = job.wait(0.0, dump_signal=signal.SIGUSR1)
+    assert res.timed_out
+    assert "DUMP-END" in res.procs[0].stderr, res.procs[0].stderr

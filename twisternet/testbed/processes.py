@@ -82,6 +82,8 @@ class OutputCollector:
 
 #: Seconds :meth:`Job.wait` gives the stack dumps of a timed-out job to reach its collectors.
 DUMP_GRACE = 5.0
+#: Seconds without output after which the dump of a process that keeps running is taken as whole.
+DUMP_QUIET = 0.5
 
 
 def _descendants(pid: int) -> list[int]:
@@ -102,6 +104,22 @@ def _descendants(pid: int) -> list[int]:
         out.append(p)
         todo.extend(children.get(p, []))
     return out
+
+
+def _runnable(pid: int) -> bool:
+    """Whether a thread of ``pid`` is running or waiting for a CPU (state R); False once it is gone."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "R":
+                    return True
+        except (OSError, IndexError):
+            continue
+    return False
 
 
 def _catches(pid: int, signum: int) -> bool:
@@ -183,15 +201,24 @@ class Job:
         if not pids:
             return
         # Each faulthandler dump names the thread that ran the handler once ("Current thread 0x...",
-        # the others "Thread 0x..."): wait until there are as many dumps as signalled processes.
+        # the others "Thread 0x..."): wait until there are as many dumps as signalled processes, and
+        # until they are whole. The handler writes a dump piece by piece, and on a busy machine it can
+        # be preempted after the header: a dump is whole once no thread of those processes is still
+        # runnable (each is blocked again where it was stuck) and no more output came in the last
+        # round; for a process that keeps a thread busy anyway, once no output came for DUMP_QUIET s.
         header = re.compile(r"^Current thread 0x", re.M)
         deadline = time.monotonic() + DUMP_GRACE
+        size, changed = -1, time.monotonic()
         while time.monotonic() < deadline:
-            seen = sum(len(header.findall("".join(c.err) + "".join(c.out))) for c in self.collectors)
-            if seen >= len(pids):
+            text = "".join("".join(c.err) + "".join(c.out) for c in self.collectors)
+            now = time.monotonic()
+            if len(text) != size:
+                size, changed = len(text), now
+            elif len(header.findall(text)) >= len(pids) and (
+                    not any(_runnable(pid) for pid in pids) or now - changed >= DUMP_QUIET):
                 break
             with self.collectors[0].cond:
-                self.collectors[0].cond.wait(0.2)  # woken by new output of the first collector
+                self.collectors[0].cond.wait(0.05)  # woken by new output of the first collector
 
     def stop(self) -> None:
         """Kill every process of the job that still runs (their ``ended`` stays None: they did not exit)."""
