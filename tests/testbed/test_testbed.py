@@ -12,6 +12,7 @@ import sys
 import textwrap
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -215,18 +216,12 @@ def test_sigterm_removes_everything() -> None:
     assert leftovers(prefix) == []
 
 
-def test_a_timed_out_job_dumps_the_stacks_of_its_python_processes() -> None:
-    """``Job.wait(dump_signal=...)``: a job past its deadline first shows where each process that asked
-    for dumps is stuck (its faulthandler output is in the result), then is killed. No testbed needed:
-    the job is one local process."""
+def _timed_out_one_process_job(script: str) -> tuple[subprocess.Popen, Any, threading.Event]:
+    """Run ``script`` (which prints READY, then blocks) as a one-process testbed Job, let the job time
+    out with SIGUSR1 as its dump signal; ``(process, JobResult, whether the job reported its end)``.
+    No testbed needed: Job only asks its host for counters and says when it ended."""
     from twisternet.testbed.processes import Job, OutputCollector
 
-    script = ("import faulthandler, signal, threading\n"
-              "faulthandler.register(signal.SIGUSR1, all_threads=True)\n"
-              "def blocked_here():\n"
-              "    print('READY', flush=True)\n"
-              "    threading.Event().wait()\n"
-              "blocked_here()\n")
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     ended = threading.Event()
@@ -241,7 +236,19 @@ def test_a_timed_out_job_dumps_the_stacks_of_its_python_processes() -> None:
     collector = OutputCollector(proc, 0, "worker", 0)
     job = Job(Host(), [collector])  # type: ignore[arg-type]
     collector.wait_for_line(re.compile("READY"), 60)
-    res = job.wait(0.0, dump_signal=signal.SIGUSR1)
+    return proc, job.wait(0.0, dump_signal=signal.SIGUSR1), ended
+
+
+def test_a_timed_out_job_dumps_the_stacks_of_its_python_processes() -> None:
+    """``Job.wait(dump_signal=...)``: a job past its deadline first shows where each process that asked
+    for dumps is stuck (its faulthandler output is in the result), then is killed."""
+    script = ("import faulthandler, signal, threading\n"
+              "faulthandler.register(signal.SIGUSR1, all_threads=True)\n"
+              "def blocked_here():\n"
+              "    print('READY', flush=True)\n"
+              "    threading.Event().wait()\n"
+              "blocked_here()\n")
+    proc, res, ended = _timed_out_one_process_job(script)
     assert res.timed_out and ended.is_set()
     err = res.procs[0].stderr
     assert "Current thread 0x" in err and "blocked_here" in err, err
@@ -252,8 +259,6 @@ def test_a_dump_preempted_after_its_header_is_waited_for_whole() -> None:
     """A dump whose writer is held up after its first line (as a busy machine can preempt it) is still
     read whole before the job is killed: here a Python handler writes the header, keeps its CPU busy for
     0.3 s, then writes the rest."""
-    from twisternet.testbed.processes import Job, OutputCollector
-
     script = ("import signal, sys, threading, time\n"
               "def dump(signum, frame):\n"
               "    sys.stderr.write('Current thread 0x1 (most recent call first):\\n'); sys.stderr.flush()\n"
@@ -263,19 +268,6 @@ def test_a_dump_preempted_after_its_header_is_waited_for_whole() -> None:
               "signal.signal(signal.SIGUSR1, dump)\n"
               "print('READY', flush=True)\n"
               "threading.Event().wait()\n")
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-
-    class Host:
-        def counters(self) -> dict:
-            return {}
-
-        def _job_ended(self, job: Job) -> None:
-            pass
-
-    collector = OutputCollector(proc, 0, "worker", 0)
-    job = Job(Host(), [collector])  # type: ignore[arg-type]
-    collector.wait_for_line(re.compile("READY"), 60)
-    res = job.wait(0.0, dump_signal=signal.SIGUSR1)
+    _, res, _ = _timed_out_one_process_job(script)
     assert res.timed_out
     assert "DUMP-END" in res.procs[0].stderr, res.procs[0].stderr
