@@ -10,13 +10,13 @@ import dataclasses
 import os
 import re
 import sys
-import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 from collections.abc import Mapping
 
 from .errors import ConfigError
+from .procfs import runnable_elsewhere
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -405,7 +405,7 @@ def busy_poll_seconds(config: Config, world: int, others: float | None = None, *
                       auto: float | None = None) -> float:
     """How long a waiting thread busy-polls (see ``busy_poll_us``): the explicit value, or with -1
     ``auto`` (default: ``spin_time``) if ``world`` ranks (those on this host) and ``others`` (threads
-    of other programs that want a core now, see :func:`runnable_elsewhere`; read if None) fit the
+    of other programs that want a core now, see :func:`twisternet.procfs.runnable_elsewhere`; read if None) fit the
     cores this process may run on, else 0."""
     if config.busy_poll_us >= 0:
         return config.busy_poll_us * 1e-6
@@ -417,83 +417,3 @@ def busy_poll_seconds(config: Config, world: int, others: float | None = None, *
     if others is None:
         others = runnable_elsewhere()
     return window if world + others <= cores else 0.0
-
-
-#: (when, value) of the last :func:`runnable_elsewhere` reading: a context and its MPI channel ask
-#: within milliseconds of each other.
-_RUNNABLE_CACHE: list[float] = []
-
-
-def runnable_elsewhere(samples: int = 5, gap: float = 0.001) -> float:
-    """How many threads of other programs want a CPU right now: the least of ``samples`` readings,
-    ``gap`` seconds apart, of the running count in ``/proc/loadavg`` less the running threads of this
-    process and of its siblings (the processes with the same parent: the other ranks a launcher,
-    mpiexec's proxy or torchrun started on this host, which poll while they wait in MPI_Init or the
-    bootstrap). The least, so that something busy for a moment is not counted, while a program that
-    keeps a core busy is. Not the load average: that is a minute's memory, which after one job (a
-    benchmark's previous run, say) would keep the next from polling on an idle machine. Where
-    ``/proc/loadavg`` has no running count, the 1-minute load average. Cached for a second."""
-    now = time.monotonic()
-    if _RUNNABLE_CACHE and now - _RUNNABLE_CACHE[0] < 1.0:
-        return _RUNNABLE_CACHE[1]
-    least: int | None = None
-    try:
-        ours = _job_processes()
-        for i in range(samples):
-            if i:
-                time.sleep(gap)
-            with open("/proc/loadavg", encoding="ascii") as f:
-                running = int(f.read().split()[3].partition("/")[0])
-            running -= max(1, _running_threads(ours))     # (this thread runs, whatever its stat said)
-            least = running if least is None else min(least, running)
-    except (OSError, ValueError, IndexError):
-        least = None
-    if least is not None:
-        value = float(max(0, least))
-    else:
-        try:
-            value = os.getloadavg()[0]
-        except (AttributeError, OSError):
-            value = 0.0
-    _RUNNABLE_CACHE[:] = [time.monotonic(), value]
-    return value
-
-
-def _job_processes() -> list[int]:
-    """This process and its siblings (same parent, unless the parent is pid 1, whose children are
-    everybody's orphans)."""
-    me, parent = os.getpid(), os.getppid()
-    if parent <= 1:
-        return [me]
-    out = [me]
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == me:
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields_ = stat[stat.rfind(b")") + 2:].split()
-        if len(fields_) > 1 and fields_[1] == str(parent).encode():
-            out.append(int(name))
-    return out
-
-
-def _running_threads(pids: list[int]) -> int:
-    """Threads in state R (running or runnable) of the processes ``pids``."""
-    n = 0
-    for pid in pids:
-        try:
-            tasks = os.listdir(f"/proc/{pid}/task")
-        except OSError:
-            continue
-        for tid in tasks:
-            try:
-                with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
-                    stat = f.read()
-            except OSError:
-                continue
-            if stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3] == b"R":
-                n += 1
-    return n

@@ -136,21 +136,21 @@ def test_runnable_elsewhere_sees_a_program_that_keeps_a_core_busy() -> None:
     import subprocess
     import sys
 
-    from twisternet import config as cfgmod
+    from twisternet import procfs
     if not os.path.exists("/proc/loadavg"):
         pytest.skip("no /proc/loadavg on this system")
     hog = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdout.write('go\\n'); sys.stdout.flush()\n"
                             "while True: pass"], stdout=subprocess.PIPE, text=True)
     try:
         assert hog.stdout is not None and hog.stdout.readline() == "go\n"
-        cfgmod._RUNNABLE_CACHE.clear()
-        assert cfgmod.runnable_elsewhere(samples=5, gap=0.002) >= 1
+        procfs._RUNNABLE_CACHE.clear()
+        assert procfs.runnable_elsewhere(samples=5, gap=0.002) >= 1
     finally:
         hog.kill()
         hog.wait()
-    seen = cfgmod.runnable_elsewhere()
-    assert cfgmod.runnable_elsewhere(samples=1, gap=0) == seen        # cached for a second
-    cfgmod._RUNNABLE_CACHE.clear()
+    seen = procfs.runnable_elsewhere()
+    assert procfs.runnable_elsewhere(samples=1, gap=0) == seen        # cached for a second
+    procfs._RUNNABLE_CACHE.clear()
 
 
 def test_small_record_to_an_idle_stream_goes_at_once_unbatched() -> None:

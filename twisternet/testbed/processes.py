@@ -13,6 +13,7 @@ import time
 from typing import IO, TYPE_CHECKING
 from collections.abc import Sequence
 
+from ..procfs import children_by_parent, runnable_threads
 from .results import JobResult, ProcResult
 from .system import TestbedError
 
@@ -88,38 +89,13 @@ DUMP_QUIET = 0.5
 
 def _descendants(pid: int) -> list[int]:
     """``pid`` and every process below it (namespaces share the process table here)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(entry))
+    children = children_by_parent()
     out, todo = [], [pid]
     while todo:
         p = todo.pop()
         out.append(p)
         todo.extend(children.get(p, []))
     return out
-
-
-def _runnable(pid: int) -> bool:
-    """Whether a thread of ``pid`` is running or waiting for a CPU (state R); False once it is gone."""
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return False
-    for tid in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] == "R":
-                    return True
-        except (OSError, IndexError):
-            continue
-    return False
 
 
 def _catches(pid: int, signum: int) -> bool:
@@ -215,7 +191,7 @@ class Job:
             if len(text) != size:
                 size, changed = len(text), now
             elif len(header.findall(text)) >= len(pids) and (
-                    not any(_runnable(pid) for pid in pids) or now - changed >= DUMP_QUIET):
+                    not any(runnable_threads(pid) for pid in pids) or now - changed >= DUMP_QUIET):
                 break
             with self.collectors[0].cond:
                 self.collectors[0].cond.wait(0.05)  # woken by new output of the first collector
