@@ -194,10 +194,15 @@ class SortedRuns:
         if table.num_rows < 2:
             yield table
             return
+        yield from self._in_key_order(table, batch_rows)
+
+    def _in_key_order(self, table: Any, rows: int) -> Iterator[Any]:
+        """``table``'s rows sorted (stable) by the keys, as tables of at most ``rows`` rows, each taken
+        from ``table`` in turn (no sorted copy of it all is made)."""
         order = sort_indices(table, self.keys, self.tiebreak)
         table = sorted_source(table)
-        for start in range(0, table.num_rows, batch_rows):
-            yield take_rows(table, order[start:start + batch_rows])
+        for start in range(0, table.num_rows, rows):
+            yield take_rows(table, order[start:start + rows])
 
     def set_compression(self, compression: str | None) -> None:
         """Compress the runs written from now on with ``compression`` (e.g. ``"lz4"``; None: not)."""
@@ -274,8 +279,7 @@ class SortedRuns:
             yield from part.to_batches()
         self.close()
 
-    # Complexity accepted: one merge loop over the runs, with its read-ahead.
-    def _merge(self, paths: list[str], rows: int) -> Iterator[Any]:  # noqa: C901
+    def _merge(self, paths: list[str], rows: int) -> Iterator[Any]:
         """The rows of the run files ``paths`` in key order (stable: earlier runs first among equal
         keys), as tables of at most ``rows`` rows; the files are removed once read."""
         pa = require_pyarrow()
@@ -316,11 +320,8 @@ class SortedRuns:
                 if block:
                     merged = pa.concat_tables(block)
                     del block
-                    order = sort_indices(merged, self.keys, self.tiebreak)
-                    merged = sorted_source(merged)
-                    for start in range(0, merged.num_rows, rows):   # no sorted copy of the block
-                        yield take_rows(merged, order[start:start + rows])
-                    del merged, order
+                    yield from self._in_key_order(merged, rows)
+                    del merged
                     self._trim()
                 if not pending:
                     break
