@@ -57,33 +57,29 @@ def runnable_threads(pid: int) -> int:
 
 def runnable_elsewhere(samples: int = 5, gap: float = 0.001) -> float:
     """How many threads of other programs want a CPU right now: the median of ``samples`` readings,
-    ``gap`` seconds apart, of the running count in ``/proc/loadavg`` less the running threads of this
-    process and of its siblings (the processes with the same parent: the other ranks a launcher,
-    mpiexec's proxy or torchrun started on this host, which poll while they wait in MPI_Init or the
-    bootstrap). The median, so that something busy for a moment is not counted, while a program that
-    keeps a core busy is; not the least: the two readings of a sample are not taken at one instant, so
-    a sibling polling in MPI_Init can be subtracted without having been counted, and the least of five
-    such samples missed a CPU hog in 3 of 12 readings under mpiexec. Not the load average: that is a
-    minute's memory, which after one job (a benchmark's previous run, say) would keep the next from
-    polling on an idle machine. Where ``/proc/loadavg`` has no running count, the 1-minute load
-    average. Cached for a second."""
+    ``gap`` seconds apart, of the runnable threads (state R) outside this job (see
+    :func:`foreign_runnable`). The median, so that something busy for a moment is not counted, while
+    a program that keeps a core busy is. Each reading names the threads it counts, rather than
+    subtracting this job's running threads from the machine's running count (``/proc/loadavg``):
+    those two numbers are not read at one instant, and a sibling rank that flips between running
+    and waiting while it polls (in MPI_Init, the bootstrap, a channel's first exchange) was then
+    subtracted without having been counted often enough that one rank in two of a 2-rank mpiexec job
+    on an idle machine turned busy polling off (one-way latency 85 us instead of 33). Not the load
+    average: that is a minute's memory, which after one job (a benchmark's previous run, say) would
+    keep the next from polling on an idle machine. Without ``/proc``, the 1-minute load average.
+    Cached for a second."""
     now = time.monotonic()
     if _RUNNABLE_CACHE and now - _RUNNABLE_CACHE[0] < 1.0:
         return _RUNNABLE_CACHE[1]
     counts: list[int] = []
-    try:
-        ours = _job_processes()
+    if os.path.isdir("/proc/self/task"):
+        ours = set(_job_processes())
         for i in range(samples):
             if i:
                 time.sleep(gap)
-            with open("/proc/loadavg", encoding="ascii") as f:
-                running = int(f.read().split()[3].partition("/")[0])
-            # (this thread runs, whatever its stat said)
-            counts.append(running - max(1, sum(runnable_threads(pid) for pid in ours)))
-    except (OSError, ValueError, IndexError):
-        counts = []
+            counts.append(len(foreign_runnable(ours)))
     if counts:
-        value = float(max(0, sorted(counts)[len(counts) // 2]))
+        value = float(sorted(counts)[len(counts) // 2])
     else:
         try:
             value = os.getloadavg()[0]
@@ -93,10 +89,53 @@ def runnable_elsewhere(samples: int = 5, gap: float = 0.001) -> float:
     return value
 
 
+def foreign_runnable(ours: set[int]) -> list[tuple[int, int]]:
+    """The threads, ``(pid, tid)``, in state R (running or waiting for a CPU) of every process whose
+    pid is not in ``ours``: one pass over ``/proc/*/task/*/stat`` (about 25 us a thread)."""
+    found: list[tuple[int, int]] = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return found
+    for entry in entries:
+        if not entry.isdigit() or int(entry) in ours:
+            continue
+        try:
+            tasks = os.listdir(f"/proc/{entry}/task")
+        except OSError:
+            continue        # gone meanwhile
+        for tid in tasks:
+            fields = _stat_fields(f"/proc/{entry}/task/{tid}/stat")
+            if fields and fields[0] == b"R":
+                found.append((int(entry), int(tid)))
+    return found
+
+
 def _job_processes() -> list[int]:
-    """This process and its siblings (same parent, unless the parent is pid 1, whose children are
-    everybody's orphans)."""
+    """This process, its siblings that run the same command line (the other ranks a launcher,
+    mpiexec's proxy or torchrun started on this host; not a program that the same shell started
+    beside the job) and its ancestors (the launchers themselves, which work while the ranks start),
+    up to but not including pid 1, whose children are everybody's orphans."""
     me, parent = os.getpid(), os.getppid()
     if parent <= 1:
         return [me]
-    return [me, *(pid for pid in children_by_parent().get(parent, []) if pid != me)]
+    mine = _cmdline(me)
+    ours = [me, *(pid for pid in children_by_parent().get(parent, [])
+                  if pid != me and mine is not None and _cmdline(pid) == mine)]
+    up = parent
+    while up > 1 and up not in ours:
+        ours.append(up)
+        fields = _stat_fields(f"/proc/{up}/stat")
+        if fields is None or len(fields) < 2:
+            break
+        up = int(fields[1])
+    return ours
+
+
+def _cmdline(pid: int) -> bytes | None:
+    """The command line of ``pid`` (NUL-separated), or None if unreadable."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return None

@@ -153,6 +153,62 @@ def test_runnable_elsewhere_sees_a_program_that_keeps_a_core_busy() -> None:
     procfs._RUNNABLE_CACHE.clear()
 
 
+def test_a_reading_counts_other_programs_never_this_jobs_ranks() -> None:
+    """One reading names the runnable threads outside this job: a spinning program started beside it
+    is counted, the same program is not once its pid is part of the job, and the job is this process,
+    its ancestors and the siblings that run its command line (the ranks one launcher started)."""
+    import subprocess
+    import sys
+
+    from twisternet import procfs
+    if not os.path.isdir("/proc/self/task"):
+        pytest.skip("no /proc/PID/task on this system")
+    hog = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdout.write('go\\n'); sys.stdout.flush()\n"
+                            "while True: pass"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert hog.stdout is not None and hog.stdout.readline() == "go\n"
+        # a spinning thread is runnable whenever it is read (running or waiting for a CPU)
+        assert hog.pid in {pid for pid, _ in procfs.foreign_runnable({os.getpid()})}
+        assert hog.pid not in {pid for pid, _ in procfs.foreign_runnable({os.getpid(), hog.pid})}
+        assert os.getpid() not in {pid for pid, _ in procfs.foreign_runnable({os.getpid()})}
+    finally:
+        hog.kill()
+        hog.wait()
+    # The job as a rank sees it: two ranks of one command line under one parent, and a third child
+    # of that parent running something else (a program the same shell started beside the job).
+    script = """
+import json, os, subprocess, sys
+from twisternet import procfs
+if sys.argv[1] == "rank":
+    job = procfs._job_processes()
+    print(json.dumps(job), flush=True)
+    sys.stdin.read()        # (the first rank stays until the launcher is done)
+    sys.exit()
+other = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+first = subprocess.Popen([sys.executable, __file__, "rank"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+first.stdout.readline()     # up and running
+second = subprocess.run([sys.executable, __file__, "rank"], input=b"", stdout=subprocess.PIPE, check=True)
+print(json.dumps({"job": json.loads(second.stdout), "launcher": os.getpid(), "other": other.pid,
+                  "sibling": first.pid}), flush=True)
+for p in (first, other):
+    p.communicate(b"")
+"""
+    import json
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "tree.py")
+        with open(path, "w") as f:
+            f.write(script)
+        out = subprocess.run([sys.executable, path, "launch"], stdout=subprocess.PIPE, text=True, check=True,
+                             timeout=60, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}).stdout
+    seen = json.loads(out.strip().splitlines()[-1])
+    job = seen["job"]
+    assert seen["launcher"] in job and os.getpid() in job       # its ancestors (itself is job[0])
+    assert seen["sibling"] in job                               # a rank of the same command line
+    assert seen["other"] not in job                             # not a program started beside it
+    assert len(job) == len(set(job))
+
+
 def test_small_record_to_an_idle_stream_goes_at_once_unbatched() -> None:
     """Nagle's rule in the core: with nothing of the stream unacknowledged (Channel.idle) a small record
     is its own message at once; old code packed it and held it for ``flush_delay`` (here 1 s). While it
