@@ -526,7 +526,10 @@ def join(parts: Sequence[Buffer]) -> bytearray:
 
 def record_size(parts: Sequence[Buffer]) -> int:
     """Total bytes of a record given as parts."""
-    return sum(memoryview(p).nbytes for p in parts)
+    n = 0
+    for p in parts:
+        n += len(p) if type(p) is bytes else memoryview(p).nbytes   # (the common part, without a view)
+    return n
 
 
 # ------------------------------------------------------------------------------------------------ keys

@@ -354,12 +354,59 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Requ
     can_send_small = True
 
     def send_small(self, peer: int, edge: int, parts: Sequence[Buffer], nbytes: int) -> bool:
-        # One eager Isend of a copy (send() of an eager message copies its parts), if idle (see idle).
-        if (nbytes > self._eager_limit or not self.idle(peer, edge) or peer in self._lost
-                or peer in self._bye_from or self._bye_sent or self._closed or not self._started
-                or (self._owner_thread is not None and threading.get_ident() != self._owner_thread)):
+        # One eager Isend of a copy, if idle (see idle): what send() does for such a message, without
+        # the checks the idle link, the state tested here and the caller (the Context: a valid peer
+        # and edge, ``nbytes`` the parts' size) already settle. Nothing in flight on the edge, so the
+        # credit rule lets it go (twisternet.channel.fits_credit).
+        me = threading.get_ident()
+        if (not 0 <= peer < self.world or peer == self.rank or nbytes > self._eager_limit - _PIGGY_ROOM
+                or self._sendq[peer] or peer in self._slot_deferred
+                or self._credit_ledger.inflight((peer, edge)) or self._posted_sends[peer] >= _MAX_POSTED_SENDS
+                or peer in self._lost or peer in self._bye_from or self._bye_sent or self._closed
+                or not self._started or (self._owner_thread is not None and me != self._owner_thread)):
             return False
-        return self.send(peer, edge, parts)
+        if self._poll_owner == me:
+            return self._send_small(peer, edge, parts, nbytes)
+        with self._poll_lock:
+            self._poll_owner = me
+            try:
+                return self._send_small(peer, edge, parts, nbytes)
+            finally:
+                self._poll_owner = 0
+
+    def _send_small(self, peer: int, edge: int, parts: Sequence[Buffer], nbytes: int) -> bool:
+        """:meth:`send_small` once it holds the poll lock: the header (with the credit owed to ``peer``)
+        and the parts joined in one buffer, one ``Isend``; in the request table only if MPI did not
+        finish it at once."""
+        items = self._credit_returns.take(peer, _PIGGY_MAX) if self._credit_returns else None
+        if items:
+            wire = b"".join((_HDR.pack(_KIND_EAGER, _FLAG_CREDIT, 0, edge, nbytes), _encode_piggy(items), *parts))
+            self.stats["credit_piggybacked"] += 1
+        else:
+            wire = b"".join((_HDR.pack(_KIND_EAGER, 0, 0, edge, nbytes), *parts))
+        if len(wire) - _HDR.size - (_U32.size + len(items) * _CREDIT_ENTRY.size if items else 0) != nbytes:
+            for e, n in items or ():
+                self._credit_returns.add(peer, e, n)    # still owed
+            raise ValueError(f"send_small: the parts hold {sum(memoryview(p).nbytes for p in parts)} bytes, "
+                             f"not the {nbytes} given")
+        try:
+            req = self._comm.Isend(wire, peer, TAG_DATA)
+            if not req.Test():
+                op = _Send(peer, wire, nbytes=nbytes)
+                self._pending_sends[peer] += 1
+                self._pending_bytes[peer] += nbytes
+                self._pending_total += 1
+                self._post(req, op)
+                self._posted_sends[peer] += 1
+        except self._MPI.Exception as e:
+            self._lose(peer, f"MPI error sending to it: {e.Get_error_string()}")
+            raise PeerLostError(peer, self._lost[peer]) from e
+        self._credit_ledger.charge((peer, edge), nbytes or 1)
+        stats = self.stats
+        stats["eager_sent"] += 1
+        stats["msgs_sent"] += 1
+        stats["bytes_sent"] += nbytes
+        return True
 
     def flush_released(self) -> None:
         """Return what the handlers just released (slots are granted back at once: their sender may

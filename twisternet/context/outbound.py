@@ -38,7 +38,9 @@ class Outbound(ContextState):
               closing: bool = False, wait_sent: bool = True, force: bool = False) -> bool | SendHandle:
         if not isinstance(dst, int) or not 0 <= dst < self.world:
             raise TwisternetError(f"destination rank must be in [0, {self.world}), got {dst!r}")
-        if edge < CONTROL_EDGE_BASE:
+        if type(edge) is int and 0 <= edge < CONTROL_EDGE_BASE:
+            pass        # (a user's edge, the common case: checked in one line)
+        elif edge < CONTROL_EDGE_BASE:
             self._check_edge(edge)
         elif not edge < MAX_EDGE:
             raise TwisternetError(f"edge must be < {MAX_EDGE}, got {edge}")
@@ -48,16 +50,16 @@ class Outbound(ContextState):
         n = record_size(parts)
         forced = force or self._on_engine_thread()
         limit = self.config.timeout if timeout is None else timeout
+        direct = n >= self._zc and n > self._slice_limit
+        if (not direct and block and not forced and not closing and self._small_ok and dst != self.rank
+                and self._send_small(dst, edge, parts, n)):
+            return True if wait_sent else SendHandle(self, None, dst, edge, time.monotonic() + limit, limit)
         deadline = time.monotonic() + limit
         if dst == self.rank:
             sent = self._send_local(edge, parts, n, block=block, forced=forced, deadline=deadline, limit=limit)
             return sent if wait_sent else SendHandle(self, None, dst, edge, deadline, limit)
-        direct = n >= self._zc and n > self._slice_limit
         if direct and block and wait_sent and not forced and self._can_push:
             return self._send_own(dst, edge, parts, n, deadline, limit)
-        if (not direct and block and not forced and not closing and self._small_ok
-                and self._send_small(dst, edge, parts, n)):
-            return True if wait_sent else SendHandle(self, None, dst, edge, deadline, limit)
         key = (dst, edge)
         done: _Sent | None = None
         while True:
@@ -128,7 +130,8 @@ class Outbound(ContextState):
             return False
         try:
             with self._lock:
-                s = self._stream(dst, edge)
+                if s is None or s.tag is not self._tags.get(edge, _NO_TAG) or dst in self._lost:
+                    s = self._stream(dst, edge)     # (made, re-tagged, or PeerLostError)
                 if s.queue or s.packer.pending_bytes:
                     return False
                 head = _DIRECT if s.stamp is None else s.stamp + _DIRECT

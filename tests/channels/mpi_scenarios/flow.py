@@ -240,7 +240,8 @@ def scenario_small_fast() -> None:
     ch, rec = make_channel(buffer_size=64 << 10)
     peer = 1 - ch.rank
     got: list[bytes] = []
-    rec.on_message_hook = lambda p, e, d, r: (got.append(bytes(d)), r())
+    edges: list[int] = []
+    rec.on_message_hook = lambda p, e, d, r: (got.append(bytes(d)), edges.append(e), r())
     n, size = 100, 1000
     sent = refused = 0
     for i in range(n):
@@ -258,6 +259,17 @@ def scenario_small_fast() -> None:
             check(got[i] == payload(0, 1, 4, i, size), f"ping {i} corrupt or out of order")
             spin(ch, lambda i=i: ch.send_small(peer, 4, [payload(1, 0, 4, i, size)], size), f"reply {i}")
     check(not ch.send_small(peer, 9, [bytes(65 << 10)], 65 << 10), "a message over the eager limit went")
+    if ch.rank == 0:
+        # a size that is not the parts' is refused loudly, with nothing sent; parts of several kinds
+        try:
+            ch.send_small(peer, 6, [b"abc"], 4)
+            check(False, "send_small sent 3 bytes announced as 4")
+        except ValueError:
+            pass
+        check(ch.send_small(peer, 5, [b"he", memoryview(b"l"), bytearray(b"lo")], 5), "a message in parts refused")
+    else:
+        spin(ch, lambda: len(got) == n + 1, "the message in parts")
+        check(got[n] == b"hello" and edges[n] == 5, f"the message in parts came as {got[n]!r} on {edges[n]}")
     ch.comm.Barrier()
     check(ch.rank == 1 or refused == sent, f"send_small went {sent - refused} times while credit was out")
     spin(ch, lambda: not ch.has_pending(), "sends to complete")
