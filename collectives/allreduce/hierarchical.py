@@ -53,25 +53,37 @@ HOST_SLOT_FACTOR = 4
 class HierarchicalPath(RingPath, DoublingPath):
     """Mixin of :class:`~collectives.allreduce.rank.RankAllReduce`: topology and the hierarchical path."""
 
+    topo: Topology | None
+
     # ------------------------------------------------------------------ topology
     def _topology(self, call: int, t: float) -> Topology:
-        """Which of the operation's ranks share a host (collective the first time under MPI)."""
+        """Which of the operation's ranks share a host (collective on the first call under MPI).
+
+        What every rank knows alike comes first: the task plan's hosts (given with it, or read from
+        the TCP bootstrap table), the channel's table, one process's threads. Otherwise the
+        operation's ranks exchange host ids on its first call and the operation keeps the answer;
+        it is not written into the plan, which other operations read: a rank that took part in
+        some other operation's exchange would then know hosts that another rank does not, and the
+        two would choose differently (one skipping an exchange the other waits in, or building
+        another tree)."""
+        if self.topo is not None:
+            return self.topo
         op = self.op
         plan = op.ctx.plan
         topo = plan.topology(self.ranks)
-        if topo is not None:
-            return topo
-        channel = op.ctx.channel
-        hosts = from_channel(channel)
-        if hosts is None and not channel.spans_processes:
-            from twisternet.bootstrap import host_id
-            hosts = {r: host_id() for r in range(plan.world)}   # threads of one process
-        if hosts is None:
-            hosts = self._exchange_hosts(call, t)
-        plan.set_hosts(hosts)
-        topo = plan.topology(self.ranks)
-        assert topo is not None
+        if topo is None:
+            channel = op.ctx.channel
+            hosts = from_channel(channel)
+            if hosts is None and not channel.spans_processes:
+                from twisternet.bootstrap import host_id
+                hosts = {r: host_id() for r in range(plan.world)}   # threads of one process
+            if hosts is not None:
+                plan.set_hosts(hosts)       # (the same on every rank)
+            else:
+                hosts = self._exchange_hosts(call, t)
+            topo = Topology({r: hosts[r] for r in self.ranks})
         log.debug("%s: hosts of its ranks: %s", op.describe(), topo.describe())
+        self.topo = topo
         return topo
 
     def _exchange_hosts(self, call: int, t: float) -> dict[int, str]:
@@ -126,7 +138,7 @@ class HierarchicalPath(RingPath, DoublingPath):
             if how == "ring":
                 # straight into the caller's array (in place when out is the value and no host phase ran)
                 dest = partial if out is value and partial is src else flat_out
-                res = self._ring(partial, call, t, dest, ranks=leaders, kind="R").reshape(-1)
+                res = self._ring(partial, call, t, dest, ranks=leaders, kind="R", cross_host=True).reshape(-1)
             elif how == "doubling":
                 acc = partial if partial is not src else src.copy()
                 res = self._doubling(acc, describe_value(value), call, t, leaders)
@@ -177,7 +189,7 @@ class HierarchicalPath(RingPath, DoublingPath):
                 raise self._failed(e, f"in allreduce() call {call}", call) from None
         else:
             part = self._local_reduce_scatter(src, value, call, t, group)
-        part = self._ring(part, call, t, part, ranks=ring, kind="R")
+        part = self._ring(part, call, t, part, ranks=ring, kind="R", cross_host=True)
         result = np.empty_like(src) if out is None else out.reshape(-1)
         if local is not None:
             local.allgather(part, result, t)

@@ -140,8 +140,9 @@ class RecordPlumbing:
         except Exception as e:  # noqa: BLE001 - the reduction raised: every rank must hear of it
             raise self._failed(e, f"in the reduction of allreduce() call {call}", call) from None
 
-    def _chunks(self, a: int, b: int, itemsize: int) -> list[tuple[int, int]]:
-        step = max(1, self.op.chunk_bytes // max(1, itemsize))
+    def _chunks(self, a: int, b: int, itemsize: int, chunk_bytes: int | None = None) -> list[tuple[int, int]]:
+        """Elements ``a..b`` in pieces of ``chunk_bytes`` (default: the operation's)."""
+        step = max(1, (self.op.chunk_bytes if chunk_bytes is None else chunk_bytes) // max(1, itemsize))
         return [(x, min(b, x + step)) for x in range(a, b, step)] or [(a, a)]
 
     def _combine_into(self, flat: np.ndarray, a: int, b: int, got: Any, call: int) -> None:

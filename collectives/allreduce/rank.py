@@ -54,6 +54,8 @@ from .select import choose
 from .tree import TreePath
 
 if TYPE_CHECKING:
+    from twisternet.topology import Topology
+
     from ..reduce import AllReduce
 
 VIAS = ("auto", "tree", "ring", "doubling", "shm", "hier", "innet")
@@ -83,6 +85,7 @@ class RankAllReduce(TreePath, HierarchicalPath):
         self.current: tuple[int, str] | None = None   # (call, algorithm) of the call in progress
         self.mine_desc = "-"                          # describe_value of this rank's value in that call
         self.hier: Any = None                # the hierarchical path's per-host state (see hierarchical.py)
+        self.topo: Topology | None = None    # which of the ranks share a host, once known (see _topology)
         for offset in (AR_UP, AR_DOWN, RING):
             op._add_handler(offset, self._on_record)
         # the operation's hook for failures of later calls
@@ -194,7 +197,7 @@ class RankAllReduce(TreePath, HierarchicalPath):
                 return shm.run(value, t, out)
         if ring_ok and (algo == "ring" or (algo == "shm" and value.nbytes >= op.ring_threshold)):
             self._start(call, "ring", value)
-            return self._ring(value, call, t, out)
+            return self._ring(value, call, t, out, cross_host=None if topo is None else topo.nhosts > 1)
         if shm_ok and (algo == "doubling" or (algo == "shm" and op.via == "auto")):
             self._start(call, "doubling", value)
             return self._flat_doubling(value, call, t, out)

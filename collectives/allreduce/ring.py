@@ -28,9 +28,11 @@ class RingPath(RecordPlumbing):
     """Mixin of :class:`~collectives.allreduce.rank.RankAllReduce`: the ring algorithm."""
 
     def _ring(self, value: np.ndarray, call: int, t: float, out: np.ndarray | None = None,
-              ranks: Sequence[int] | None = None, kind: str = "r") -> np.ndarray:
+              ranks: Sequence[int] | None = None, kind: str = "r", cross_host: bool | None = None) -> np.ndarray:
         """Reduce-scatter then allgather around ``ranks`` (default: the operation's), pipelined chunk by
-        chunk, with records of ``kind``.
+        chunk, with records of ``kind``. ``cross_host``: whether the ranks span hosts, which sets the
+        chunk size (it must be the same answer on every rank; None: what the task plan knows alike
+        everywhere, see ``_topology``).
 
         Every chunk is forwarded as soon as it is complete, and the records of the call in progress are
         applied by the handler straight into the result (no copy out of the receive buffer): in the
@@ -48,7 +50,11 @@ class RingPath(RecordPlumbing):
         if out is not None and out is value:
             src = result   # in place: each element is read (sent or combined) before it is overwritten
         edges = [src.size * k // n for k in range(n + 1)]
-        segs = [self._chunks(edges[s], edges[s + 1], src.itemsize) for s in range(n)]
+        if cross_host is None:
+            topo = op.ctx.plan.topology(ranks)
+            cross_host = topo is not None and topo.nhosts > 1
+        chunk = op.cross_host_chunk_bytes if cross_host else op.chunk_bytes
+        segs = [self._chunks(edges[s], edges[s + 1], src.itemsize, chunk) for s in range(n)]
         rc = _RingCall(call, n, i, src, result, segs, op.reduction.ufunc, describe_value(value), kind)
         try:
             with op._state_lock():
