@@ -104,15 +104,20 @@ class Topology:
 
 
 def from_channel(channel: Any) -> dict[int, str] | None:
-    """rank -> host id from what the channel already knows (the TCP bootstrap table), or None."""
-    session = getattr(channel, "session", None)
-    table = getattr(session, "table", None)
+    """rank -> host id from what the channel already knows, the same on every rank (the TCP bootstrap
+    table; the MPI channel's ``host_ids``, gathered when it started), or None."""
     world = getattr(channel, "world", None)
-    if not isinstance(table, (list, tuple)) or len(table) != world:
-        return None
+    ids = getattr(channel, "host_ids", None)
+    if isinstance(ids, (list, tuple)) and len(ids) == world:
+        listed = dict(enumerate(ids))
+    else:
+        session = getattr(channel, "session", None)
+        table = getattr(session, "table", None)
+        if not isinstance(table, (list, tuple)) or len(table) != world:
+            return None
+        listed = {r: e.get("host_id") if isinstance(e, Mapping) else None for r, e in enumerate(table)}
     out: dict[int, str] = {}
-    for r, e in enumerate(table):
-        hid = e.get("host_id") if isinstance(e, Mapping) else None
+    for r, hid in listed.items():
         if not isinstance(hid, str) or not hid:
             return None
         out[r] = hid

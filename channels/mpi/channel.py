@@ -10,6 +10,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 from collections.abc import Callable, Sequence
 
+from twisternet.bootstrap.addresses import host_id
 from twisternet.channel import MAX_EDGE, Buffer, Channel, ChannelHandler
 from twisternet.config import busy_poll_seconds
 from twisternet.errors import ClosedError, ConfigError, PeerLostError, TwisternetError
@@ -80,11 +81,15 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Requ
         self._comm.Set_name(f"twisternet-mpi<{comm.Get_name()}>")
         # Receive buffers and credits are sized from the config on both ends: all ranks must agree.
         mine = (config.buffer_size, config.buffer_count)
-        # Each rank's host (MPI's processor name) rides along, so a lost peer's error can name it.
-        gathered = self._comm.allgather((mine, MPI.Get_processor_name()))
+        # Each rank's host (MPI's processor name) rides along, so a lost peer's error can name it, and
+        # its host id (twisternet.bootstrap.host_id), so that every rank knows alike which ranks share a
+        # host (twisternet.topology.from_channel) without an exchange per operation.
+        gathered = self._comm.allgather((mine, MPI.Get_processor_name(), host_id()))
         every = [g[0] for g in gathered]
         #: Host of every rank of the communicator, by rank.
         self.hosts: list[str] = [str(g[1]) for g in gathered]
+        #: Host id of every rank, by rank: equal ids share a host (and a network namespace).
+        self.host_ids: list[str] = [str(g[2]) for g in gathered]
         if any(v != mine for v in every):
             self._comm.Free()
             raise ConfigError("buffer_size", "every rank must use the same buffer_size and buffer_count; "

@@ -82,12 +82,13 @@ def test_a_reduction_whose_repr_holds_an_address_is_not_a_mismatch() -> None:
     assert run_local(2, body, timeout=60)[0] == 3
 
 
-@pytest.mark.parametrize("launcher", ["tcp", "mpi"])
-def test_operations_over_overlapping_subsets_agree_on_the_hosts(run_job, launcher: str) -> None:
-    """Under MPI the hosts are found by an exchange among an operation's ranks; with what an earlier
-    operation's exchange taught some ranks in the shared task plan, Z (ranks 0, 1, 3) had rank 1 skip
-    the exchange that ranks 0 and 3 waited in, until the timeout."""
-    p = run_job(launcher, 4, Path(__file__).parent / "scripts" / "subset_topology.py", timeout=200)
+@pytest.mark.parametrize("launcher,how", [("tcp", "table"), ("mpi", "table"), ("mpi", "exchange")])
+def test_operations_over_overlapping_subsets_agree_on_the_hosts(run_job, launcher: str, how: str) -> None:
+    """Without a host table in the channel the hosts are found by an exchange among an operation's
+    ranks; with what an earlier operation's exchange taught some ranks in the shared task plan, Z
+    (ranks 0, 1, 3) had rank 1 skip the exchange that ranks 0 and 3 waited in, until the timeout."""
+    args = ["exchange"] if how == "exchange" else []
+    p = run_job(launcher, 4, Path(__file__).parent / "scripts" / "subset_topology.py", *args, timeout=200)
     got = sorted(re.findall(r"SUBSET rank=\d+ \S+", p.stdout))
     want = [f"SUBSET rank={r} ok={n}" for r, n in ((0, 3), (1, 4), (2, 2), (3, 3))]
     assert got == want, p.stdout[-3000:] + p.stderr[-3000:]

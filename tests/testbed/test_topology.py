@@ -51,6 +51,10 @@ def test_from_channel_reads_the_bootstrap_table() -> None:
     assert from_channel(SimpleNamespace(world=2, session=None)) is None
     bad = SimpleNamespace(world=2, session=SimpleNamespace(table=[{"host_id": "h0"}, {}]))
     assert from_channel(bad) is None
+    # the MPI channel's ids, gathered at its start
+    assert from_channel(SimpleNamespace(world=3, host_ids=["a", "b", "a"])) == {0: "a", 1: "b", 2: "a"}
+    assert from_channel(SimpleNamespace(world=3, host_ids=["a", "b"], session=None)) is None
+    assert from_channel(SimpleNamespace(world=2, host_ids=["a", ""], session=None)) is None
 
 
 # ---------------------------------------------------------------------- rank numbering

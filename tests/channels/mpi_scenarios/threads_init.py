@@ -57,6 +57,10 @@ def scenario_usercomm() -> None:
     sub = world.Split(color=world.rank % 2, key=world.rank)
     ch, rec = make_channel(comm=sub, buffer_size=4096)
     check(ch.world == sub.size and ch.rank == sub.rank, "rank/world must come from the communicator")
+    from twisternet.bootstrap.addresses import host_id
+    from twisternet.topology import from_channel
+    check(ch.host_ids == [host_id()] * ch.world and from_channel(ch) == dict.fromkeys(range(ch.world), host_id()),
+          f"every rank of the split shares this host: {ch.host_ids}")
     peer = 1 - ch.rank
     user_reqs = [sub.Isend(b"user %d" % tag, peer, tag) for tag in (mpich.TAG_DATA, mpich.TAG_BULK, mpich.TAG_CTRL)]
     check(ch.send(peer, mpich.TAG_DATA, [b"chan small"]), "send refused")
