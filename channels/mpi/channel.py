@@ -360,15 +360,12 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Requ
 
     def send_small(self, peer: int, edge: int, parts: Sequence[Buffer], nbytes: int) -> bool:
         # One eager Isend of a copy, if idle (see idle): what send() does for such a message, without
-        # the checks the idle link, the state tested here and the caller (the Context: a valid peer
-        # and edge, ``nbytes`` the parts' size) already settle. Nothing in flight on the edge, so the
-        # credit rule lets it go (twisternet.channel.fits_credit).
+        # the checks the idle link, the state tested in _send_small and the caller (the Context: a
+        # valid peer and edge, ``nbytes`` the parts' size) already settle. Nothing in flight on the
+        # edge, so the credit rule lets it go (twisternet.channel.fits_credit).
         me = threading.get_ident()
         if (not 0 <= peer < self.world or peer == self.rank or nbytes > self._eager_limit - _PIGGY_ROOM
-                or self._sendq[peer] or peer in self._slot_deferred
-                or self._credit_ledger.inflight((peer, edge)) or self._posted_sends[peer] >= _MAX_POSTED_SENDS
-                or peer in self._lost or peer in self._bye_from or self._bye_sent or self._closed
-                or not self._started or (self._owner_thread is not None and me != self._owner_thread)):
+                or (self._owner_thread is not None and me != self._owner_thread)):
             return False
         if self._poll_owner == me:
             return self._send_small(peer, edge, parts, nbytes)
@@ -380,9 +377,14 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Requ
                 self._poll_owner = 0
 
     def _send_small(self, peer: int, edge: int, parts: Sequence[Buffer], nbytes: int) -> bool:
-        """:meth:`send_small` once it holds the poll lock: the header (with the credit owed to ``peer``)
-        and the parts joined in one buffer, one ``Isend``; in the request table only if MPI did not
-        finish it at once."""
+        """:meth:`send_small` once it holds the poll lock (the state it tests cannot change meanwhile:
+        a send queued for the peer since, say, must not be overtaken): the header (with the credit
+        owed to ``peer``) and the parts joined in one buffer, one ``Isend``; in the request table only
+        if MPI did not finish it at once."""
+        if (self._sendq[peer] or peer in self._slot_deferred or self._credit_ledger.inflight((peer, edge))
+                or self._posted_sends[peer] >= _MAX_POSTED_SENDS or peer in self._lost or peer in self._bye_from
+                or self._bye_sent or self._closed or not self._started):
+            return False
         items = self._credit_returns.take(peer, _PIGGY_MAX) if self._credit_returns else None
         if items:
             wire = b"".join((_HDR.pack(_KIND_EAGER, _FLAG_CREDIT, 0, edge, nbytes), _encode_piggy(items), *parts))
