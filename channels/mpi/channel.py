@@ -281,13 +281,16 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Requ
     def send(self, peer: int, edge: int, parts: Sequence[Buffer], token: object = None) -> bool:
         """Post one message for ``peer`` on ``edge``; False (nothing queued) when it lacks credit.
         Thread-safe: waits for a poll of another thread to finish (one poll, never its wait)."""
-        me = threading.get_ident()
+        return self._as_poll_owner(threading.get_ident(), self._send, peer, edge, parts, token)
+
+    def _as_poll_owner(self, me: int, fn: Callable[..., bool], *args: Any) -> bool:
+        """``fn(*args)`` with the poll lock held by thread ``me`` (already, or taken for the call)."""
         if self._poll_owner == me:
-            return self._send(peer, edge, parts, token)
+            return fn(*args)
         with self._poll_lock:
             self._poll_owner = me
             try:
-                return self._send(peer, edge, parts, token)
+                return fn(*args)
             finally:
                 self._poll_owner = 0
 
@@ -367,14 +370,7 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Requ
         if (not 0 <= peer < self.world or peer == self.rank or nbytes > self._eager_limit - _PIGGY_ROOM
                 or (self._owner_thread is not None and me != self._owner_thread)):
             return False
-        if self._poll_owner == me:
-            return self._send_small(peer, edge, parts, nbytes)
-        with self._poll_lock:
-            self._poll_owner = me
-            try:
-                return self._send_small(peer, edge, parts, nbytes)
-            finally:
-                self._poll_owner = 0
+        return self._as_poll_owner(me, self._send_small, peer, edge, parts, nbytes)
 
     def _send_small(self, peer: int, edge: int, parts: Sequence[Buffer], nbytes: int) -> bool:
         """:meth:`send_small` once it holds the poll lock (the state it tests cannot change meanwhile:

@@ -3,8 +3,12 @@ data, releases by a running thread wake nobody, and the busy-poll window follows
 
 from __future__ import annotations
 
+import contextlib
 import select
 import socket
+import subprocess
+import sys
+from collections.abc import Iterator
 
 import os
 
@@ -131,23 +135,27 @@ def test_busy_poll_rule() -> None:
         Config(busy_poll_us=-2)
 
 
-def test_runnable_elsewhere_sees_a_program_that_keeps_a_core_busy() -> None:
-    """The reading behind busy_poll_us=-1 counts a process that keeps a core busy."""
-    import subprocess
-    import sys
-
-    from twisternet import procfs
-    if not os.path.exists("/proc/loadavg"):
-        pytest.skip("no /proc/loadavg on this system")
+@contextlib.contextmanager
+def _spinning_program() -> Iterator[subprocess.Popen]:
+    """A process beside this one that keeps a core busy (running once this yields it)."""
+    if not os.path.isdir("/proc/self/task"):
+        pytest.skip("no /proc/PID/task on this system")
     hog = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdout.write('go\\n'); sys.stdout.flush()\n"
                             "while True: pass"], stdout=subprocess.PIPE, text=True)
     try:
         assert hog.stdout is not None and hog.stdout.readline() == "go\n"
-        procfs._RUNNABLE_CACHE.clear()
-        assert procfs.runnable_elsewhere(samples=5, gap=0.002) >= 1
+        yield hog
     finally:
         hog.kill()
         hog.wait()
+
+
+def test_runnable_elsewhere_sees_a_program_that_keeps_a_core_busy() -> None:
+    """The reading behind busy_poll_us=-1 counts a process that keeps a core busy."""
+    from twisternet import procfs
+    with _spinning_program():
+        procfs._RUNNABLE_CACHE.clear()
+        assert procfs.runnable_elsewhere(samples=5, gap=0.002) >= 1
     seen = procfs.runnable_elsewhere()
     assert procfs.runnable_elsewhere(samples=1, gap=0) == seen        # cached for a second
     procfs._RUNNABLE_CACHE.clear()
@@ -157,23 +165,12 @@ def test_a_reading_counts_other_programs_never_this_jobs_ranks() -> None:
     """One reading names the runnable threads outside this job: a spinning program started beside it
     is counted, the same program is not once its pid is part of the job, and the job is this process,
     its ancestors and the siblings that run its command line (the ranks one launcher started)."""
-    import subprocess
-    import sys
-
     from twisternet import procfs
-    if not os.path.isdir("/proc/self/task"):
-        pytest.skip("no /proc/PID/task on this system")
-    hog = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdout.write('go\\n'); sys.stdout.flush()\n"
-                            "while True: pass"], stdout=subprocess.PIPE, text=True)
-    try:
-        assert hog.stdout is not None and hog.stdout.readline() == "go\n"
+    with _spinning_program() as hog:
         # a spinning thread is runnable whenever it is read (running or waiting for a CPU)
         assert hog.pid in {pid for pid, _ in procfs.foreign_runnable({os.getpid()})}
         assert hog.pid not in {pid for pid, _ in procfs.foreign_runnable({os.getpid(), hog.pid})}
         assert os.getpid() not in {pid for pid, _ in procfs.foreign_runnable({os.getpid()})}
-    finally:
-        hog.kill()
-        hog.wait()
     # The job as a rank sees it: two ranks of one command line under one parent, and a third child
     # of that parent running something else (a program the same shell started beside the job).
     script = """
