@@ -63,8 +63,8 @@ def runnable_elsewhere(samples: int = 5, gap: float = 0.001) -> float:
     subtracting this job's running threads from the machine's running count (``/proc/loadavg``):
     those two numbers are not read at one instant, and a sibling rank that flips between running
     and waiting while it polls (in MPI_Init, the bootstrap, a channel's first exchange) was then
-    subtracted without having been counted often enough that one rank in two of a 2-rank mpiexec job
-    on an idle machine turned busy polling off (one-way latency 85 us instead of 33). Not the load
+    subtracted without having been counted often enough that in 8 of 12 2-rank mpiexec launches on
+    an idle machine one rank turned busy polling off (one-way latency 85 us instead of 33). Not the load
     average: that is a minute's memory, which after one job (a benchmark's previous run, say) would
     keep the next from polling on an idle machine. Without ``/proc``, the 1-minute load average.
     Cached for a second."""
