@@ -28,11 +28,11 @@ def _ops_ok(proc: subprocess.CompletedProcess, world: int) -> None:
     assert len(lines(proc, "DONE")) == world
     meta = lines(proc, "ERR meta")
     assert len(meta) == world, out[-4000:]
-    assert all("meta" in m and "rank 1" in m for m in meta), meta   # named on every rank
+    assert all("meta" in m and "rank 1" in m for m in meta), (meta, out[-4000:])   # named on every rank
     shape = lines(proc, "ERR shape")
-    assert len(shape) == world and all("MismatchError" in s for s in shape), shape
+    assert len(shape) == world and all("MismatchError" in s for s in shape), (shape, out[-4000:])
     op = lines(proc, "ERR op")
-    assert len(op) == world and all("BAND" in s or "BAND" in s.upper() for s in op), op
+    assert len(op) == world and all("BAND" in s or "BAND" in s.upper() for s in op), (op, out[-4000:])
 
 
 @pytest.mark.slow

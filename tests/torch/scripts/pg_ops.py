@@ -12,8 +12,16 @@ r, n = dist.get_rank(), dist.get_world_size()
 total = n * (n + 1) / 2
 
 
+def say(line):
+    # one write per line, newline included: the job's stdout is unbuffered (PYTHONUNBUFFERED), where
+    # print writes the text and its newline apart, and another rank's line can land in between (rank
+    # 0's local "ERR op" line glued to rank 1's "ERR shape" line, which the test then missed)
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def check(name, ok):
-    print(f"{'OK' if ok else 'BAD'} {name} rank={r}", flush=True)
+    say(f"{'OK' if ok else 'BAD'} {name} rank={r}")
 
 
 for op, want in [(dist.ReduceOp.SUM, total), (dist.ReduceOp.AVG, total / n), (dist.ReduceOp.MIN, 1.0),
@@ -76,19 +84,19 @@ try:
     dist.all_reduce(torch.ones(3, device="meta") if r == 1 else torch.ones(3))
     check("meta_error", False)
 except Exception as e:  # noqa: BLE001
-    print(f"ERR meta rank={r} {type(e).__name__}: {e}", flush=True)
+    say(f"ERR meta rank={r} {type(e).__name__}: {e}")
 try:
     dist.all_reduce(torch.ones(3 + r))
     check("shape_error", False)
 except Exception as e:  # noqa: BLE001
-    print(f"ERR shape rank={r} {type(e).__name__}: {e}", flush=True)
+    say(f"ERR shape rank={r} {type(e).__name__}: {e}")
 try:
     dist.all_reduce(torch.ones(3, dtype=torch.int32), op=dist.ReduceOp.BAND)
     check("op_error", False)
 except Exception as e:  # noqa: BLE001
-    print(f"ERR op rank={r} {type(e).__name__}: {e}", flush=True)
+    say(f"ERR op rank={r} {type(e).__name__}: {e}")
 t = torch.full((4,), float(r + 1))
 dist.all_reduce(t)
 check("after_errors", bool((t == total).all()))
 dist.destroy_process_group()
-print(f"DONE rank={r}", flush=True)
+say(f"DONE rank={r}")
