@@ -323,17 +323,10 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Requ
         MPI = self._MPI
         try:
             if size <= self._eager_limit:
-                items = None
-                if (self._credit_returns and not self._sendq[peer] and self._posted_sends[peer] < _MAX_POSTED_SENDS
-                        and size + _PIGGY_ROOM <= self._eager_limit):
-                    # credit we owe the peer rides along (sent now: no queue to wait behind)
-                    items = self._credit_returns.take(peer, _PIGGY_MAX)
-                if items:
-                    wire = b"".join((_HDR.pack(_KIND_EAGER, _FLAG_CREDIT, 0, edge, size), _encode_piggy(items),
-                                     *views))
-                    self.stats["credit_piggybacked"] += 1
-                else:
-                    wire = b"".join((_HDR.pack(_KIND_EAGER, 0, 0, edge, size), *views))
+                # credit we owe the peer rides along if the message is sent now (no queue to wait behind)
+                wire, _ = self._eager_wire(peer, edge, size, views, piggy=(
+                    not self._sendq[peer] and self._posted_sends[peer] < _MAX_POSTED_SENDS
+                    and size + _PIGGY_ROOM <= self._eager_limit))
                 self._submit(wire, TAG_DATA, _Send(peer, wire, nbytes=size))
                 if token is not None:  # the parts were copied: reusable now (reported by progress)
                     self._events.append((self._handler.on_sent, (token,)))  # type: ignore[union-attr]
@@ -350,6 +343,16 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Requ
         self.stats["msgs_sent"] += 1
         self.stats["bytes_sent"] += size
         return True
+
+    def _eager_wire(self, peer: int, edge: int, size: int, parts: Sequence[Buffer],
+                    piggy: bool) -> tuple[bytes, list[tuple[int, int]] | None]:
+        """An eager message's wire bytes: its header, the credit owed to ``peer`` if ``piggy`` (taken
+        from what is owed, and returned as the second item), then the ``size`` bytes of ``parts``."""
+        items = self._credit_returns.take(peer, _PIGGY_MAX) if piggy and self._credit_returns else None
+        if items:
+            self.stats["credit_piggybacked"] += 1
+            return b"".join((_HDR.pack(_KIND_EAGER, _FLAG_CREDIT, 0, edge, size), _encode_piggy(items), *parts)), items
+        return b"".join((_HDR.pack(_KIND_EAGER, 0, 0, edge, size), *parts)), None
 
     def idle(self, peer: int, edge: int) -> bool:
         return (0 <= peer < self.world and not self._sendq[peer] and not self._credit_ledger.inflight((peer, edge))
@@ -381,26 +384,14 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Requ
                 or self._posted_sends[peer] >= _MAX_POSTED_SENDS or peer in self._lost or peer in self._bye_from
                 or self._bye_sent or self._closed or not self._started):
             return False
-        items = self._credit_returns.take(peer, _PIGGY_MAX) if self._credit_returns else None
-        if items:
-            wire = b"".join((_HDR.pack(_KIND_EAGER, _FLAG_CREDIT, 0, edge, nbytes), _encode_piggy(items), *parts))
-            self.stats["credit_piggybacked"] += 1
-        else:
-            wire = b"".join((_HDR.pack(_KIND_EAGER, 0, 0, edge, nbytes), *parts))
+        wire, items = self._eager_wire(peer, edge, nbytes, parts, piggy=True)
         if len(wire) - _HDR.size - (_U32.size + len(items) * _CREDIT_ENTRY.size if items else 0) != nbytes:
             for e, n in items or ():
                 self._credit_returns.add(peer, e, n)    # still owed
             raise ValueError(f"send_small: the parts hold {sum(memoryview(p).nbytes for p in parts)} bytes, "
                              f"not the {nbytes} given")
         try:
-            req = self._comm.Isend(wire, peer, TAG_DATA)
-            if not req.Test():
-                op = _Send(peer, wire, nbytes=nbytes)
-                self._pending_sends[peer] += 1
-                self._pending_bytes[peer] += nbytes
-                self._pending_total += 1
-                self._post(req, op)
-                self._posted_sends[peer] += 1
+            self._submit(wire, TAG_DATA, _Send(peer, wire, nbytes=nbytes))
         except self._MPI.Exception as e:
             self._lose(peer, f"MPI error sending to it: {e.Get_error_string()}")
             raise PeerLostError(peer, self._lost[peer]) from e

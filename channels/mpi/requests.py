@@ -224,25 +224,30 @@ class RequestsMixin(MPIChannelState):
         need no ordering). Bounding posted sends keeps ``Testsome`` arrays short: MPI completes
         queued small sends one per progress call, so thousands of posted ones cost O(n) per poll."""
         peer = op.peer
+        q = self._sendq[peer]
+        if not urgent and (q or self._posted_sends[peer] >= _MAX_POSTED_SENDS):
+            self._account_send(op)
+            q.append((spec, tag, op))
+            return
+        req = self._comm.Isend(spec, peer, tag)
+        if op.token is None and not op.bulk and type(op) is _Send and req.Test():
+            # A small send MPI finished at once (copied into its shared-memory cell or socket): done,
+            # never pending: no slot in the request table, no Testsome completion, no "pending" that
+            # keeps the next progress calls busy-polling for it.
+            return
+        self._account_send(op)
+        self._post(req, op)
+        self._posted_sends[peer] += 1
+
+    def _account_send(self, op: _Send) -> None:
+        """``op`` is pending (queued or posted) until :meth:`_unaccount_send`."""
+        peer = op.peer
         self._pending_sends[peer] += 1
         self._pending_bytes[peer] += op.nbytes
         if peer not in self._lost:
             self._pending_total += 1
         if op.bulk:
             self._bulk_active += 1
-        q = self._sendq[peer]
-        if not urgent and (q or self._posted_sends[peer] >= _MAX_POSTED_SENDS):
-            q.append((spec, tag, op))
-            return
-        req = self._comm.Isend(spec, peer, tag)
-        if op.token is None and not op.bulk and type(op) is _Send and req.Test():
-            # A small send MPI finished at once (copied into its shared-memory cell or socket): done,
-            # without a slot in the request table, a Testsome completion and a "pending" that keeps
-            # the next progress calls busy-polling for it.
-            self._unaccount_send(op, False)
-            return
-        self._post(req, op)
-        self._posted_sends[peer] += 1
 
     def _drain_sendq(self, peer: int) -> None:
         """Post queued sends to ``peer`` while it is below its limit of posted sends."""
