@@ -130,8 +130,7 @@ class Outbound(ContextState):
             return False
         try:
             with self._lock:
-                if s is None or s.tag is not self._tags.get(edge, _NO_TAG) or dst in self._lost:
-                    s = self._stream(dst, edge)     # (made, re-tagged, or PeerLostError)
+                s = self._stream(dst, edge)
                 if s.queue or s.packer.pending_bytes:
                     return False
                 head = _DIRECT if s.stamp is None else s.stamp + _DIRECT
