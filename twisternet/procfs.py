@@ -43,16 +43,21 @@ def children_by_parent() -> dict[int, list[int]]:
 
 def runnable_threads(pid: int) -> int:
     """Threads of ``pid`` running or waiting for a CPU (state R); 0 once it is gone."""
+    return len(_runnable_tids(pid))
+
+
+def _runnable_tids(pid: int | str) -> list[int]:
+    """The thread ids of ``pid`` in state R; [] once it is gone."""
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
-        return 0
-    n = 0
+        return []
+    found = []
     for tid in tasks:
         fields = _stat_fields(f"/proc/{pid}/task/{tid}/stat")
         if fields and fields[0] == b"R":
-            n += 1
-    return n
+            found.append(int(tid))
+    return found
 
 
 def runnable_elsewhere(samples: int = 5, gap: float = 0.001) -> float:
@@ -94,23 +99,12 @@ def runnable_elsewhere(samples: int = 5, gap: float = 0.001) -> float:
 def foreign_runnable(ours: set[int]) -> list[tuple[int, int]]:
     """The threads, ``(pid, tid)``, in state R (running or waiting for a CPU) of every process whose
     pid is not in ``ours``: one pass over ``/proc/*/task/*/stat`` (about 20 us a thread)."""
-    found: list[tuple[int, int]] = []
     try:
         entries = os.listdir("/proc")
     except OSError:
-        return found
-    for entry in entries:
-        if not entry.isdigit() or int(entry) in ours:
-            continue
-        try:
-            tasks = os.listdir(f"/proc/{entry}/task")
-        except OSError:
-            continue        # gone meanwhile
-        for tid in tasks:
-            fields = _stat_fields(f"/proc/{entry}/task/{tid}/stat")
-            if fields and fields[0] == b"R":
-                found.append((int(entry), int(tid)))
-    return found
+        return []
+    return [(int(entry), tid) for entry in entries if entry.isdigit() and int(entry) not in ours
+            for tid in _runnable_tids(entry)]
 
 
 def _job_processes() -> list[int]:
