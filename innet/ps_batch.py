@@ -11,6 +11,7 @@ goes through ``handle`` in its place in the batch.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -24,6 +25,12 @@ if TYPE_CHECKING:  # pragma: no cover
     from .ps import ParameterServer, _JobState
 
 __all__ = ["BatchOutput", "handle_batch"]
+
+#: A batch with fewer fast-path packets than this goes through ``handle`` packet by packet: the vectorized
+#: filters and the parameter-packet building cost ~60-80 us per batch, ``handle`` ~6 us per complete
+#: aggregate and ~5 us per collided (single-worker) packet. The PS of a latency-bound job mostly sees
+#: such batches (measured on this project's host, see docs/innet-performance.md).
+SMALL_BATCH = 12
 
 
 class BatchOutput:
@@ -117,7 +124,8 @@ def handle_batch(ps: ParameterServer, rows: np.ndarray, lengths: np.ndarray, key
     datagrams to send (see the module doc)."""
     out = BatchOutput(ps.packet_size)
     n = len(rows)
-    if n == 0:
+    if n < SMALL_BATCH:
+        _one_by_one(ps, rows, lengths, keys, 0, n, now, out)
         return out
     hdr = decode_headers(rows[:n])
     job_seq = hdr["job_seq"].astype(np.int64)
@@ -127,7 +135,7 @@ def handle_batch(ps: ParameterServer, rows: np.ndarray, lengths: np.ndarray, key
     fast = valid & (fl & (FLAG_ACK | FLAG_OVERFLOW) == 0)
     with ps._lock:
         states = dict(ps._jobs)
-        for job in np.unique(jobs[fast]).tolist():
+        for job in sorted(set(jobs[fast].tolist())):        # (sets: np.unique costs ~10 us a call)
             js = states.get(job)
             this = fast & (jobs == job)
             sw = None if js is None else _switch_key(js)
@@ -136,21 +144,30 @@ def handle_batch(ps: ParameterServer, rows: np.ndarray, lengths: np.ndarray, key
                 continue
             ok = this & (keys[:n] == np.uint64(sw))
             bits = hdr["bitmap0"].astype(np.int64) << 32 | hdr["bitmap1"].astype(np.int64)
-            for pair in np.unique(bits[ok]).tolist():
+            for pair in set(bits[ok].tolist()):
                 if js.contribution(pair >> 32, pair & 0xFFFFFFFF) != js.full:
                     ok &= bits != pair
+            if not ok.any():                     # no complete aggregate of this job (collided packets)
+                fast &= ~this
+                continue
             seqs = job_seq & SEQ_MASK
             known = np.fromiter((s in js.pending or s in js.completed for s in seqs[ok].tolist()), np.bool_,
                                 int(ok.sum()))
             ok[np.nonzero(ok)[0][known]] = False
             # a sequence number that occurs twice in the batch: every occurrence goes the reference way
-            same_job = valid & (jobs == job)
-            _, inv, cnt = np.unique(seqs[same_job], return_inverse=True, return_counts=True)
-            twice = np.zeros(n, np.bool_)
-            twice[np.nonzero(same_job)[0]] = cnt[inv] > 1
-            fast &= ~this | (ok & ~twice)
-    start = 0
+            same_job = np.nonzero(valid & (jobs == job))[0]
+            listed = seqs[same_job].tolist()
+            counts = Counter(listed)
+            if len(counts) < len(listed):
+                twice = np.zeros(n, np.bool_)
+                twice[same_job[np.fromiter((counts[q] > 1 for q in listed), np.bool_, len(listed))]] = True
+                ok &= ~twice
+            fast &= ~this | ok
     fast_idx = np.nonzero(fast)[0]
+    if len(fast_idx) < SMALL_BATCH:
+        _one_by_one(ps, rows, lengths, keys, 0, n, now, out)
+        return out
+    start = 0
     # runs of fast packets (one job each) in place; everything between them through handle()
     k = 0
     while start < n:
@@ -166,7 +183,15 @@ def handle_batch(ps: ParameterServer, rows: np.ndarray, lengths: np.ndarray, key
             start = end
             continue
         stop = int(fast_idx[k]) if k < len(fast_idx) else n
-        for i in range(start, stop):
-            out.add_bytes(ps.handle(rows[i, :int(lengths[i])].tobytes(), key_addr(int(keys[i])), now))
+        _one_by_one(ps, rows, lengths, keys, start, stop, now, out)
         start = stop
     return out
+
+
+def _one_by_one(ps: ParameterServer, rows: np.ndarray, lengths: np.ndarray, keys: np.ndarray, start: int,
+                stop: int, now: float, out: BatchOutput) -> None:
+    """Packets ``start:stop`` through the per-packet reference, their outputs added to ``out`` at once."""
+    sends: list[tuple[tuple[str, int], bytes]] = []
+    for i, length, key in zip(range(start, stop), lengths[start:stop].tolist(), keys[start:stop].tolist()):
+        sends.extend(ps.handle(rows[i, :length].tobytes(), key_addr(key), now))
+    out.add_bytes(sends)
