@@ -27,7 +27,11 @@ unmarked ACKs.
 fragment, capped at ``2**max_backoff_exponent`` times the RTO) or overtaken by ``reorder_threshold``
 later ACKs is retransmitted with ``resend`` set; a loss halves the window once per loss episode (until
 every fragment in flight at the time of the decrease is acknowledged), as in TCP's fast recovery.
-Duplicate and stale ACKs are ignored.
+Duplicate and stale ACKs are ignored. A decrease is taken back (as TCP's undo of a spurious
+retransmission) when every fragment retransmitted with it comes back with the collision flag: a
+fragment that met another job's aggregator takes the longer way through the PS, and one worker's
+packet may have gone there while another's waits in a slot it reserved after the other job left,
+until a resend flushes it. Such a fragment is late, not lost; the path is not congested.
 
 **Fate sharing.** If the switch is gone (ICMP port unreachable on the socket connected to it, or no ACK
 for ``fallback_timeout`` seconds) the worker sends every unacknowledged fragment, and all later ones,
@@ -98,6 +102,7 @@ class WorkerStats:
     stale_acks: int = 0
     rejected_acks: int = 0         # datagrams that cannot be a result of this job (source, header)
     collided_fragments: int = 0
+    collision_undos: int = 0       # window decreases taken back: the "lost" fragments were collided, not lost
     overflow_fragments: int = 0
     fallback: bool = False
     fallback_reason: str = ""
@@ -347,6 +352,11 @@ class AtpWorker:
         last_progress = time.monotonic()
         next_timeout_pass = 0.0
         recover_point = 0      # loss-driven decreases: one per loss episode (until this fragment is acked)
+        # the window before the last loss-driven decrease, and the fragments it retransmitted: all of
+        # them acknowledged with the collision flag -> the decrease is taken back
+        undo: tuple[float, float] | None = None
+        suspects = np.zeros(nfrag, np.bool_)
+        n_suspects = 0
         refused0 = self.transport.refused
         ack_b0, ack_b1, job_id = self._ack_bitmap0, self._ack_bitmap1, self.job_id
         ps_key = self._ps_key
@@ -453,6 +463,17 @@ class AtpWorker:
                     if coll.any():
                         self._slot_collided[(base + new_i[coll]) % self.max_window] = True
                         stats.collided_fragments += int(coll.sum())
+                    if undo is not None:
+                        sus = suspects[new_i]
+                        if sus.any():
+                            suspects[new_i[sus]] = False
+                            n_suspects -= int(sus.sum())
+                            if not coll[sus].all():
+                                undo = None                  # one came back the switch's way: lost
+                            elif n_suspects == 0:
+                                cwnd, ssthresh = max(cwnd, undo[0]), max(ssthresh, undo[1])
+                                undo = None
+                                stats.collision_undos += 1
                     first_try = tries[new_i] == 1
                     if first_try.any():                         # the slowest fresh sample: no spurious RTO
                         self._rtt_sample(float(now - send_time[new_i[first_try]].min()))
@@ -473,11 +494,16 @@ class AtpWorker:
                         later_acks[seg] += np.where(open_, later, 0).astype(np.int32)
                         hit = np.nonzero(open_ & (later_acks[seg] >= self.reorder_threshold))[0]
                         if hit.size and lowest >= recover_point:
+                            undo, n_suspects = (cwnd, ssthresh), 0
+                            suspects[:] = False
                             ssthresh = cwnd = max(1.0, cwnd / 2)      # loss signal: multiplicative decrease
                             recover_point = nxt
                             stats.min_window = min(stats.min_window, cwnd)
                         if hit.size:
                             again = hit[:max(1, int(cwnd))] + lowest
+                            if undo is not None:
+                                n_suspects += int(np.count_nonzero(~suspects[again]))
+                                suspects[again] = True
                             later_acks[again] = 0
                             stats.fast_retransmits += len(again)
                             send(again, True)
@@ -493,9 +519,14 @@ class AtpWorker:
                 late = np.nonzero(~acked[seg] & (now - send_time[seg] > backoff))[0]
                 if late.size:
                     if lowest >= recover_point:
+                        undo, n_suspects = (cwnd, ssthresh), 0
+                        suspects[:] = False
                         ssthresh = cwnd = max(1.0, cwnd / 2)
                         recover_point = nxt
                         stats.min_window = min(stats.min_window, cwnd)
+                    if undo is not None:
+                        n_suspects += int(np.count_nonzero(~suspects[late + lowest]))
+                        suspects[late + lowest] = True
                     stats.timeouts += len(late)
                     later_acks[late + lowest] = 0
                     send(late + lowest, True)

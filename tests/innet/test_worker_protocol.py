@@ -104,6 +104,37 @@ def test_fast_retransmit_and_ack_filtering() -> None:
         fake.close()
 
 
+@pytest.mark.parametrize("collided", [True, False], ids=["collided", "lost"])
+def test_a_late_collided_fragment_takes_its_window_decrease_back(collided: bool) -> None:
+    """Overtaken by three later results, fragment 0 is retransmitted and the window halved; its result
+    then comes back with the collision flag (it took the longer way through the PS: late, not lost) and
+    the decrease is undone. Without the flag the loss stands."""
+    fake = FakeSwitch()
+    w = _worker(fake)
+    try:
+        x = np.arange(6 * V, dtype=np.float32)
+        t, box = _start(w, x)
+        sent = fake.recv_n(6)
+        results = {s: np.full(V, 100 + s, np.float32) for s in range(6)}
+        for s in (1, 2, 3):
+            fake.ack(s, results[s], idx=sent[s].agg_index)
+        assert fake.recv().seq == 0                                         # the fast retransmit
+        fake.ack(0, results[0], collision=collided)
+        for s in (4, 5):
+            fake.ack(s, results[s])
+        t.join(10)
+        out, stats = box["out"]
+        assert np.array_equal(out, np.concatenate([results[s] for s in range(6)]))
+        assert stats.fast_retransmits == 1 and stats.min_window == 8
+        if collided:
+            assert stats.collision_undos == 1 and stats.final_window == 16
+        else:
+            assert stats.collision_undos == 0 and stats.final_window < 9
+    finally:
+        w.close()
+        fake.close()
+
+
 def test_timeout_retransmits_with_resend_flag() -> None:
     fake = FakeSwitch()
     w = _worker(fake, rto_initial=0.1, rto_min=0.05)
