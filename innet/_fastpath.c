@@ -3,7 +3,7 @@
  * Same wire format and the same per-packet semantics as SoftwareSwitch.process (innet/switch.py, the
  * reference): length check, job lookup, source check (ACK only from the job's PS port, gradients only
  * from a registered member port), ECN mark, ACK free + multicast, resend flush, eligibility,
- * reserve / stale reclaim / hit / collide, bitmap dedup, fan-in guard, saturating int32 add, completion.
+ * reserve / stale reclaim / hit / collide (and the collided mark), bitmap dedup, fan-in guard, saturating int32 add, completion.
  *
  * The Python switch owns every table and register: the aggregator registers are the numpy arrays of
  * SoftwareSwitch (shared through the buffer protocol, written in place), the counters an int64 array
@@ -65,9 +65,9 @@ typedef struct {          /* one output: the bytes at arena[off:off+size] go to 
 typedef struct {
     PyObject_HEAD
     /* registers (buffers exported by the switch's numpy arrays) */
-    Py_buffer b_js, b_bm, b_cnt, b_ecn, b_ts, b_val, b_mi, b_mb1, b_mf, b_counters;
+    Py_buffer b_js, b_bm, b_cnt, b_ecn, b_ts, b_val, b_mi, b_mb1, b_mf, b_counters, b_col;
     int have_buffers;
-    uint32_t *js, *bm, *mb1;
+    uint32_t *js, *bm, *mb1, *col;
     int32_t *cnt, *val;
     uint8_t *ecn;
     double *ts;
@@ -243,6 +243,7 @@ static int process_one(Core *c, const uint8_t *pkt, Py_ssize_t len, uint32_t in_
     if (flags & FLAG_ACK) {
         n[C_ACKS]++;
         if (c->js[idx] == job_seq) free_slot(c, idx);
+        if (c->col[idx] == job_seq) c->col[idx] = 0;
         if (!job->group_exists) { n[C_DROPPED]++; return 0; }
         Py_ssize_t off = -1;
         for (Py_ssize_t g = 0; g < job->group_len; g++) {
@@ -288,6 +289,7 @@ static int process_one(Core *c, const uint8_t *pkt, Py_ssize_t len, uint32_t in_
         n[C_RECLAIMED]++;
         held = 0;
     }
+    if (held == 0 && c->col[idx] == job_seq) held = ~job_seq;   /* its first packet collided here: to the PS */
     if (held == 0) {
         c->js[idx] = job_seq;
         memset(c->val + idx * c->V, 0, (size_t)c->V * sizeof(int32_t));
@@ -295,6 +297,7 @@ static int process_one(Core *c, const uint8_t *pkt, Py_ssize_t len, uint32_t in_
         c->mb1[idx] = b1;
         c->mf[idx] = (uint16_t)(word & ~0x3Fu);
     } else if (held != job_seq) {
+        c->col[idx] = job_seq;
         n[C_COLLISIONS]++;
         n[C_FORWARDED]++;
         return forward_ps(c, job, pkt, (uint8_t)(marks | FLAG_COLLISION));
@@ -349,7 +352,7 @@ static int get_buf(PyObject *obj, Py_buffer *b, Py_ssize_t itemsize, Py_ssize_t 
 static void release_all(Core *c) {
     if (c->have_buffers) {
         Py_buffer *bs[] = {&c->b_js, &c->b_bm, &c->b_cnt, &c->b_ecn, &c->b_ts, &c->b_val, &c->b_mi, &c->b_mb1,
-                           &c->b_mf, &c->b_counters};
+                           &c->b_mf, &c->b_counters, &c->b_col};
         for (size_t i = 0; i < sizeof bs / sizeof bs[0]; i++)
             if (bs[i]->obj) PyBuffer_Release(bs[i]);
         c->have_buffers = 0;
@@ -367,13 +370,13 @@ static void Core_dealloc(Core *c) {
 
 static int Core_init(Core *c, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"job_seq", "bitmap", "counter", "ecn", "timestamp", "values", "meta_index",
-                             "meta_b1", "meta_fan", "counters", NULL};
-    PyObject *o[10];
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOOOOOO", kwlist, &o[0], &o[1], &o[2], &o[3], &o[4], &o[5],
-                                     &o[6], &o[7], &o[8], &o[9]))
+                             "meta_b1", "meta_fan", "counters", "collided", NULL};
+    PyObject *o[11];
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOOOOOOO", kwlist, &o[0], &o[1], &o[2], &o[3], &o[4], &o[5],
+                                     &o[6], &o[7], &o[8], &o[9], &o[10]))
         return -1;
     release_all(c);
-    memset(&c->b_js, 0, sizeof(Py_buffer) * 10);
+    memset(&c->b_js, 0, sizeof(Py_buffer) * 11);
     c->have_buffers = 1;
     if (PyObject_GetBuffer(o[0], &c->b_js, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
     if (c->b_js.itemsize != 4) { PyErr_SetString(PyExc_ValueError, "job_seq: expected uint32"); return -1; }
@@ -382,7 +385,8 @@ static int Core_init(Core *c, PyObject *args, PyObject *kw) {
         || get_buf(o[3], &c->b_ecn, 1, n, "ecn") < 0 || get_buf(o[4], &c->b_ts, 8, n, "timestamp") < 0
         || get_buf(o[6], &c->b_mi, 2, n, "meta_index") < 0 || get_buf(o[7], &c->b_mb1, 4, n, "meta_b1") < 0
         || get_buf(o[8], &c->b_mf, 2, n, "meta_fan") < 0
-        || get_buf(o[9], &c->b_counters, 8, C_NCOUNTERS, "counters") < 0)
+        || get_buf(o[9], &c->b_counters, 8, C_NCOUNTERS, "counters") < 0
+        || get_buf(o[10], &c->b_col, 4, n, "collided") < 0)
         return -1;
     if (PyObject_GetBuffer(o[5], &c->b_val, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
     if (n < 1 || c->b_val.itemsize != 4 || c->b_val.len % (4 * n) != 0 || c->b_val.len == 0) {
@@ -394,6 +398,7 @@ static int Core_init(Core *c, PyObject *args, PyObject *kw) {
     c->size = HEADER_SIZE + 4 * c->V;
     c->js = c->b_js.buf; c->bm = c->b_bm.buf; c->cnt = c->b_cnt.buf; c->ecn = c->b_ecn.buf; c->ts = c->b_ts.buf;
     c->val = c->b_val.buf; c->mi = c->b_mi.buf; c->mb1 = c->b_mb1.buf; c->mf = c->b_mf.buf;
+    c->col = c->b_col.buf;
     c->counters = c->b_counters.buf;
     c->ecn_threshold = INT64_MAX;
     c->stale = 2.0;

@@ -49,7 +49,7 @@ _INELIGIBLE0 = FLAG_EDGE | FLAG_OVERFLOW | FLAG_COLLISION
 _INELIGIBLE1 = FLAG_OVERFLOW | FLAG_COLLISION
 
 # slot state list layout (a per-batch copy of one aggregator's registers)
-_JS, _BM, _CNT, _ECN, _TS, _EPOCH, _IDX, _B1, _FAN = range(9)
+_JS, _BM, _CNT, _ECN, _TS, _EPOCH, _IDX, _B1, _FAN, _COL = range(10)
 
 
 # Complexity accepted: one pass over the batch with ATP's per-packet decisions in order.
@@ -92,6 +92,7 @@ def process_batch(sw: SoftwareSwitch, rows: np.ndarray, lengths: Sequence[int], 
         js_reg, bm_reg, cnt_reg = sw._job_seq, sw._bitmap, sw._counter
         ecn_reg, ts_reg = sw._ecn, sw._timestamp
         mi_reg, mb1_reg, mf_reg = sw._meta_index, sw._meta_b1, sw._meta_fan
+        col_reg = sw._collided
         # per job: (fan_in, ps_port, level, mcast_group, ports allowed to send gradients, ps_port mapped)
         member_ports: dict[int, set[int]] = {}
         for j, p in sw._members:
@@ -101,13 +102,13 @@ def process_batch(sw: SoftwareSwitch, rows: np.ndarray, lengths: Sequence[int], 
             for j, e in sw._jobs.items()}
         IDX = (heads["agg_index"].astype(np.int64) % nagg)
         # the touched aggregators' registers, fetched at once: [job_seq, bitmap, counter, ecn,
-        # timestamp, epoch (-1: the register's own), meta index, meta bitmap1, meta fan word]
+        # timestamp, epoch (-1: the register's own), meta index, meta bitmap1, meta fan word, collided]
         uniq = np.unique(IDX)
         slots: dict[int, list] = {
-            k: [a, b, c_, d, e, -1, f, g, h] for k, a, b, c_, d, e, f, g, h in zip(
+            k: [a, b, c_, d, e, -1, f, g, h, x] for k, a, b, c_, d, e, f, g, h, x in zip(
                 uniq.tolist(), js_reg[uniq].tolist(), bm_reg[uniq].tolist(), cnt_reg[uniq].tolist(),
                 ecn_reg[uniq].tolist(), ts_reg[uniq].tolist(), mi_reg[uniq].tolist(),
-                mb1_reg[uniq].tolist(), mf_reg[uniq].tolist())}
+                mb1_reg[uniq].tolist(), mf_reg[uniq].tolist(), col_reg[uniq].tolist())}
         IDX = IDX.tolist()
         epochs: list[list] = []            # [slot, continues the register's sum]
         epoch_rows: list[list[int]] = []   # the rows aggregated into each epoch, in order
@@ -144,6 +145,8 @@ def process_batch(sw: SoftwareSwitch, rows: np.ndarray, lengths: Sequence[int], 
                     st[_JS] = st[_BM] = st[_CNT] = 0
                     st[_ECN] = False
                     st[_EPOCH] = -2
+                if st[_COL] == job_seq:
+                    st[_COL] = 0
                 group = groups.get(mcast)
                 if group is None:
                     n_dropped += 1
@@ -196,6 +199,8 @@ def process_batch(sw: SoftwareSwitch, rows: np.ndarray, lengths: Sequence[int], 
                 st[_EPOCH] = -2
                 n_reclaim += 1
                 held = 0
+            if held == 0 and st[_COL] == job_seq:
+                held = -1                      # its fragment's first packet collided here: to the PS too
             if held == 0:
                 st[_JS] = job_seq
                 st[_IDX] = AI[i]
@@ -205,6 +210,7 @@ def process_batch(sw: SoftwareSwitch, rows: np.ndarray, lengths: Sequence[int], 
                 epochs.append([idx, False])
                 epoch_rows.append([])
             elif held != job_seq:
+                st[_COL] = job_seq
                 n_coll += 1
                 n_fwd += 1
                 if ps_ok:
@@ -266,6 +272,7 @@ def process_batch(sw: SoftwareSwitch, rows: np.ndarray, lengths: Sequence[int], 
             mi_reg[idxs] = [s[_IDX] for s in states]
             mb1_reg[idxs] = [s[_B1] for s in states]
             mf_reg[idxs] = [s[_FAN] for s in states]
+            col_reg[idxs] = [s[_COL] for s in states]
             if sums is not None:
                 last: dict[int, int] = {}
                 for e, ep in enumerate(epochs):

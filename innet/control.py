@@ -76,6 +76,7 @@ class AggregatorState:
     ecn: bool
     timestamp: float      # last-touched time, seconds (switch clock)
     values: np.ndarray = field(repr=False)  # int32[value_count]
+    collided: int = 0     # jobID+seq whose packet last collided here (its later packets follow to the PS)
 
 
 class SwitchControl(Protocol):

@@ -93,7 +93,8 @@ class CDataplane:
         self._counts = np.zeros(len(COUNTER_SLOTS), np.int64)
         sw = switch
         self._core = _fastpath.Core(sw._job_seq, sw._bitmap, sw._counter, sw._ecn.view(np.uint8), sw._timestamp,
-                                    sw._values, sw._meta_index, sw._meta_b1, sw._meta_fan, self._counts)
+                                    sw._values, sw._meta_index, sw._meta_b1, sw._meta_fan, self._counts,
+                                    sw._collided)
         self._version = -1
         #: datagrams sent / refused by serve() since the last fold (the server adds them to its transport)
         self.sent = 0

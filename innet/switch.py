@@ -20,7 +20,12 @@ Per gradient packet of a configured job, at aggregator ``aggregatorIndex mod num
 * **reserve / hit / collide**: a free aggregator (or one of another fragment whose timestamp is older than
   ``stale_timeout``, which is reclaimed) is reserved for the packet's jobID+seq; one held by the same
   jobID+seq is hit; one held by another live fragment is a *collision*: the packet gets the ``collision``
-  flag and goes to the PS unaggregated.
+  flag and goes to the PS unaggregated, and the aggregator remembers the collided jobID+seq
+  (``agg_collided``). A later packet of that jobID+seq follows the first to the PS even if the
+  aggregator is free by then: reserving it would strand that packet's contribution in a slot that
+  waits for one already at the PS, until a worker's resend flushes it (with three jobs on half the
+  aggregators they want, about one fragment in twenty did so before). The parameter packet of the
+  jobID+seq clears the mark.
 * **aggregate**: saturating int32 add of the payload, merge of the key bitmap, counter += contributions.
   A packet whose bits are all already in the bitmap is a duplicate and is dropped (never added twice).
 * **complete**: when the counter reaches the job's fan-in, the aggregate is emitted to the PS port with
@@ -103,6 +108,7 @@ class SoftwareSwitch(SwitchControl):
         self._counter = np.zeros(n, np.int32)
         self._ecn = np.zeros(n, np.bool_)
         self._timestamp = np.zeros(n, np.float64)
+        self._collided = np.zeros(n, np.uint32)     # jobID+seq that last collided here, 0: none
         self._values = np.zeros((n, self.value_count), np.int32)
         # what an emitted aggregate carries besides bitmap and values: the index as sent, bitmap1 of a
         # level-0 aggregate (the rack bit) and the fan-in word of the packets
@@ -175,6 +181,7 @@ class SoftwareSwitch(SwitchControl):
             held = np.nonzero((self._job_seq >> 24) == job_id)[0]
             for idx in held:
                 self._free(int(idx))
+            self._collided[(self._collided >> 24) == job_id] = 0
             self.config_version += 1
 
     def read_jobs(self) -> Sequence[JobEntry]:
@@ -268,7 +275,7 @@ class SoftwareSwitch(SwitchControl):
             return AggregatorState(index=index, job_seq=int(self._job_seq[index]),
                                    bitmap=int(self._bitmap[index]), counter=int(self._counter[index]),
                                    ecn=bool(self._ecn[index]), timestamp=float(self._timestamp[index]),
-                                   values=self._values[index].copy())
+                                   values=self._values[index].copy(), collided=int(self._collided[index]))
 
     def occupied(self) -> int:
         """Number of aggregators currently held."""
@@ -384,6 +391,8 @@ class SoftwareSwitch(SwitchControl):
                 c["acks"] += 1
                 if self._job_seq[idx] == h.job_seq:
                     self._free(idx)
+                if self._collided[idx] == h.job_seq:
+                    self._collided[idx] = 0
                 group = self._groups.get(job.mcast_group)
                 if group is None:
                     c["dropped"] += 1
@@ -420,6 +429,8 @@ class SoftwareSwitch(SwitchControl):
                 self._free(idx)
                 self.extra["reclaimed"] += 1
                 held = 0
+            if held == 0 and self._collided[idx] == h.job_seq:
+                held = -1                      # its fragment's first packet collided here: to the PS too
             if held == 0:
                 self._job_seq[idx] = h.job_seq
                 self._values[idx] = 0
@@ -427,6 +438,7 @@ class SoftwareSwitch(SwitchControl):
                 self._meta_b1[idx] = h.bitmap1
                 self._meta_fan[idx] = int.from_bytes(packet[8:10], "big") & ~0x3F
             elif held != h.job_seq:
+                self._collided[idx] = h.job_seq
                 c["collisions"] += 1
                 c["forwarded"] += 1
                 self._out(job.ps_port, _set_flags(packet, FLAG_COLLISION), out)

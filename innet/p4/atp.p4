@@ -131,6 +131,7 @@ struct metadata_t {
     bit<8>  count;                          /* agg_counter[index] */
     bit<1>  agg_ecn;                        /* agg_ecn[index] */
     bit<48> ts;                             /* agg_timestamp[index] */
+    bit<32> collided;                       /* agg_collided[index] */
 }
 
 /* ---------------------------------------------------------------- parser */
@@ -209,6 +210,8 @@ control AtpIngress(inout headers_t hdr, inout metadata_t meta, inout standard_me
     register<bit<8>>(NUM_AGGREGATORS)  agg_counter;
     register<bit<1>>(NUM_AGGREGATORS)  agg_ecn;
     register<bit<48>>(NUM_AGGREGATORS) agg_timestamp;
+    /* jobID+seq whose packet last collided at the slot: its later packets follow it to the PS */
+    register<bit<32>>(NUM_AGGREGATORS) agg_collided;
     register<bit<32>>(NUM_AGGREGATORS * VALUE_COUNT) agg_values;
 
     action drop_packet() {
@@ -341,6 +344,10 @@ control AtpIngress(inout headers_t hdr, inout metadata_t meta, inout standard_me
             if (meta.held == hdr.atp.job_seq) {
                 release_slot();
             }
+            agg_collided.read(meta.collided, meta.index);
+            if (meta.collided == hdr.atp.job_seq) {
+                agg_collided.write(meta.index, 0);
+            }
             if (meta.mcast_grp == 0) {
                 drop_packet();
                 dropped.count(0);
@@ -404,13 +411,17 @@ control AtpIngress(inout headers_t hdr, inout metadata_t meta, inout standard_me
             release_slot();
             meta.held = 0;
         }
-        if (meta.held == 0) {
+        agg_collided.read(meta.collided, meta.index);
+        if (meta.held == 0 && meta.collided != hdr.atp.job_seq) {
             agg_job_seq.write(meta.index, hdr.atp.job_seq);
             meta.bitmap = 0;
             meta.count = 0;
             meta.agg_ecn = 0;
         } else if (meta.held != hdr.atp.job_seq) {
-            /* Held by another live fragment: collision, the PS aggregates this one. */
+            /* Held by another live fragment -- or free, but this fragment's first packet collided here
+             * and went to the PS: reserving would strand this contribution. Collision: the PS
+             * aggregates this one, and the slot remembers the fragment. */
+            agg_collided.write(meta.index, hdr.atp.job_seq);
             hdr.atp.collision = 1;
             to_ps();
             collisions.count(0);

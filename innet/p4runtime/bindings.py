@@ -64,6 +64,7 @@ REGISTERS: dict[str, RegisterBinding] = {
     "agg_counter": RegisterBinding(field="counter"),
     "agg_ecn": RegisterBinding(field="ecn"),
     "agg_timestamp": RegisterBinding(field="timestamp"),
+    "agg_collided": RegisterBinding(field="collided"),
     "agg_values": RegisterBinding(field="values", per_lane=True),
     "ecn_threshold": RegisterBinding(read="ecn_threshold", write="set_ecn_threshold"),
 }

@@ -91,7 +91,7 @@ def _trace(rng: random.Random, V: int, n_agg: int, level: int, n: int) -> list[t
 
 def _registers(sw: SoftwareSwitch) -> dict:
     return {k: getattr(sw, k).copy() for k in ("_job_seq", "_bitmap", "_counter", "_ecn", "_timestamp",
-                                                "_values", "_meta_index", "_meta_b1", "_meta_fan")}
+                                                "_values", "_meta_index", "_meta_b1", "_meta_fan", "_collided")}
 
 
 def _run_both(trace, V, n_agg, level, rng):
@@ -131,7 +131,7 @@ def test_batch_equals_reference_on_random_traces(level: int, seed: int) -> None:
     rng = random.Random(seed * 31 + level)
     V = rng.choice((1, 4, 62))
     n_agg = rng.choice((1, 3, 8))
-    ref = _run_both(_trace(rng, V, n_agg, level, 400), V, n_agg, level, rng)
+    ref = _run_both(_trace(rng, V, n_agg, level, 600), V, n_agg, level, rng)
     c = ref.counters()
     # the traces exercise every path (else the comparison proves little)
     assert min(c["aggregated"], c["collisions"], c["resends"], c["acks"], c["dropped"], c["rejected"],

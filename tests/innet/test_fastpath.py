@@ -78,7 +78,7 @@ def test_c_equals_reference_on_random_traces(level: int, seed: int) -> None:
     rng = random.Random(seed * 31 + level)
     V = rng.choice((1, 4, 62))
     n_agg = rng.choice((1, 3, 8))
-    ref = _run_three(_trace(rng, V, n_agg, level, 400), V, n_agg, level, rng)
+    ref = _run_three(_trace(rng, V, n_agg, level, 600), V, n_agg, level, rng)
     c = ref.counters()
     assert min(c["aggregated"], c["collisions"], c["resends"], c["acks"], c["dropped"], c["rejected"],
                c["ecn_marked"], c["forwarded"]) > 0, c

@@ -147,12 +147,44 @@ def test_stale_aggregator_is_reclaimed() -> None:
     sw.process(grad(1, 0, [1, 1, 1, 1]), 1, 0.0)
     out = sw.process(grad(2, 0, [5, 5, 5, 5]), 1, 0.5)          # not stale yet: collision
     assert decode(out[0][1], V).collision
-    assert sw.process(grad(2, 0, [5, 5, 5, 5]), 1, 1.6) == []   # stale: reclaimed and reserved
+    assert sw.process(grad(3, 0, [5, 5, 5, 5]), 1, 1.6) == []   # stale: reclaimed and reserved
     s = sw.read_aggregator(0)
-    assert s.job_seq == (1 << 24) | 2 and s.values.tolist() == [5, 5, 5, 5] and s.counter == 1
+    assert s.job_seq == (1 << 24) | 3 and s.values.tolist() == [5, 5, 5, 5] and s.counter == 1
     assert sw.extra["reclaimed"] == 1
     assert sw.reclaim_stale(2.0) == 0
     assert sw.reclaim_stale(2.7) == 1 and sw.occupied() == 0
+
+
+def test_a_collided_fragment_sends_its_later_packets_to_the_ps_too() -> None:
+    """Job 2's fragment meets job 1's aggregator with its first packet; when the second arrives the
+    aggregator is free, but reserving it would strand that contribution: it follows the first to the PS
+    (the PS holds one of two, the switch the other, and neither completes until a resend)."""
+    sw = make_switch(jobs=(1, 2))
+    assert sw.process(grad(1, 0, [1, 1, 1, 1]), 1, 0.0) == []                # job 1 reserves slot 0
+    out = sw.process(grad(7, 0, [2, 2, 2, 2], job=2), 4, 0.0)                 # job 2 collides
+    assert out[0][0] == PS + 1 and decode(out[0][1], V).collision
+    assert sw.read_aggregator(0).collided == (2 << 24) | 7
+    sw.process(ack(1), PS, 0.1)                                                 # job 1 done: slot free
+    assert sw.occupied() == 0
+    out = sw.process(grad(7, 1, [3, 3, 3, 3], job=2), 5, 0.2)
+    assert len(out) == 1 and out[0][0] == PS + 1                                # to the PS, unaggregated
+    got = decode(out[0][1], V)
+    assert got.collision and got.bitmap0 == 0b10 and got.values.tolist() == [3, 3, 3, 3]
+    assert sw.occupied() == 0 and sw.counters()["collisions"] == 2
+    # another fragment of job 2 is not affected; the fragment's parameter packet clears the mark
+    assert sw.process(grad(8, 0, [4, 4, 4, 4], job=2), 4, 0.3) == [] and sw.occupied() == 1
+    sw.process(ack(8, job=2), PS + 1, 0.3)
+    sw.process(ack(7, job=2), PS + 1, 0.4)
+    assert sw.read_aggregator(0).collided == 0
+    assert sw.process(grad(7, 0, [5, 5, 5, 5], job=2), 4, 0.5) == [] and sw.read_aggregator(0).job_seq == (2 << 24) | 7
+
+
+def test_deleting_a_job_clears_its_collision_marks() -> None:
+    sw = make_switch(jobs=(1, 2))
+    sw.process(grad(1, 0, [1, 1, 1, 1]), 1, 0.0)
+    sw.process(grad(7, 0, [2, 2, 2, 2], job=2), 4, 0.0)
+    sw.delete_job(2)
+    assert sw.read_aggregator(0).collided == 0
 
 
 def test_ecn_marking_by_queue_depth() -> None:
