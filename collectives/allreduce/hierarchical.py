@@ -182,15 +182,19 @@ class HierarchicalPath(RingPath, DoublingPath):
         group = topo.group(me)
         j = group.index(me)
         ring = [g[j] for g in topo.groups]
+        result = np.empty_like(src) if out is None else out.reshape(-1)
         if local is not None:
+            # this rank's share is one block of the result: reduced into its place, ringed there, and
+            # left there by the allgather (see shm.pieces)
+            from .shm import pieces
+            share = pieces(src.size, src.itemsize, self._slot_bytes(), len(group), j)
             try:
-                part = local.reduce_scatter(value, t)
+                part = local.reduce_scatter(value, t, out=result[share[0][0]:share[-1][1]])
             except MismatchError as e:
                 raise self._failed(e, f"in allreduce() call {call}", call) from None
         else:
             part = self._local_reduce_scatter(src, value, call, t, group)
         part = self._ring(part, call, t, part, ranks=ring, kind="R", cross_host=True)
-        result = np.empty_like(src) if out is None else out.reshape(-1)
         if local is not None:
             local.allgather(part, result, t)
         else:

@@ -256,30 +256,37 @@ class ShmAllReduce:
             raise
         return result
 
-    def reduce_scatter(self, value: np.ndarray, t: float) -> np.ndarray:
-        """Reduce ``value`` with every member's; this member gets its pieces of the result (see
-        :func:`pieces`) concatenated. One wait per slot: each member reduces its piece of every chunk
-        from all input slots itself."""
+    def reduce_scatter(self, value: np.ndarray, t: float, out: np.ndarray | None = None) -> np.ndarray:
+        """Reduce ``value`` with every member's; this member gets its share of the result (see
+        :func:`pieces`), into ``out`` if given (that many elements, e.g. the share's own place in the
+        caller's result; it may be ``value``'s). One wait per slot: each member reduces its piece of
+        every round from all input slots itself."""
         self._usable()
         src = np.ascontiguousarray(value).reshape(-1)
         seq, stride, me, n = self.seq, self.stride, self.i, self.n
         ins, _ = self._slot_views(src.dtype)
         ufunc = self.op.reduction.ufunc
-        mine = pieces(src.size, src.itemsize, self.chunk, n, me)
-        part = np.empty(sum(b - a for a, b in mine), src.dtype)
+        shares = [pieces(src.size, src.itemsize, self.chunk, n, x) for x in range(n)]
+        mine = shares[me]
+        per = _per_member(src.itemsize, self.chunk, n)
+        size = sum(b - a for a, b in mine)
+        part = np.empty(size, src.dtype) if out is None else out
+        if part.shape != (size,) or part.dtype != src.dtype:
+            raise ValueError(f"reduce_scatter: out must be {size} elements of {src.dtype}, got {part.shape} "
+                             f"{part.dtype}")
         deadline = time.monotonic() + t
-        step = max(1, self.chunk // src.itemsize)
         try:
             pos = 0
-            for c, a in enumerate(range(0, src.size, step)):
-                b = min(src.size, a + step)
+            for c, (a, b) in enumerate(mine):
                 k = self.round + 1
                 par = k & 1
-                lo, hi = mine[c][0] - a, mine[c][1] - a
-                # the others read their pieces of this chunk from the slot; this rank's own piece
+                # the others read their pieces of this round from the slot; this rank's own piece
                 # stays in src (only this rank reads it)
-                ins[par][me][:lo] = src[a:a + lo]
-                ins[par][me][hi:b - a] = src[a + hi:b]
+                slot = ins[par][me]
+                for x in range(n):
+                    if x != me:
+                        xa, xb = shares[x][c]
+                        slot[x * per:x * per + xb - xa] = src[xa:xb]
                 if c == 0:
                     base = me * stride + _DESC * par
                     seq[base + _NBYTES] = src.nbytes
@@ -288,16 +295,16 @@ class ShmAllReduce:
                 self._await(_IN_SEQ, k, deadline, t, "chunk")
                 if c == 0:
                     self._check_same(src, value.shape, par)
-                dst = part[pos:pos + hi - lo]
+                dst = part[pos:pos + b - a]
                 # in rank order, as every rank reduces (bit-identical results)
-                inputs = [src[a + lo:a + hi] if j == me else ins[par][j][lo:hi] for j in range(n)]
+                inputs = [src[a:b] if j == me else ins[par][j][me * per:me * per + b - a] for j in range(n)]
                 if n == 1:
                     dst[...] = inputs[0]
                 else:
                     ufunc(inputs[0], inputs[1], out=dst)
                     for j in range(2, n):
                         ufunc(dst, inputs[j], out=dst)
-                pos += hi - lo
+                pos += b - a
                 self.round = k
         except BaseException as e:
             self.failed = e
@@ -305,19 +312,22 @@ class ShmAllReduce:
         return part
 
     def allgather(self, part: np.ndarray, result: np.ndarray, t: float) -> None:
-        """Every member's ``part`` (its pieces, as :meth:`reduce_scatter` returned them) into every
-        member's ``result`` (flat): per chunk, each writes its piece into the output slot, and once all
-        have, copies the others' pieces out (one wait per slot, two in the first)."""
+        """Every member's ``part`` (its share, as :meth:`reduce_scatter` returned it) into every member's
+        ``result`` (flat): per round, each writes its piece into the output slot, and once all have,
+        copies the others' pieces out (one wait per slot, two in the first). A ``part`` that is the
+        share's own place in ``result`` is not copied."""
         self._usable()
         seq, stride, me, n = self.seq, self.stride, self.i, self.n
         _, outs = self._slot_views(result.dtype)
-        mine = pieces(result.size, result.itemsize, self.chunk, n, me)
+        shares = [pieces(result.size, result.itemsize, self.chunk, n, x) for x in range(n)]
+        mine = shares[me]
+        per = _per_member(result.itemsize, self.chunk, n)
+        in_place = bool(mine) and part.size > 0 and part.dtype == result.dtype \
+            and part.ctypes.data == result.ctypes.data + mine[0][0] * result.itemsize
         deadline = time.monotonic() + t
-        step = max(1, self.chunk // result.itemsize)
         try:
             pos = 0
-            for c, a in enumerate(range(0, result.size, step)):
-                b = min(result.size, a + step)
+            for c, (a, b) in enumerate(mine):
                 k = self.round + 1
                 par = k & 1
                 seq[me * stride + _IN_SEQ] = k
@@ -326,15 +336,18 @@ class ShmAllReduce:
                     # later rounds the wait for the pieces of round k - 1 said so already: a rank
                     # publishes its piece of a round only after it copied the round before out
                     self._await(_IN_SEQ, k, deadline, t, "start of a gather round")
-                lo, hi = mine[c][0] - a, mine[c][1] - a
-                outs[par][lo:hi] = part[pos:pos + hi - lo]
+                slot = outs[par]
+                slot[me * per:me * per + b - a] = part[pos:pos + b - a]
                 seq[me * stride + _OUT_SEQ] = k
                 # this rank's own piece comes from part, the others' from the slot once written
-                result[a + lo:a + hi] = part[pos:pos + hi - lo]
-                pos += hi - lo
+                if not in_place:
+                    result[a:b] = part[pos:pos + b - a]
+                pos += b - a
                 self._await(_OUT_SEQ, k, deadline, t, "gathered piece")
-                result[a:a + lo] = outs[par][:lo]
-                result[a + hi:b] = outs[par][hi:b - a]
+                for x in range(n):
+                    if x != me:
+                        xa, xb = shares[x][c]
+                        result[xa:xb] = slot[x * per:x * per + xb - xa]
                 self.round = k
         except BaseException as e:
             self.failed = e
@@ -569,14 +582,24 @@ class ShmAllReduce:
 
 
 def pieces(total: int, itemsize: int, chunk_bytes: int, n: int, i: int) -> list[tuple[int, int]]:
-    """Member ``i`` of ``n``'s share of an array of ``total`` elements cut into ``chunk_bytes`` chunks:
-    per chunk ``[a, b)`` of ``m`` elements, elements ``a + m*i//n .. a + m*(i+1)//n``."""
-    step = max(1, chunk_bytes // itemsize)
-    out = []
-    for a in range(0, total, step):
-        m = min(total, a + step) - a
-        out.append((a + m * i // n, a + m * (i + 1) // n))
-    return out
+    """Member ``i`` of ``n``'s share of an array of ``total`` elements, round by round.
+
+    The share is one contiguous block, elements ``total*i//n .. total*(i+1)//n`` (so a reduce-scatter can
+    write it straight into the caller's result and an allgather need not copy it back), cut into
+    pieces of at most ``chunk_bytes // n`` bytes: round ``r`` of the shared-memory slots holds piece
+    ``r`` of every member, member ``x``'s at element ``x * (chunk_bytes // itemsize // n)`` of the slot.
+    Every member has the same number of rounds (a piece can be empty)."""
+    if total <= 0:
+        return []
+    per = _per_member(itemsize, chunk_bytes, n)
+    lo, hi = total * i // n, total * (i + 1) // n
+    rounds = -(-(-(-total // n)) // per)
+    return [(min(hi, lo + r * per), min(hi, lo + (r + 1) * per)) for r in range(rounds)]
+
+
+def _per_member(itemsize: int, chunk_bytes: int, n: int) -> int:
+    """Elements of one member's piece in a slot round (see :func:`pieces`)."""
+    return max(1, chunk_bytes // itemsize // n)
 
 
 def _create(size: int, n: int) -> shm.Segment:

@@ -143,7 +143,7 @@ HOSTS = {
     6: {0: "a", 1: "b", 2: "c", 3: "d", 4: "e", 5: "e"},
     7: {0: "a", 1: "b", 2: "c", 3: "a", 4: "b", 5: "c"},   # 3 hosts x 2, interleaved: one ring per local rank
 }
-SIZES = [1, 5, 1000, 70_000]
+SIZES = [1, 5, 1000, 70_000, 70_001]      # odd: shares of one element more or less
 
 
 def _allreduce_all(ctx, via: str, reduce: str, dtype: str, sizes: list[int]) -> list[np.ndarray]:
