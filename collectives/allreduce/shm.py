@@ -593,7 +593,8 @@ def pieces(total: int, itemsize: int, chunk_bytes: int, n: int, i: int) -> list[
         return []
     per = _per_member(itemsize, chunk_bytes, n)
     lo, hi = total * i // n, total * (i + 1) // n
-    rounds = -(-(-(-total // n)) // per)
+    largest = -(-total // n)                     # the largest share (they differ by one element at most)
+    rounds = -(-largest // per)
     return [(min(hi, lo + r * per), min(hi, lo + (r + 1) * per)) for r in range(rounds)]
 
 
