@@ -27,12 +27,28 @@ from collections.abc import Iterable, Mapping, Sequence
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Topology", "assign_ranks", "from_channel", "host_name"]
+__all__ = ["Topology", "assign_ranks", "from_channel", "host_name", "ranks_on_this_kernel"]
 
 
 def host_name(hid: str) -> str:
     """The hostname part of a host id (``hostname/boot/netns``)."""
     return hid.split("/", 1)[0] if hid else "?"
+
+
+def kernel_of(hid: str) -> str:
+    """The machine of a host id: its boot id (``hostname/boot/netns``), which every container and network
+    namespace of one running kernel shares; the whole id where it has no such part."""
+    parts = hid.split("/")
+    return parts[1] if len(parts) == 3 and parts[1] not in ("", "no-boot-id") else hid
+
+
+def ranks_on_this_kernel(hosts: Sequence[str] | Mapping[int, str], rank: int) -> int:
+    """How many of the ranks in ``hosts`` (rank -> host id) run on ``rank``'s machine, i.e. share its
+    cores: hosts that are namespaces or containers of one kernel count together (the emulated cluster
+    of :mod:`twisternet.testbed` puts all its hosts on one machine's cores)."""
+    ids = dict(enumerate(hosts)) if isinstance(hosts, Sequence) else hosts
+    mine = kernel_of(ids[rank])
+    return sum(1 for h in ids.values() if kernel_of(h) == mine)
 
 
 class Topology:

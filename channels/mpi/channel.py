@@ -14,6 +14,7 @@ from twisternet.bootstrap.addresses import host_id
 from twisternet.channel import MAX_EDGE, Buffer, Channel, ChannelHandler
 from twisternet.config import busy_poll_seconds
 from twisternet.errors import ClosedError, ConfigError, PeerLostError, TwisternetError
+from twisternet.topology import ranks_on_this_kernel
 
 from .. import shm_slots
 from ..buffers import BufferCache
@@ -120,9 +121,10 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Requ
         self._poll_lock = threading.Lock()
         self._poll_owner = 0
         # busy_poll_us -1 (auto): the 1 ms window this channel has always polled after activity, unless
-        # the ranks on this host outnumber its cores or the machine is busy: then a polling rank takes
-        # the core (and its engine thread the GIL) from the one whose message it waits for
-        here = sum(1 for h in self.hosts if h == self.hosts[self.rank])
+        # the ranks on this machine (whatever namespace each is in) outnumber its cores or the machine
+        # is busy: then a polling rank takes the core (and its engine thread the GIL) from the one whose
+        # message it waits for
+        here = ranks_on_this_kernel(self.host_ids, self.rank)
         self._busy_poll = busy_poll_seconds(config, here, auto=1e-3)
 
         self._requests = RequestTable(MPI)

@@ -19,7 +19,7 @@ from ..config import Config, busy_poll_seconds
 from ..errors import ClosedError, OperationTimeout, TwisternetError
 from ..framing import BufferPool
 from ..task_plan import TaskPlan
-from ..topology import from_channel
+from ..topology import from_channel, ranks_on_this_kernel
 from .coflow_pump import CoflowPump
 from .engine import ProgressEngine
 from .inbound import Inbound
@@ -132,6 +132,12 @@ class Context(Outbound, OwnSend, ProgressEngine, Inbound, PeerLoss, Lifecycle):
         #: a progress thread (manual mode has no one to receive while a sender waits for socket room),
         #: a channel that can push, and no coflow scheduler (which decides the order of all sends).
         self._can_push = self._thread is not None and self.channel.can_push and self.coflows is None
+
+    @property
+    def busy_poll(self) -> float:
+        """Seconds a waiting thread busy-polls before it sleeps (config ``busy_poll_us``; 0: never, e.g.
+        when the ranks on this machine outnumber its cores)."""
+        return self._busy_poll
 
     @property
     def tasks(self) -> list[int]:
@@ -365,10 +371,10 @@ class Context(Outbound, OwnSend, ProgressEngine, Inbound, PeerLoss, Lifecycle):
 
 
 def _ranks_on_this_host(channel: Channel) -> int:
-    """How many of the job's ranks share this rank's host, where the channel knows (the TCP bootstrap
-    table); else the whole job (the safe guess: more ranks than cores means no busy polling)."""
+    """How many of the job's ranks share this rank's cores, where the channel knows (the TCP bootstrap
+    table: the ranks on this machine, whatever namespace or container each is in); else the whole job
+    (the safe guess: more ranks than cores means no busy polling)."""
     hosts = from_channel(channel)
     if hosts is None or channel.rank not in hosts:
         return channel.world
-    mine = hosts[channel.rank]
-    return sum(1 for h in hosts.values() if h == mine)
+    return ranks_on_this_kernel(hosts, channel.rank)
