@@ -373,3 +373,15 @@ def test_a_rank_lost_on_another_host_ends_every_hierarchical_call(dies: int) -> 
         run_local(4, body, plan=plan, timeout=90)
     assert sorted(seen) == sorted({0, 1, 2, 3} - {dies})
     assert all(name == PeerLostError.__name__ and took < 50 for name, took in seen.values()), seen
+
+
+def test_ranks_on_this_kernel_count_namespaces_of_one_machine_together() -> None:
+    """The busy-poll rule counts the ranks that share this machine's cores: network namespaces (the
+    emulated cluster's hosts) and containers of one kernel share its boot id."""
+    from twisternet.topology import kernel_of, ranks_on_this_kernel
+    ids = ["h0/boot-a/1", "h0/boot-a/1", "h1/boot-a/2", "h1/boot-a/2", "h2/boot-b/1", "odd", "odd"]
+    assert kernel_of("h0/boot-a/1") == "boot-a" and kernel_of("odd") == "odd"
+    assert kernel_of("h/no-boot-id/3") == "h/no-boot-id/3"         # no boot id: the whole id
+    assert ranks_on_this_kernel(ids, 0) == 4 and ranks_on_this_kernel(ids, 3) == 4
+    assert ranks_on_this_kernel(ids, 4) == 1 and ranks_on_this_kernel(ids, 5) == 2
+    assert ranks_on_this_kernel(dict(enumerate(ids)), 2) == 4
