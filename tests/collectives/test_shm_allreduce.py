@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ import collectives as C
 from collectives.allreduce import shm as shm_allreduce
 from tests.jobs import assert_survivors_saw_the_kill, lines, run_tcp
 from twisternet.errors import ConfigError, OperationTimeout
+from twisternet import futex
 from twisternet.testing import run_local
 
 from tests.collectives.launchers import run_scenario
@@ -185,3 +187,35 @@ def test_a_killed_rank_is_reported_by_the_spinning_survivors() -> None:
     assert len(lines(p, "SHM")) == 3 and all("used=True" in x for x in lines(p, "SHM")), p.stdout + p.stderr
     assert_survivors_saw_the_kill(p, victim=2, survivors=2, within=10)
     assert segments() == before
+
+
+@pytest.mark.skipif(not futex.available(), reason="futex: Linux on x86-64 only")
+def test_ranks_that_may_not_spin_sleep_in_the_kernel_and_are_woken(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With busy polling off (ranks outnumber cores), a rank that waits for a late one sleeps on the
+    header word (twisternet.futex) and the late one's publication wakes it. The sleeps' time slice is
+    made a minute here: without the wake-up the 20 calls would take 20 minutes, not well under one."""
+    monkeypatch.setattr(shm_allreduce, "_SLEEP_SLICE", 60.0)
+    sleeps = []
+    real = futex.wait
+
+    def spy(addr: int, seen: int, timeout: float) -> None:
+        sleeps.append(timeout)
+        real(addr, seen, timeout)
+    monkeypatch.setattr(futex, "wait", spy)
+
+    def body(ctx):
+        op = C.AllReduce(ctx, edge=1, op="sum", via="shm")
+        out = []
+        for i in range(20):
+            if ctx.rank == 0:
+                time.sleep(0.005)                  # the others wait past their spinning
+            out.append(op.allreduce(np.full(64, float(i + ctx.rank)), timeout=300))
+        return out
+
+    t0 = time.monotonic()
+    res = run_local(3, body, timeout=600, busy_poll_us=0)
+    for r in range(3):
+        for i, got in enumerate(res[r]):
+            assert np.array_equal(got, np.full(64, 3.0 * i + 3))
+    assert sleeps and max(sleeps) > 30            # they slept, with the long slice
+    assert time.monotonic() - t0 < 50             # and were woken, every time
