@@ -48,7 +48,10 @@ def main() -> None:
         extra = {"ring_threshold": int(threshold)} if threshold else {}
         with tn.init(timeout=900) as ctx:
             ar = AllReduce(ctx, edge=1, op="sum", via=via, **extra)
-            bar = AllReduce(ctx, edge=2, op="sum", via="tree")
+            # the barrier before each timed call: "auto" (hierarchical, recursive doubling between the
+            # hosts) lets every rank out at about the same time; a tree's root and first children left
+            # it hundreds of microseconds before the last leaf, and timed that skew into small calls
+            bar = AllReduce(ctx, edge=2, op="sum", via="auto")
             one = np.ones(1, np.int64)
             rank, world = ctx.rank, ctx.world
             res = timed([int(s) for s in sizes.split(",")], [int(r) for r in reps.split(",")],
