@@ -188,6 +188,8 @@ def _trace(rng: np.random.Generator, V: int, n: int) -> list[tuple[bytes, tuple[
             src = STRANGER                                     # forged source
         elif kind < 0.27:
             b0, flags = 1 << int(rng.integers(0, 2)), FLAG_EDGE | FLAG_RESEND    # a partial flush
+        elif kind < 0.45 and job == 1:
+            b0, flags = 1 << int(rng.integers(0, 2)), FLAG_COLLISION             # a collided worker packet
         flags |= int(rng.choice([0, 0, 0, FLAG_COLLISION, FLAG_ECN, FLAG_OVERFLOW, FLAG_ACK, FLAG_RESEND]))
         payload = rng.integers(-2**20, 2**20, V).astype(">i4")
         if flags & FLAG_OVERFLOW:
