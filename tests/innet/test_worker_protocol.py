@@ -73,13 +73,18 @@ def _worker(fake: FakeSwitch, **kw) -> AtpWorker:
     return AtpWorker(1, 0, 2, fake.address, ("127.0.0.1", 9), **opts)
 
 
+def _six_fragments(w: AtpWorker, fake: FakeSwitch):
+    """Start an allreduce of 6 fragments (values 0..6V-1) on ``w``; its thread, result box, and the six
+    packets as the fake switch got them."""
+    t, box = _start(w, np.arange(6 * V, dtype=np.float32))
+    return t, box, fake.recv_n(6)
+
+
 def test_fast_retransmit_and_ack_filtering() -> None:
     fake = FakeSwitch()
     w = _worker(fake)
     try:
-        x = np.arange(6 * V, dtype=np.float32)
-        t, box = _start(w, x)
-        sent = fake.recv_n(6)
+        t, box, sent = _six_fragments(w, fake)
         assert [p.seq for p in sent] == list(range(6))
         assert not any(p.resend for p in sent)
         assert np.array_equal(sent[2].values, np.arange(8, 12))             # scale 1: exact ints
@@ -112,9 +117,7 @@ def test_a_late_collided_fragment_takes_its_window_decrease_back(collided: bool)
     fake = FakeSwitch()
     w = _worker(fake)
     try:
-        x = np.arange(6 * V, dtype=np.float32)
-        t, box = _start(w, x)
-        sent = fake.recv_n(6)
+        t, box, sent = _six_fragments(w, fake)
         results = {s: np.full(V, 100 + s, np.float32) for s in range(6)}
         for s in (1, 2, 3):
             fake.ack(s, results[s], idx=sent[s].agg_index)
