@@ -83,7 +83,8 @@ class Config:
     spin_time: float = 0.0002
     #: Microseconds a thread waiting for a reply (``wait_until``, blocked sends) busy-polls the channel
     #: itself before it sleeps in the channel's poll. -1 (auto): ``spin_time`` when the job's ranks on
-    #: this host and the threads of other programs that want a core at start-up (the median of a few
+    #: this machine (every namespace and container of one kernel: ``topology.ranks_on_this_kernel``)
+    #: and the threads of other programs that want a core at start-up (the median of a few
     #: readings of the running count, not the load average, which remembers the last minute) fit the
     #: cores this process may use (then a poll finds the reply sooner than a sleeping process is
     #: woken), else 0: on an oversubscribed job or machine a spinning rank takes the core from the
