@@ -77,10 +77,10 @@ def _switch_key(js: _JobState) -> int | None:
         return None
 
 
-def _complete(ps: ParameterServer, js: _JobState, rows: np.ndarray, hdr: np.ndarray, out: BatchOutput) -> None:
-    """Parameter packets for ``rows``, each a complete switch aggregate of a new fragment of ``js``."""
-    cfg, st = js.cfg, js.stats
-    m = len(rows)
+def _count(js: _JobState, hdr: np.ndarray) -> None:
+    """The statistics of ``handle`` for complete switch aggregates with headers ``hdr`` (any order)."""
+    st = js.stats
+    m = len(hdr)
     fl = hdr["flags"].astype(np.int64)
     st.packets += m
     st.resends += int(np.count_nonzero(fl & FLAG_RESEND))
@@ -89,6 +89,14 @@ def _complete(ps: ParameterServer, js: _JobState, rows: np.ndarray, hdr: np.ndar
     st.raw += m - edge
     st.collisions += int(np.count_nonzero(fl & FLAG_COLLISION))
     st.completed += m
+
+
+def _params(ps: ParameterServer, js: _JobState, rows: np.ndarray, hdr: np.ndarray) -> np.ndarray:
+    """The parameter packets of ``rows``, each a complete switch aggregate of a new fragment of ``js``
+    (no state is touched)."""
+    cfg = js.cfg
+    m = len(rows)
+    fl = hdr["flags"].astype(np.int64)
     racks = len(js.rack_masks)
     params = np.empty((m, ps.packet_size), np.uint8)
     head = np.empty(m, HEADER_DTYPE)
@@ -107,13 +115,21 @@ def _complete(ps: ParameterServer, js: _JobState, rows: np.ndarray, hdr: np.ndar
         np.multiply(values.astype(np.float32), np.float32(1.0 / cfg.scale), out=result)
     else:
         result[...] = values.astype(np.int64) / cfg.scale
-    seqs = (hdr["job_seq"] & SEQ_MASK).tolist()
+    return params
+
+
+def _keep_and_send(js: _JobState, params: np.ndarray, seqs: list[int], out: BatchOutput) -> None:
+    """Keep ``params`` (rows of the fragments ``seqs``) as completed, as ``handle`` does, and send each to
+    the switch and to the workers that send directly (as they stand now: a packet before may have
+    added one)."""
+    cfg = js.cfg
     for k, seq in enumerate(seqs):
         js.completed[seq] = params[k]         # a row of params: the matrix stays alive, no copy
     while len(js.completed) > cfg.keep:
         js.completed.popitem(last=False)
     dests = ([addr_key(cfg.switch_addr)] if cfg.switch_addr else []) + [addr_key(a) for a in js.direct.values()]
     if dests:
+        m = len(params)
         out.add(params, np.repeat(np.arange(m), len(dests)), np.tile(np.array(dests, np.uint64), m))
 
 
@@ -167,19 +183,35 @@ def handle_batch(ps: ParameterServer, rows: np.ndarray, lengths: np.ndarray, key
     if len(fast_idx) < SMALL_BATCH:
         _one_by_one(ps, rows, lengths, keys, 0, n, now, out)
         return out
+    # every fast packet's parameter packet at once per job (no state touched: a job's fast packets
+    # are fragments no other packet of the batch names); then in packet order, runs of fast packets
+    # kept and sent as handle() would at their place, everything between them through handle()
+    built: dict[int, tuple[np.ndarray, dict[int, int]]] = {}
+    with ps._lock:
+        for job in sorted(set(jobs[fast_idx].tolist())):
+            js = ps._jobs.get(job)
+            if js is None:
+                continue
+            where = fast_idx[jobs[fast_idx] == job]
+            _count(js, hdr[where])
+            built[job] = (_params(ps, js, rows[where], hdr[where]), {int(r): k for k, r in enumerate(where)})
+    seq_of = (job_seq & SEQ_MASK).tolist()
+    job_of = jobs.tolist()
     start = 0
-    # runs of fast packets (one job each) in place; everything between them through handle()
     k = 0
     while start < n:
         if k < len(fast_idx) and fast_idx[k] == start:
             end = start
-            while k < len(fast_idx) and fast_idx[k] == end and jobs[end] == jobs[start]:
+            while k < len(fast_idx) and fast_idx[k] == end and job_of[end] == job_of[start]:
                 end += 1
                 k += 1
+            job = job_of[start]
             with ps._lock:
-                js = ps._jobs.get(int(jobs[start]))
-                if js is not None:
-                    _complete(ps, js, rows[start:end], hdr[start:end], out)
+                js = ps._jobs.get(job)
+                if js is not None and job in built:
+                    params, row_of = built[job]
+                    first = row_of[start]                 # a run is consecutive in its job's matrix too
+                    _keep_and_send(js, params[first:first + end - start], seq_of[start:end], out)
             start = end
             continue
         stop = int(fast_idx[k]) if k < len(fast_idx) else n
