@@ -186,10 +186,8 @@ class HierarchicalPath(RingPath, DoublingPath):
         if local is not None:
             # this rank's share is one block of the result: reduced into its place, ringed there, and
             # left there by the allgather (see shm.pieces)
-            from .shm import pieces
-            share = pieces(src.size, src.itemsize, self._slot_bytes(), len(group), j)
             try:
-                part = local.reduce_scatter(value, t, out=result[share[0][0]:share[-1][1]])
+                part = local.reduce_scatter(value, t, result)
             except MismatchError as e:
                 raise self._failed(e, f"in allreduce() call {call}", call) from None
         else:

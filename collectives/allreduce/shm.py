@@ -147,8 +147,9 @@ class ShmAllReduce:
         self.failed: BaseException | None = None
         self.seq = memoryview(mm).cast("B")[: self.n * _HDR].cast("q")   # int64 headers
         self.stride = _HDR // 8
-        # waiters sleep on a header word in the kernel (twisternet.futex) once spinning is over; every
-        # publication wakes them. The address is read once (no buffer export stays behind).
+        # waiters sleep on a header word in the kernel (twisternet.futex) once spinning is over; a
+        # publication wakes them if one said it sleeps there (see _publish). The address is read once
+        # (no buffer export stays behind).
         self._futex = futex.available()
         self._seq_addr = np.frombuffer(self.seq, np.int64).ctypes.data if self._futex else 0
         self._sleep_words = [j * self.stride + _SLEEPS_ON for j in range(self.n) if j != self.i]
@@ -265,11 +266,11 @@ class ShmAllReduce:
             raise
         return result
 
-    def reduce_scatter(self, value: np.ndarray, t: float, out: np.ndarray | None = None) -> np.ndarray:
-        """Reduce ``value`` with every member's; this member gets its share of the result (see
-        :func:`pieces`), into ``out`` if given (that many elements, e.g. the share's own place in the
-        caller's result; it may be ``value``'s). One wait per slot: each member reduces its piece of
-        every round from all input slots itself."""
+    def reduce_scatter(self, value: np.ndarray, t: float, result: np.ndarray | None = None) -> np.ndarray:
+        """Reduce ``value`` with every member's; this member gets its share of the result (one block,
+        see :func:`pieces`): written into its own place in ``result`` (flat, ``value``'s size and dtype;
+        it may be ``value`` itself) and returned as that view, else as a new array. One wait per slot:
+        each member reduces its piece of every round from all input slots itself."""
         self._usable()
         src = np.ascontiguousarray(value).reshape(-1)
         seq, stride, me, n = self.seq, self.stride, self.i, self.n
@@ -278,11 +279,13 @@ class ShmAllReduce:
         shares = [pieces(src.size, src.itemsize, self.chunk, n, x) for x in range(n)]
         mine = shares[me]
         per = _per_member(src.itemsize, self.chunk, n)
-        size = sum(b - a for a, b in mine)
-        part = np.empty(size, src.dtype) if out is None else out
-        if part.shape != (size,) or part.dtype != src.dtype:
-            raise ValueError(f"reduce_scatter: out must be {size} elements of {src.dtype}, got {part.shape} "
-                             f"{part.dtype}")
+        if result is None:
+            part = np.empty(sum(b - a for a, b in mine), src.dtype)
+        elif result.shape != src.shape or result.dtype != src.dtype:
+            raise ValueError(f"reduce_scatter: result must be {src.size} elements of {src.dtype}, got "
+                             f"{result.shape} {result.dtype}")
+        else:
+            part = result[mine[0][0]:mine[-1][1]] if mine else result[:0]
         deadline = time.monotonic() + t
         try:
             pos = 0
