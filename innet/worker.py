@@ -357,6 +357,22 @@ class AtpWorker:
         undo: tuple[float, float] | None = None
         suspects = np.zeros(nfrag, np.bool_)
         n_suspects = 0
+
+        def decrease() -> None:
+            """A loss signal: halve the window (once per episode) and start a new undo episode."""
+            nonlocal undo, n_suspects, cwnd, ssthresh, recover_point
+            undo, n_suspects = (cwnd, ssthresh), 0
+            suspects[:] = False
+            ssthresh = cwnd = max(1.0, cwnd / 2)
+            recover_point = nxt
+            stats.min_window = min(stats.min_window, cwnd)
+
+        def suspect(rows: np.ndarray) -> None:
+            """``rows`` are retransmitted in the current undo episode."""
+            nonlocal n_suspects
+            if undo is not None:
+                n_suspects += int(np.count_nonzero(~suspects[rows]))
+                suspects[rows] = True
         refused0 = self.transport.refused
         ack_b0, ack_b1, job_id = self._ack_bitmap0, self._ack_bitmap1, self.job_id
         ps_key = self._ps_key
@@ -498,16 +514,10 @@ class AtpWorker:
                         later_acks[seg] += np.where(open_, later, 0).astype(np.int32)
                         hit = np.nonzero(open_ & (later_acks[seg] >= self.reorder_threshold))[0]
                         if hit.size and lowest >= recover_point:
-                            undo, n_suspects = (cwnd, ssthresh), 0
-                            suspects[:] = False
-                            ssthresh = cwnd = max(1.0, cwnd / 2)      # loss signal: multiplicative decrease
-                            recover_point = nxt
-                            stats.min_window = min(stats.min_window, cwnd)
+                            decrease()                                # loss signal: multiplicative decrease
                         if hit.size:
                             again = hit[:max(1, int(cwnd))] + lowest
-                            if undo is not None:
-                                n_suspects += int(np.count_nonzero(~suspects[again]))
-                                suspects[again] = True
+                            suspect(again)
                             later_acks[again] = 0
                             stats.fast_retransmits += len(again)
                             send(again, True)
@@ -523,14 +533,8 @@ class AtpWorker:
                 late = np.nonzero(~acked[seg] & (now - send_time[seg] > backoff))[0]
                 if late.size:
                     if lowest >= recover_point:
-                        undo, n_suspects = (cwnd, ssthresh), 0
-                        suspects[:] = False
-                        ssthresh = cwnd = max(1.0, cwnd / 2)
-                        recover_point = nxt
-                        stats.min_window = min(stats.min_window, cwnd)
-                    if undo is not None:
-                        n_suspects += int(np.count_nonzero(~suspects[late + lowest]))
-                        suspects[late + lowest] = True
+                        decrease()
+                    suspect(late + lowest)
                     stats.timeouts += len(late)
                     later_acks[late + lowest] = 0
                     send(late + lowest, True)
