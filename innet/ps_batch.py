@@ -186,7 +186,7 @@ def handle_batch(ps: ParameterServer, rows: np.ndarray, lengths: np.ndarray, key
     # every fast packet's parameter packet at once per job (no state touched: a job's fast packets
     # are fragments no other packet of the batch names); then in packet order, runs of fast packets
     # kept and sent as handle() would at their place, everything between them through handle()
-    built: dict[int, tuple[np.ndarray, dict[int, int]]] = {}
+    built: dict[int, tuple[np.ndarray, np.ndarray]] = {}          # job -> (parameters, their batch rows)
     with ps._lock:
         for job in sorted(set(jobs[fast_idx].tolist())):
             js = ps._jobs.get(job)
@@ -194,7 +194,7 @@ def handle_batch(ps: ParameterServer, rows: np.ndarray, lengths: np.ndarray, key
                 continue
             where = fast_idx[jobs[fast_idx] == job]
             _count(js, hdr[where])
-            built[job] = (_params(ps, js, rows[where], hdr[where]), {int(r): k for k, r in enumerate(where)})
+            built[job] = (_params(ps, js, rows[where], hdr[where]), where)
     seq_of = (job_seq & SEQ_MASK).tolist()
     job_of = jobs.tolist()
     start = 0
@@ -209,8 +209,8 @@ def handle_batch(ps: ParameterServer, rows: np.ndarray, lengths: np.ndarray, key
             with ps._lock:
                 js = ps._jobs.get(job)
                 if js is not None and job in built:
-                    params, row_of = built[job]
-                    first = row_of[start]                 # a run is consecutive in its job's matrix too
+                    params, where = built[job]
+                    first = int(np.searchsorted(where, start))   # a run is consecutive in the matrix too
                     _keep_and_send(js, params[first:first + end - start], seq_of[start:end], out)
             start = end
             continue
