@@ -31,7 +31,8 @@ Duplicate and stale ACKs are ignored. A decrease is taken back (as TCP's undo of
 retransmission) when every fragment retransmitted with it comes back with the collision flag: a
 fragment that met another job's aggregator takes the longer way through the PS, and one worker's
 packet may have gone there while another's waits in a slot it reserved after the other job left,
-until a resend flushes it. Such a fragment is late, not lost; the path is not congested.
+until a resend flushes it. Such a fragment is late, not lost; the path is not congested. An ECN mark
+arriving before the undo cancels it: the path is congested after all, and the decrease stands.
 
 **Fate sharing.** If the switch is gone (ICMP port unreachable on the socket connected to it, or no ACK
 for ``fallback_timeout`` seconds) the worker sends every unacknowledged fragment, and all later ones,
@@ -483,6 +484,10 @@ class AtpWorker:
                     if coll.any():
                         self._slot_collided[(base + new_i[coll]) % self.max_window] = True
                         stats.collided_fragments += int(coll.sum())
+                    ecn = (fl & FLAG_ECN) != 0
+                    n_ecn = int(ecn.sum())
+                    if n_ecn:
+                        undo = None                          # congestion confirmed: a decrease stands
                     if undo is not None:
                         sus = suspects[new_i]
                         if sus.any():
@@ -497,8 +502,6 @@ class AtpWorker:
                     first_try = tries[new_i] == 1
                     if first_try.any():                         # the slowest fresh sample: no spurious RTO
                         self._rtt_sample(float(now - send_time[new_i[first_try]].min()))
-                    ecn = (fl & FLAG_ECN) != 0
-                    n_ecn = int(ecn.sum())
                     if n_ecn:
                         stats.ecn_signals += n_ecn
                         if now - last_decrease > (self._srtt or self.rto_initial):

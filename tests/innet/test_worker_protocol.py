@@ -109,11 +109,13 @@ def test_fast_retransmit_and_ack_filtering() -> None:
         fake.close()
 
 
-@pytest.mark.parametrize("collided", [True, False], ids=["collided", "lost"])
-def test_a_late_collided_fragment_takes_its_window_decrease_back(collided: bool) -> None:
+@pytest.mark.parametrize("collided,ecn", [(True, False), (False, False), (True, True)],
+                         ids=["collided", "lost", "collided-after-ecn"])
+def test_a_late_collided_fragment_takes_its_window_decrease_back(collided: bool, ecn: bool) -> None:
     """Overtaken by three later results, fragment 0 is retransmitted and the window halved; its result
     then comes back with the collision flag (it took the longer way through the PS: late, not lost) and
-    the decrease is undone. Without the flag the loss stands."""
+    the decrease is undone. Without the flag the loss stands; so it does when an ECN mark arrives before
+    the collided result (the path is congested after all)."""
     fake = FakeSwitch()
     w = _worker(fake)
     try:
@@ -122,14 +124,17 @@ def test_a_late_collided_fragment_takes_its_window_decrease_back(collided: bool)
         for s in (1, 2, 3):
             fake.ack(s, results[s], idx=sent[s].agg_index)
         assert fake.recv().seq == 0                                         # the fast retransmit
+        if ecn:
+            fake.ack(4, results[4], ecn=True)
         fake.ack(0, results[0], collision=collided)
-        for s in (4, 5):
+        for s in (4, 5) if not ecn else (5,):
             fake.ack(s, results[s])
         t.join(10)
         out, stats = box["out"]
         assert np.array_equal(out, np.concatenate([results[s] for s in range(6)]))
-        assert stats.fast_retransmits == 1 and stats.min_window == 8
-        if collided:
+        assert stats.fast_retransmits == 1 and stats.min_window == (4 if ecn else 8)
+        assert stats.ecn_signals == int(ecn)
+        if collided and not ecn:
             assert stats.collision_undos == 1 and stats.final_window == 16
         else:
             assert stats.collision_undos == 0 and stats.final_window < 9
