@@ -378,3 +378,43 @@ def test_deferred_work_runs_within_the_flush_delay_again_until_done_and_on_flush
 
     for ok, n, second, flushed in run_local(2, job, progress=progress, timeout=40):
         assert ok and n == 3 and not second and flushed == [1]
+
+
+def test_notify_wakes_threads_asleep_on_the_context_and_no_wake_up_is_lost():
+    """Two threads hand a counter back and forth 300 times, each sleeping on the Context's condition
+    (the engine is held, so neither can drive it instead) with a one-minute timeout: a notification
+    lost between a waiter's look at the state and its sleep would stall the test for a minute."""
+    def job(ctx):
+        n = 300
+        state = {"c": 0}
+        stuck = []
+
+        def player(parity: int) -> None:
+            for i in range(n):
+                want = 2 * i + parity
+                while True:
+                    gen = ctx._gen
+                    if state["c"] == want:
+                        break
+                    t = time.monotonic()
+                    ctx._wait_change(gen, 60.0)
+                    if time.monotonic() - t > 30:
+                        stuck.append(want)
+                        return
+                state["c"] = want + 1
+                ctx.notify()
+
+        assert ctx._chan_lock.acquire(timeout=10)   # keep the engine: waiters sleep on the condition
+        try:
+            threads = [threading.Thread(target=player, args=(p,), daemon=True) for p in (0, 1)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(50)
+            alive = [t.is_alive() for t in threads]
+        finally:
+            ctx._chan_lock.release()
+        return state["c"], stuck, alive, ctx._cond_waiters
+
+    [(count, stuck, alive, waiters)] = run_local(1, job, busy_poll_us=0)
+    assert (count, stuck, alive, waiters) == (600, [], [False, False], 0)

@@ -7,6 +7,7 @@ their own thread), ``engine`` (progress thread and hand-offs), ``coflow_pump`` (
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from typing import Any, cast
@@ -56,7 +57,11 @@ class Context(Outbound, OwnSend, ProgressEngine, Inbound, PeerLoss, Lifecycle):
         # Shared by all: the Context lock and condition (waiters wake on a change of _gen).
         self._lock = threading.RLock()
         self._cond = threading.Condition(self._lock)
+        # A change is a new _gen (from a counter: no two changes give the same value, whatever the
+        # threads' interleaving); the condition is notified only while a thread waits on it.
         self._gen = 0
+        self._gens = itertools.count(1)
+        self._cond_waiters = 0
         # engine (engine.py)
         self._chan_lock = threading.Lock()
         self._progress_thread_id: int | None = None
@@ -293,7 +298,11 @@ class Context(Outbound, OwnSend, ProgressEngine, Inbound, PeerLoss, Lifecycle):
         if self._thread is not None:
             if timeout > 0:
                 with self._cond:
-                    self._cond.wait(timeout)
+                    self._cond_waiters += 1
+                    try:
+                        self._cond.wait(timeout)
+                    finally:
+                        self._cond_waiters -= 1
             self._raise_failures()
             return False
         return self._progress_once(timeout)
@@ -325,10 +334,17 @@ class Context(Outbound, OwnSend, ProgressEngine, Inbound, PeerLoss, Lifecycle):
             self._wait_change(gen, min(remaining, 0.5))
 
     def notify(self) -> None:
-        """Wake every waiter so it re-checks its predicate."""
-        with self._cond:
-            self._gen += 1
-            self._cond.notify_all()
+        """Wake every waiter so it re-checks its predicate.
+
+        A waiter counts itself in ``_cond_waiters`` (under the lock) before it looks at ``_gen`` and
+        sleeps; a notifier sets ``_gen`` before it looks at the count. So either the waiter sees the
+        new ``_gen`` and does not sleep, or the notifier sees the waiter and wakes it. Most changes
+        happen with no thread asleep (the waiting thread drives the engine itself): then a change
+        costs no lock and no notification."""
+        self._gen = next(self._gens)
+        if self._cond_waiters:
+            with self._cond:
+                self._cond.notify_all()
 
     def record_views(self) -> bool:
         """Called from a handler: whether the record it is handling may hold numpy arrays that are views

@@ -243,5 +243,9 @@ class ProgressEngine(ContextState):
             self._driven_at = time.monotonic()
             return
         with self._cond:
-            if self._gen == gen:
-                self._cond.wait(timeout)
+            self._cond_waiters += 1     # first: see notify
+            try:
+                if self._gen == gen:
+                    self._cond.wait(timeout)
+            finally:
+                self._cond_waiters -= 1

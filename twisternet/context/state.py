@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from typing import TYPE_CHECKING, Any
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 if TYPE_CHECKING:
     from ..channel import Buffer, Channel
@@ -52,6 +52,8 @@ class ContextState:
     _lock: threading.RLock
     _cond: threading.Condition
     _gen: int
+    _gens: Iterator[int]
+    _cond_waiters: int
     # engine (engine.py)
     _thread: threading.Thread | None
     _chan_lock: threading.Lock
