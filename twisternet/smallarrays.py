@@ -63,8 +63,9 @@ class SmallArrays:
         for head, dtype, shape in kinds:
             n = len(head)
             if mv[:n] == head:
-                arr: np.ndarray = np.frombuffer(mv[n:], dtype=dtype).reshape(shape).copy()
-                return arr
+                # a copy into a new bytearray, viewed (no keywords: they cost as much as the copy)
+                arr: np.ndarray = np.frombuffer(bytearray(mv[n:]), dtype)
+                return arr if len(shape) == 1 else arr.reshape(shape)
         return None
 
     def remember(self, mv: memoryview, value: np.ndarray) -> None:

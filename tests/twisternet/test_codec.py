@@ -248,6 +248,13 @@ def test_small_lone_arrays_skip_msgpack_once_their_kind_is_known(monkeypatch):
         c.decode(other_rec)
     monkeypatch.setattr(codec_mod.msgpack, "unpackb", unpackb)
     assert same(c.decode(other_rec), other)
+    for shaped in (np.arange(12, dtype=np.float64).reshape(3, 4), np.array(2.5, np.float32)):
+        rec_s = join(c.encode(shaped))
+        assert same(c.decode(rec_s), shaped)                # the general way, remembered
+        monkeypatch.setattr(codec_mod.msgpack, "unpackb", no_msgpack)
+        value, views = c.decode_views(rec_s)                # the fast way keeps the shape
+        monkeypatch.setattr(codec_mod.msgpack, "unpackb", unpackb)
+        assert same(value, shaped) and value.shape == shaped.shape and value.flags.writeable and not views
 
 
 def test_nested_extension_values_after_a_failure_inside_them() -> None:
