@@ -19,6 +19,7 @@ from twisternet.topology import ranks_on_this_kernel
 from .. import shm_slots
 from ..buffers import BufferCache
 from .credit import CreditLedger, CreditReturns
+from .doorbell import Doorbell
 from .launch import (
     _OPEN_CHANNELS,
     _import_mpi,
@@ -201,7 +202,7 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Requ
         # Handler callbacks waiting to run (so an exception in one never corrupts channel state).
         self._events: deque[tuple[Callable[..., None], tuple[Any, ...]]] = deque()
 
-        self._wake = threading.Event()
+        self._wake = Doorbell()
         self._last_activity = time.monotonic()
         _OPEN_CHANNELS.add(self)
         #: Counters for tests and benchmarks.

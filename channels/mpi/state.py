@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from .. import shm_slots
     from ..buffers import BufferCache
     from .credit import CreditLedger, CreditReturns
+    from .doorbell import Doorbell
     from .records import _BulkRecv, _CtrlRecv, _DataRecv, _Incoming, _PreRecv, _Release, _Send
     from .requests import RequestTable
     from .watchdog import ProgressWatchdog
@@ -52,7 +53,7 @@ class MPIChannelState:
     _in_poll: bool
     _poll_lock: threading.Lock
     _poll_owner: int
-    _wake: threading.Event
+    _wake: Doorbell
     _events: deque[tuple[Callable[..., None], tuple[Any, ...]]]
     _requests: RequestTable
     _released: deque[_Release]
