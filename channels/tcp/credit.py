@@ -30,6 +30,7 @@ class CreditLedger:
         self._returns: deque[tuple[int, int, int]] = deque()   # (peer, edge, nbytes) from release()
         self._owed: dict[Key, int] = {}                         # released bytes not yet returned
         self._owed_since = float("inf")                         # when the oldest of them was released
+        self._owed_peak = 0     # at least the largest value in _owed (0 when it is empty): see due()
         #: Threads blocked in a poll of this channel (:meth:`sleeping`): only they need a wake-up when
         #: credit is released; a release seen by a running round is returned by it.
         self.sleepers = 0
@@ -89,6 +90,7 @@ class CreditLedger:
         out = [(k[1], owed.pop(k)) for k in [k for k in owed if k[0] == peer]]
         if not owed:
             self._owed_since = float("inf")
+            self._owed_peak = 0
         return out
 
     def due(self) -> list[tuple[int, int, int]]:
@@ -104,9 +106,12 @@ class CreditLedger:
             return []
         due = time.monotonic() - self._owed_since >= CREDIT_DELAY
         batch = self.credit // 4
+        if not due and self._owed_peak < batch:
+            return []       # (the common case, after every released message: nothing is due yet)
         out = [(k[0], k[1], owed.pop(k)) for k in [k for k, n in owed.items() if due or n >= batch]]
         if not owed:
             self._owed_since = float("inf")
+            self._owed_peak = 0
         return out
 
     def _fold(self) -> None:
@@ -115,9 +120,13 @@ class CreditLedger:
             owed = self._owed
             if not owed:
                 self._owed_since = time.monotonic()
+            peak = self._owed_peak
             while self._returns:
                 peer, edge, n = self._returns.popleft()
-                owed[(peer, edge)] = owed.get((peer, edge), 0) + n
+                total = owed[(peer, edge)] = owed.get((peer, edge), 0) + n
+                if total > peak:
+                    peak = total
+            self._owed_peak = peak
 
     def wait(self, timeout: float) -> float:
         """``timeout`` cut short so that owed credit is returned on time."""

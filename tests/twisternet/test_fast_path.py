@@ -106,6 +106,26 @@ def test_release_wakes_only_a_sleeping_poller() -> None:
     assert ledger.take_owed(1) == [(0, 200)] and not ledger.owes
 
 
+def test_owed_credit_is_due_in_quarter_batches_or_when_old() -> None:
+    """due() returns a (peer, edge) once a quarter of its credit is owed (whatever took smaller
+    amounts meanwhile) or once the oldest owed byte waited CREDIT_DELAY, and nothing before."""
+    ledger = CreditLedger(4000, lambda: None)          # batches of 1000 bytes
+    for _ in range(9):
+        ledger.releaser(1, 0, 100)()
+    ledger.releaser(2, 5, 900)()
+    assert ledger.due() == []                          # 900 and 900: below the batch, and fresh
+    assert ledger.take_owed(2) == [(5, 900)]           # piggybacked on a message to rank 2
+    ledger.releaser(1, 0, 100)()
+    assert ledger.due() == [(1, 0, 1000)] and not ledger.owes
+    ledger.releaser(1, 0, 999)()
+    ledger.releaser(3, 1, 10)()
+    assert ledger.due() == []
+    ledger._owed_since -= tcp.credit.CREDIT_DELAY      # (as if a millisecond passed)
+    assert sorted(ledger.due()) == [(1, 0, 999), (3, 1, 10)] and not ledger.owes
+    ledger.releaser(3, 1, 10)()
+    assert ledger.due() == []                          # a fresh batch again: the peak was reset
+
+
 def test_owed_credit_shortens_a_sleep() -> None:
     ledger = CreditLedger(1 << 20, lambda: None)
     ledger.releaser(1, 0, 100)()
