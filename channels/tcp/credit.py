@@ -87,6 +87,14 @@ class CreditLedger:
         """``(edge, nbytes)`` of all credit owed to ``peer``, now (it rides with a message to it)."""
         self._fold()
         owed = self._owed
+        if len(owed) == 1:      # (the common case: one edge of one peer owed)
+            ((key, n),) = owed.items()
+            if key[0] != peer:
+                return []
+            owed.clear()
+            self._owed_since = float("inf")
+            self._owed_peak = 0
+            return [(key[1], n)]
         out = [(k[1], owed.pop(k)) for k in [k for k in owed if k[0] == peer]]
         if not owed:
             self._owed_since = float("inf")

@@ -117,8 +117,9 @@ def test_owed_credit_is_due_in_quarter_batches_or_when_old() -> None:
     assert ledger.take_owed(2) == [(5, 900)]           # piggybacked on a message to rank 2
     ledger.releaser(1, 0, 100)()
     assert ledger.due() == [(1, 0, 1000)] and not ledger.owes
-    ledger.releaser(1, 0, 999)()
     ledger.releaser(3, 1, 10)()
+    assert ledger.take_owed(1) == [] and ledger.owes   # owed to another rank: kept for it
+    ledger.releaser(1, 0, 999)()
     assert ledger.due() == []
     ledger._owed_since -= tcp.credit.CREDIT_DELAY      # (as if a millisecond passed)
     assert sorted(ledger.due()) == [(1, 0, 999), (3, 1, 10)] and not ledger.owes
