@@ -284,6 +284,8 @@ class Context(Outbound, OwnSend, ProgressEngine, Inbound, PeerLoss, Lifecycle):
     def flush(self) -> None:
         """Send partly filled buffers (and records operations hold back, see :meth:`defer`) now instead
         of waiting for the channel to go idle."""
+        if not (self._deferred or self._out_partial or self._out_ready):
+            return      # (unlocked peeks: what this thread sent is in them; others flush their own)
         if self._deferred:
             self._run_deferred(everything=True)
         with self._lock:
