@@ -54,6 +54,10 @@ _FLAG_SKIP = 4
 # Control message: kind, count. Credit: count entries (edge, bytes) follow. Abort: count bytes of reason.
 _CTRL_HDR = struct.Struct("<BxxxI")
 _CREDIT_ENTRY = struct.Struct("<IQ")
+#: The count and the one entry of an eager message carrying one credit return (the common case), and
+#: where its payload starts.
+_PIGGY_ONE = struct.Struct("<IIQ")
+_PIGGY_ONE_END = _HDR.size + _PIGGY_ONE.size
 _KIND_CREDIT = 4
 _KIND_ABORT = 5
 #: Control message: the receiver's offer of pre-posted payload receives (see MPIChannel._pre_offer).
@@ -118,6 +122,9 @@ def _encode_credit(items: Sequence[tuple[int, int]]) -> list[bytes]:
 
 def _encode_piggy(items: Sequence[tuple[int, int]]) -> bytes:
     """The credit entries an eager message flagged _FLAG_CREDIT carries after its header."""
+    if len(items) == 1:
+        ((edge, nbytes),) = items
+        return _PIGGY_ONE.pack(1, edge, nbytes)
     return b"".join([_U32.pack(len(items)), *(_CREDIT_ENTRY.pack(edge, nbytes) for edge, nbytes in items)])
 
 
@@ -125,6 +132,10 @@ def _decode_piggy(buf: Buffer, size: int, peer: int) -> tuple[int, list[tuple[in
     """``(offset of the payload, [(edge, bytes), ...])`` of an eager message flagged _FLAG_CREDIT
     whose payload has ``size`` bytes (validated: a malformed one raises ProtocolError)."""
     mv = memoryview(buf)
+    if mv.nbytes >= _PIGGY_ONE_END:
+        n, edge, nbytes = _PIGGY_ONE.unpack_from(mv, _HDR.size)
+        if n == 1 and _PIGGY_ONE_END + size <= mv.nbytes:     # (the common case: one entry)
+            return _PIGGY_ONE_END, [(edge, nbytes)]
     (n,) = _U32.unpack_from(mv, _HDR.size)
     start = _HDR.size + _U32.size
     off = start + n * _CREDIT_ENTRY.size
