@@ -19,7 +19,7 @@ from .mesh import tune as _tune  # noqa: F401
 from .peer import Peer
 from .peer import Peer as _Peer  # noqa: F401
 from .poller import Poller
-from .wire import ABORT, BYE, CREDIT, DATA, HEADER_SIZE, HEARTBEAT
+from .wire import ABORT, BYE, CREDIT, DATA, DATA_CREDIT, HEADER_SIZE, HEARTBEAT
 from .wire import HDR as _HDR  # noqa: F401
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
            "BYE",
            "CREDIT",
            "DATA",
+           "DATA_CREDIT",
            "HEADER_SIZE",
            "HEARTBEAT",
            "MAX_PENDING_HANDSHAKES",

@@ -31,8 +31,11 @@ from .wire import (
     ABORT,
     BYE,
     CREDIT,
+    CREDIT_ENTRY,
     DATA,
+    DATA_CREDIT,
     HDR,
+    HDR_CREDIT,
     HEARTBEAT,
     MAX_ABORT_REASON,
     header,
@@ -153,8 +156,12 @@ class TCPChannel(TCPReceive, Channel):
             return False
         self._ledger.charge((peer, edge), nbytes)
         frames: list[Buffer]
-        if self._ledger.owes:
-            frames = [header(CREDIT, e, m) for e, m in self._ledger.take_owed(peer)]
+        owed = self._ledger.take_owed(peer) if self._ledger.owes else None
+        if owed and len(owed) == 1:
+            ((e, m),) = owed        # (the common case: the frame carries it, see DATA_CREDIT)
+            frames = [HDR_CREDIT.pack(DATA_CREDIT, edge, nbytes + CREDIT_ENTRY.size, e, m), *parts]
+        elif owed:
+            frames = [header(CREDIT, e, m) for e, m in owed]
             frames.append(HDR.pack(DATA, edge, nbytes))
             frames.extend(parts)
         else:

@@ -16,7 +16,8 @@ from twisternet.errors import ProtocolError
 
 from .peer import STAGING, Peer
 from .poller import IN
-from .wire import ABORT, BYE, CREDIT, DATA, HDR, HEADER_SIZE, MAX_FRAME, WITH_PAYLOAD, check_header
+from .wire import (ABORT, BYE, CREDIT, CREDIT_ENTRY, DATA, DATA_CREDIT, HDR, HEADER_SIZE, MAX_FRAME, WITH_PAYLOAD,
+                   check_header)
 
 if TYPE_CHECKING:
     from twisternet.channel import ChannelHandler
@@ -141,6 +142,13 @@ class TCPReceive:
         if kind == DATA:
             if h is not None:
                 h.on_message(p.rank, edge, data, self._ledger.releaser(p.rank, edge, length))
+        elif kind == DATA_CREDIT:    # (length >= CREDIT_ENTRY.size: see check_header)
+            c_edge, c_bytes = CREDIT_ENTRY.unpack_from(data)
+            self._ledger.returned((p.rank, c_edge), c_bytes)
+            n = length - CREDIT_ENTRY.size
+            if h is not None:
+                h.on_credit(p.rank, c_edge)
+                h.on_message(p.rank, edge, data[CREDIT_ENTRY.size:], self._ledger.releaser(p.rank, edge, n))
         elif kind == CREDIT:
             self._ledger.returned((p.rank, edge), length)
             if h is not None:

@@ -1,6 +1,9 @@
 """The TCP channel's frame format: ``u8 type | u32 edge | u64 length | payload``, and its limits.
 
 ``DATA`` carries one message; ``CREDIT`` returns ``length`` bytes of credit for ``edge`` (no payload);
+``DATA_CREDIT`` is a CREDIT and a DATA frame in one (a small message carrying the one credit return its
+sender owed the receiver): its payload is ``u32 credit edge | u64 credit bytes`` (:data:`CREDIT_ENTRY`)
+then the message, and ``length`` counts both;
 ``HEARTBEAT`` keeps an idle link alive; ``BYE`` says the sender leaves cleanly; ``ABORT`` says it
 fails, with why (UTF-8 payload of at most :data:`MAX_ABORT_REASON` bytes).
 """
@@ -13,10 +16,14 @@ from twisternet.errors import ProtocolError
 
 HDR = struct.Struct("<BIQ")
 HEADER_SIZE = HDR.size
-DATA, CREDIT, HEARTBEAT, BYE, ABORT = 1, 2, 3, 4, 5
-KINDS = (DATA, CREDIT, HEARTBEAT, BYE, ABORT)
+DATA, CREDIT, HEARTBEAT, BYE, ABORT, DATA_CREDIT = 1, 2, 3, 4, 5, 6
+KINDS = (DATA, CREDIT, HEARTBEAT, BYE, ABORT, DATA_CREDIT)
 #: Kinds whose frame has a payload after the header.
-WITH_PAYLOAD = (DATA, ABORT)
+WITH_PAYLOAD = (DATA, ABORT, DATA_CREDIT)
+#: The credit return at the start of a DATA_CREDIT frame's payload: edge, bytes.
+CREDIT_ENTRY = struct.Struct("<IQ")
+#: A DATA_CREDIT frame's header and credit return, packed at once: kind, edge, length, credit edge, bytes.
+HDR_CREDIT = struct.Struct("<BIQIQ")
 #: Longest reason (encoded bytes) an ABORT frame carries.
 MAX_ABORT_REASON = 4096
 #: Largest payload length a header may announce.
@@ -30,5 +37,6 @@ def header(kind: int, edge: int = 0, length: int = 0) -> bytes:
 
 def check_header(rank: int, kind: int, length: int) -> None:
     """ProtocolError unless ``(kind, length)`` is a frame the peer (``rank``) may send."""
-    if kind not in KINDS or length > MAX_FRAME or (kind == ABORT and length > MAX_ABORT_REASON):
+    if (kind not in KINDS or length > MAX_FRAME or (kind == ABORT and length > MAX_ABORT_REASON)
+            or (kind == DATA_CREDIT and length < CREDIT_ENTRY.size)):
         raise ProtocolError(f"rank {rank}: bad frame header (type {kind}, length {length})")

@@ -8,6 +8,7 @@ import select
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 
 import os
@@ -88,6 +89,73 @@ def test_owed_credit_rides_with_the_next_message() -> None:
     finally:
         ch0.abort("test over")
         ch1.abort("test over")
+
+
+@pytest.mark.parametrize("edges", [1, 2])
+def test_a_small_message_carries_the_owed_credit_in_its_own_frame(edges: int) -> None:
+    """send_small to a peer owed one credit return sends one DATA_CREDIT frame (credit and message);
+    owed on two edges, CREDIT frames and then the DATA frame. Either way the receiver gets the credit
+    back, then the message, with its own credit charged and released at its size."""
+    ch0, ch1, h0, h1, a, b = _pair()
+    try:
+        for e in range(edges):
+            assert ch0.send(1, 3 + e, [b"y" * (500 + e)])
+        _until_messages(ch1, h1, edges)
+        assert [ch0._inflight[(1, 3 + e)] for e in range(edges)] == [500 + e for e in range(edges)]
+        for release in h1.releases:
+            release()
+        h1.releases.clear()
+        sent = []
+        ch1._peers[0].sock = _Spy(ch1._peers[0].sock, sent)
+        assert ch1.send_small(0, 9, [b"re", b"ply"], 5)
+        kinds = [tcp._HDR.unpack_from(buf, 0)[0] for buf in sent]
+        assert kinds == [tcp.DATA_CREDIT if edges == 1 else tcp.CREDIT]
+        _until_messages(ch0, h0, 1)
+        assert h0.messages == [(1, 9, b"reply")]
+        assert all(ch0._inflight.get((1, 3 + e), 0) == 0 for e in range(edges)), "credit should be back"
+        assert ch1._inflight[(0, 9)] == 5 and not ch1._ledger.owes
+        h0.releases.pop()()
+        assert ch0.send_small(1, 4, [b"ok"], 2)         # the 5 bytes go back with it
+        _until_messages(ch1, h1, edges + 1)
+        assert ch1._inflight.get((0, 9), 0) == 0 and h1.messages[-1] == (0, 4, b"ok")
+    finally:
+        ch0.abort("test over")
+        ch1.abort("test over")
+
+
+def test_a_data_credit_frame_too_short_for_its_credit_is_a_protocol_error() -> None:
+    ch0, ch1, h0, h1, a, b = _pair()
+    try:
+        a.sendall(tcp._HDR.pack(tcp.DATA_CREDIT, 9, 4) + b"abcd")
+        deadline = time.monotonic() + 10
+        while not h1.lost and time.monotonic() < deadline:
+            ch1.progress(0.01)
+        assert h1.lost and "bad frame header" in h1.lost[0][1] and not h1.messages
+    finally:
+        ch0.abort("test over")
+        ch1.abort("test over")
+
+
+class _Spy:
+    """A socket whose send() records what it writes."""
+
+    def __init__(self, sock: socket.socket, sent: list) -> None:
+        self._sock = sock
+        self._sent = sent
+
+    def send(self, data) -> int:
+        self._sent.append(bytes(data))
+        return self._sock.send(data)
+
+    def __getattr__(self, name):
+        return getattr(self._sock, name)
+
+
+def _until_messages(ch: TCPChannel, h: _Recorder, n: int) -> None:
+    deadline = time.monotonic() + 10
+    while len(h.messages) < n and time.monotonic() < deadline:
+        ch.progress(0.01)
+    assert len(h.messages) >= n
 
 
 def test_release_wakes_only_a_sleeping_poller() -> None:
