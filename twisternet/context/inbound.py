@@ -41,6 +41,16 @@ class Inbound(ContextState):
                 if ins is None:
                     ins = self._in[key] = _InStream(peer, edge)
         tag = data[:1]
+        if tag == _DIRECT and edge != _CAUSE_EDGE and not ins.unpacker.partial:
+            # the common case, in short: one record, under the stream's current tag
+            obj, views = self.codec.decode_views(data[1:])
+            ref = _MsgRef(release)
+            ref.views = views
+            ref.count = 1
+            with self._lock:
+                ins.pending.append((obj, ref))
+                self._in_dirty.add(key)
+            return
         mark = None
         if tag == _TAGGED:
             epoch, flen = _TAG_HEAD.unpack_from(data, 1)
@@ -100,9 +110,9 @@ class Inbound(ContextState):
     def _deliver(self) -> bool:  # noqa: C901
         """Offer pending records to their handlers (outside the Context lock)."""
         did = False
-        now = time.monotonic()
         with self._lock:
             if self._refused:
+                now = time.monotonic()
                 for key, t in list(self._refused.items()):
                     if now - t >= _RETRY_INTERVAL:
                         del self._refused[key]
@@ -122,10 +132,10 @@ class Inbound(ContextState):
                 continue
             handler, _, htag, on_error = entry
             src = ins.src
-            while True:
+            # (unlocked peek: only the engine takes records out, and whoever adds one marks the
+            # stream dirty again)
+            while ins.pending:
                 with self._lock:
-                    if not ins.pending:
-                        break
                     batch = list(ins.pending)
                     ins.pending.clear()
                 i = 0
