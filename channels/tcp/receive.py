@@ -104,8 +104,8 @@ class TCPReceive:
         mv = memoryview(buf)
         while end - pos >= HEADER_SIZE:
             kind, edge, length = HDR.unpack_from(buf, pos)
-            if kind != DATA or length > MAX_FRAME:
-                check_header(p.rank, kind, length)
+            if (kind != DATA and (kind != DATA_CREDIT or length < CREDIT_ENTRY.size)) or length > MAX_FRAME:
+                check_header(p.rank, kind, length)     # (raises for a bad one; the rest are rare kinds)
             if kind not in WITH_PAYLOAD:
                 pos += HEADER_SIZE
                 self._frame(p, kind, edge, length, mv[0:0])
