@@ -43,6 +43,7 @@ from . import arrowcodec, pickling
 from .channel import Buffer
 from .errors import CodecError
 from .smallarrays import SmallArrays
+from .smallrecords import ArrayBodies, SmallRecords
 
 _EXT_TUPLE = 1
 _EXT_NDARRAY = 2        # inline: [dtype, shape, bytes]
@@ -295,21 +296,30 @@ class _Encoder:
 
 
 class _Decoder:
-    __slots__ = ("allow_pickle", "oob", "copy", "views")
+    __slots__ = ("allow_pickle", "oob", "copy", "views", "bodies")
 
-    def __init__(self, allow_pickle: bool, oob: Sequence[memoryview], copy: bool) -> None:
+    def __init__(self, allow_pickle: bool, oob: Sequence[memoryview], copy: bool,
+                 bodies: ArrayBodies | None = None) -> None:
         self.allow_pickle = allow_pickle
         self.oob = oob
         self.copy = copy
         self.views = False      # whether a decoded array is a view of the record's memory
+        self.bodies = bodies    # inline arrays' bodies seen before (twisternet.smallrecords)
 
     def ext_hook(self, code: int, data: bytes) -> Any:
         if code == _EXT_TUPLE:
             return tuple(self._unpack(data))
         if code == _EXT_NDARRAY:
+            bodies = self.bodies
+            if bodies is not None:
+                known = bodies.decode(data)
+                if known is not None:
+                    return known
             dt, shape, raw = self._unpack(data)
-            arr = np.frombuffer(raw, dtype=_dtype(dt)).reshape(shape)
-            return arr.copy()  # writable, like the sender's
+            arr = np.frombuffer(raw, dtype=_dtype(dt)).reshape(shape).copy()  # writable, like the sender's
+            if bodies is not None:
+                bodies.remember(data, arr)
+            return arr
         if code == _EXT_NDARRAY_OOB:
             dt, shape, idx = self._unpack(data)
             buf = self._oob(idx)
@@ -391,6 +401,10 @@ class Codec:
         self._array_heads: dict[tuple[np.dtype, tuple[int, ...]], list[bytes]] = {}
         #: Lone arrays below the threshold, both ways, without msgpack (twisternet.smallarrays).
         self._small = SmallArrays(lambda a: _Encoder(allow_pickle, oob_threshold).encode(a), oob_threshold)
+        #: Short tuples of scalars and small arrays, encoded without callbacks, and the bodies of the
+        #: small arrays inside records, decoded without msgpack (twisternet.smallrecords).
+        self._records = SmallRecords(_EXT_TUPLE, _EXT_NDARRAY, oob_threshold)
+        self._bodies = ArrayBodies()
 
     def encode(self, obj: Any) -> list[Buffer]:
         """Buffers whose concatenation is the record for ``obj``; large arrays/bytes are not copied."""
@@ -398,6 +412,10 @@ class Codec:
             parts = self._large_array(obj)
             if parts is None:
                 parts = self._small.encode(obj)
+            if parts is not None:
+                return parts
+        elif type(obj) is tuple:
+            parts = self._records.encode(obj)
             if parts is not None:
                 return parts
         elif _is_torch_tensor(obj):
@@ -467,7 +485,7 @@ class Codec:
                 small = self._small.decode(mv)
                 if small is not None:
                     return small, False
-                dec = _Decoder(self.allow_pickle, (), copy)
+                dec = _Decoder(self.allow_pickle, (), copy, self._bodies)
                 plain = msgpack.unpackb(mv[1:], ext_hook=dec.ext_hook, raw=False, strict_map_key=False,
                                         max_bin_len=1 << 62, max_str_len=1 << 62)
                 if type(plain) is np.ndarray:
@@ -499,7 +517,7 @@ class Codec:
                 for ln in lens:
                     oob.append(mv[pos:pos + ln])
                     pos += ln
-                dec = _Decoder(self.allow_pickle, oob, copy)
+                dec = _Decoder(self.allow_pickle, oob, copy, self._bodies)
                 value = msgpack.unpackb(body, ext_hook=dec.ext_hook, raw=False, strict_map_key=False,
                                         max_bin_len=1 << 62, max_str_len=1 << 62)
                 if key is not None and type(value) is np.ndarray:

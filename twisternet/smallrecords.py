@@ -1,0 +1,148 @@
+"""Short tuples of scalars and small arrays without the encoder's callbacks: the codec's fast path for
+the collectives' protocol records.
+
+Collective operations send tuples such as ``("d", call, step, 0, array, {descriptor: [ranks]})``: a few
+scalars, small numpy arrays, small dicts and lists of scalars. The general encoder packs such a tuple
+through msgpack's ``default`` callback (the tuple, then each array, each on its own nested Packer);
+:class:`SmallRecords` writes the same bytes directly: the tuple's extension header, the list header, each
+scalar, dict or list packed natively, and each small array as a head remembered per dtype and shape
+followed by its bytes. Anything else in the tuple (a nested tuple, a large array, bytes that travel out
+of band, an object) makes it decline, and the general encoder takes the record.
+
+Decoding an array inside such a record, the extension body ``[dtype, shape, bytes]`` has the same bytes
+before the data for a given dtype and shape: :class:`ArrayBodies` remembers them, so the decoder reads
+such an array with a comparison and one copy instead of a nested msgpack call and a dtype parse.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from .channel import Buffer
+
+#: Kinds (dtype, shape) remembered at most; the tables are emptied when full.
+_KINDS = 256
+#: Kinds remembered at most for one body length (each costs a comparison when decoding).
+_PER_LENGTH = 4
+#: Items of a tuple this path takes at most (msgpack's fixarray).
+_MAX_ITEMS = 15
+_U16 = struct.Struct(">H")
+_U32 = struct.Struct(">I")
+#: msgpack's fixext markers, by payload length.
+_FIXEXT = {1: 0xD4, 2: 0xD5, 4: 0xD6, 8: 0xD7, 16: 0xD8}
+
+
+def ext_header(code: int, length: int) -> bytes:
+    """The bytes msgpack writes before the ``length``-byte payload of extension type ``code``."""
+    fix = _FIXEXT.get(length)
+    if fix is not None:
+        return bytes((fix, code))
+    if length < 0x100:
+        return bytes((0xC7, length, code))
+    if length < 0x10000:
+        return b"\xc8" + _U16.pack(length) + bytes((code,))
+    return b"\xc9" + _U32.pack(length) + bytes((code,))
+
+
+class SmallRecords:
+    """Encoder of short tuples (see the module doc). ``tuple_code``/``array_code``: the codec's extension
+    types of a tuple and of an inline array; arrays and bytes of at least ``limit`` bytes decline."""
+
+    def __init__(self, tuple_code: int, array_code: int, limit: int) -> None:
+        self._tuple_code = tuple_code
+        self._array_code = array_code
+        self._limit = limit
+        self._local = threading.local()     # one plain Packer per thread (a Packer is not thread-safe)
+        self._heads: dict[tuple[np.dtype, tuple[int, ...]], bytes] = {}
+
+    def _array_head(self, a: np.ndarray) -> bytes:
+        """The bytes of ``a``'s extension value (as the general encoder writes it) before its data."""
+        key = (a.dtype, a.shape)
+        head = self._heads.get(key)
+        if head is None:
+            body = msgpack.packb([a.dtype.str, list(a.shape), bytes(a.nbytes)], use_bin_type=True)
+            full = msgpack.packb(msgpack.ExtType(self._array_code, body), use_bin_type=True)
+            head = full[:len(full) - a.nbytes]
+            if len(self._heads) >= _KINDS:
+                self._heads.clear()
+            self._heads[key] = head
+        return head
+
+    def encode(self, t: tuple[Any, ...]) -> list[Buffer] | None:
+        """The parts of the plain record of ``t`` (a copy of every value), or None to decline."""
+        n = len(t)
+        if n > _MAX_ITEMS:
+            return None
+        items: list[bytes] = [bytes((0x90 | n,))]
+        size = 1
+        limit = self._limit
+        packer = getattr(self._local, "packer", None)
+        if packer is None:
+            packer = self._local.packer = msgpack.Packer(strict_types=True, use_bin_type=True, autoreset=True)
+        pack = packer.pack
+        for x in t:
+            tx = type(x)
+            if tx is np.ndarray:
+                dt = x.dtype
+                if x.nbytes >= limit or dt.names is not None or dt.hasobject or not x.flags.c_contiguous:
+                    return None
+                head = self._array_head(x)
+                data = x.tobytes()
+                items.append(head)
+                items.append(data)
+                size += len(head) + len(data)
+                continue
+            if tx is str or tx is int or tx is float or tx is bool or x is None or tx is dict or tx is list \
+                    or tx is bytes:
+                try:
+                    packed = pack(x)
+                except (TypeError, ValueError, OverflowError):
+                    packer.reset()
+                    return None      # a value msgpack cannot take as it is (the general encoder can)
+                if len(packed) >= limit:
+                    return None      # large bytes inside travel out of band the general way
+                items.append(packed)
+                size += len(packed)
+                continue
+            return None
+        return [b"\x00", ext_header(self._tuple_code, size), *items]
+
+
+class ArrayBodies:
+    """Extension bodies ``[dtype, shape, bytes]`` of small arrays seen before, recognised by length and
+    head (see the module doc)."""
+
+    def __init__(self) -> None:
+        self._by_len: dict[int, list[tuple[bytes, np.dtype, tuple[int, ...]]]] = {}
+
+    def decode(self, body: bytes) -> np.ndarray | None:
+        """A writable copy of the array ``body`` holds, if it is of a remembered kind, else None."""
+        kinds = self._by_len.get(len(body))
+        if kinds is None:
+            return None
+        mv = memoryview(body)
+        for head, dtype, shape in kinds:
+            n = len(head)
+            if mv[:n] == head:
+                arr: np.ndarray = np.frombuffer(bytearray(mv[n:]), dtype)
+                return arr if len(shape) == 1 else arr.reshape(shape)
+        return None
+
+    def remember(self, body: bytes, value: np.ndarray) -> None:
+        """``body`` decoded (the general way) to ``value``: recognise bodies of its kind from now on."""
+        dt = value.dtype
+        if dt.names is not None or dt.hasobject or value.nbytes > len(body):
+            return
+        head = body[:len(body) - value.nbytes]
+        if body[len(head):] != value.tobytes():
+            return
+        if len(self._by_len) >= _KINDS:
+            self._by_len.clear()
+        kinds = self._by_len.setdefault(len(body), [])
+        if len(kinds) < _PER_LENGTH and all(h != head for h, _, _ in kinds):
+            kinds.append((head, dt, value.shape))
