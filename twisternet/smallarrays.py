@@ -21,6 +21,38 @@ _KINDS = 256
 _PER_LENGTH = 4
 
 
+class KindsByLength:
+    """Byte strings that hold a small array after a head fixed by its dtype and shape (a lone array's
+    record here, an array's extension body in :mod:`twisternet.smallrecords`), remembered by their
+    length, so one seen again is read with a comparison and a copy."""
+
+    __slots__ = ("_by_len",)
+
+    def __init__(self) -> None:
+        self._by_len: dict[int, list[tuple[bytes, np.dtype, tuple[int, ...]]]] = {}
+
+    def find(self, mv: memoryview) -> np.ndarray | None:
+        """A writable copy of the array ``mv`` holds after a remembered head, or None."""
+        kinds = self._by_len.get(len(mv))
+        if kinds is None:
+            return None
+        for head, dtype, shape in kinds:
+            n = len(head)
+            if mv[:n] == head:
+                # a copy into a new bytearray, viewed (no keywords: they cost as much as the copy)
+                arr: np.ndarray = np.frombuffer(bytearray(mv[n:]), dtype)
+                return arr if len(shape) == 1 else arr.reshape(shape)
+        return None
+
+    def add(self, length: int, head: bytes, value: np.ndarray) -> None:
+        """Strings of ``length`` bytes starting with ``head`` hold an array of ``value``'s kind."""
+        if len(self._by_len) >= _KINDS:
+            self._by_len.clear()
+        kinds = self._by_len.setdefault(length, [])
+        if len(kinds) < _PER_LENGTH and all(h != head for h, _, _ in kinds):
+            kinds.append((head, value.dtype, value.shape))
+
+
 class SmallArrays:
     """Heads of lone small-array records by (dtype, shape), and by record length for decoding."""
 
@@ -28,7 +60,7 @@ class SmallArrays:
         self._generic = generic          # the general encoder's record of an array, as parts
         self._limit = limit              # arrays of at least this many bytes are not small
         self._heads: dict[tuple[np.dtype, tuple[int, ...]], bytes | None] = {}
-        self._by_len: dict[int, list[tuple[bytes, np.dtype, tuple[int, ...]]]] = {}
+        self._kinds = KindsByLength()
 
     def _head(self, a: np.ndarray) -> bytes | None:
         """The record of ``a`` up to its data (None: not a small lone array this path can take)."""
@@ -57,16 +89,7 @@ class SmallArrays:
 
     def decode(self, mv: memoryview) -> np.ndarray | None:
         """A copy of the array a remembered kind of record holds, or None if ``mv`` is not one."""
-        kinds = self._by_len.get(len(mv))
-        if kinds is None:
-            return None
-        for head, dtype, shape in kinds:
-            n = len(head)
-            if mv[:n] == head:
-                # a copy into a new bytearray, viewed (no keywords: they cost as much as the copy)
-                arr: np.ndarray = np.frombuffer(bytearray(mv[n:]), dtype)
-                return arr if len(shape) == 1 else arr.reshape(shape)
-        return None
+        return self._kinds.find(mv)
 
     def remember(self, mv: memoryview, value: np.ndarray) -> None:
         """``mv`` decoded (the general way) to ``value``: if it is exactly the record this path makes
@@ -76,8 +99,4 @@ class SmallArrays:
         head = self._head(value)
         if head is None or len(mv) != len(head) + value.nbytes or mv[:len(head)] != head:
             return
-        if len(self._by_len) >= _KINDS:
-            self._by_len.clear()
-        kinds = self._by_len.setdefault(len(mv), [])
-        if len(kinds) < _PER_LENGTH:
-            kinds.append((head, value.dtype, value.shape))
+        self._kinds.add(len(mv), head, value)

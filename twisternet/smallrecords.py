@@ -24,11 +24,10 @@ import msgpack
 import numpy as np
 
 from .channel import Buffer
+from .smallarrays import KindsByLength
 
-#: Kinds (dtype, shape) remembered at most; the tables are emptied when full.
+#: Kinds (dtype, shape) remembered at most; the table is emptied when full.
 _KINDS = 256
-#: Kinds remembered at most for one body length (each costs a comparison when decoding).
-_PER_LENGTH = 4
 #: Items of a tuple this path takes at most (msgpack's fixarray).
 _MAX_ITEMS = 15
 _U16 = struct.Struct(">H")
@@ -118,20 +117,11 @@ class ArrayBodies:
     head (see the module doc)."""
 
     def __init__(self) -> None:
-        self._by_len: dict[int, list[tuple[bytes, np.dtype, tuple[int, ...]]]] = {}
+        self._kinds = KindsByLength()
 
     def decode(self, body: bytes) -> np.ndarray | None:
         """A writable copy of the array ``body`` holds, if it is of a remembered kind, else None."""
-        kinds = self._by_len.get(len(body))
-        if kinds is None:
-            return None
-        mv = memoryview(body)
-        for head, dtype, shape in kinds:
-            n = len(head)
-            if mv[:n] == head:
-                arr: np.ndarray = np.frombuffer(bytearray(mv[n:]), dtype)
-                return arr if len(shape) == 1 else arr.reshape(shape)
-        return None
+        return self._kinds.find(memoryview(body))
 
     def remember(self, body: bytes, value: np.ndarray) -> None:
         """``body`` decoded (the general way) to ``value``: recognise bodies of its kind from now on."""
@@ -141,8 +131,4 @@ class ArrayBodies:
         head = body[:len(body) - value.nbytes]
         if body[len(head):] != value.tobytes():
             return
-        if len(self._by_len) >= _KINDS:
-            self._by_len.clear()
-        kinds = self._by_len.setdefault(len(body), [])
-        if len(kinds) < _PER_LENGTH and all(h != head for h, _, _ in kinds):
-            kinds.append((head, dt, value.shape))
+        self._kinds.add(len(body), head, value)

@@ -8,26 +8,13 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
+from tests.twisternet.test_codec import same as _same
 from twisternet.codec import Codec, _Encoder
 from twisternet.smallrecords import ext_header
 
 
 def _generic(c: Codec, obj) -> bytes:
     return b"".join(bytes(memoryview(p)) for p in _Encoder(c.allow_pickle, c.oob_threshold).encode(obj))
-
-
-def _same(a, b) -> bool:
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, np.ndarray):
-        return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
-    if isinstance(a, float) and a != a:
-        return b != b
-    return a == b
 
 
 @pytest.mark.parametrize("length", [0, 1, 2, 3, 4, 8, 15, 16, 17, 255, 256, 65535, 65536, 70000])
