@@ -39,9 +39,11 @@ class KindsByLength:
         for head, dtype, shape in kinds:
             n = len(head)
             if mv[:n] == head:
-                # a copy into a new bytearray, viewed (no keywords: they cost as much as the copy)
-                arr: np.ndarray = np.frombuffer(bytearray(mv[n:]), dtype)
-                return arr if len(shape) == 1 else arr.reshape(shape)
+                # a copy that owns its memory (no base: collectives.reduction.own keeps it as it is;
+                # a view of a fresh bytearray would be copied again there); positional arguments,
+                # as keywords cost as much as the copy
+                arr: np.ndarray = np.frombuffer(mv, dtype, -1, n)
+                return (arr if len(shape) == 1 else arr.reshape(shape)).copy()
         return None
 
     def add(self, length: int, head: bytes, value: np.ndarray) -> None:

@@ -255,6 +255,7 @@ def test_small_lone_arrays_skip_msgpack_once_their_kind_is_known(monkeypatch):
         value, views = c.decode_views(rec_s)                # the fast way keeps the shape
         monkeypatch.setattr(codec_mod.msgpack, "unpackb", unpackb)
         assert same(value, shaped) and value.shape == shaped.shape and value.flags.writeable and not views
+        assert value.base is None       # owns its memory: collectives.reduction.own does not copy it again
 
 
 def test_nested_extension_values_after_a_failure_inside_them() -> None:
