@@ -43,7 +43,8 @@ class KindsByLength:
                 # a view of a fresh bytearray would be copied again there); positional arguments,
                 # as keywords cost as much as the copy
                 arr: np.ndarray = np.frombuffer(mv, dtype, -1, n)
-                return (arr if len(shape) == 1 else arr.reshape(shape)).copy()
+                out: np.ndarray = (arr if len(shape) == 1 else arr.reshape(shape)).copy()
+                return out
         return None
 
     def add(self, length: int, head: bytes, value: np.ndarray) -> None:
