@@ -403,7 +403,7 @@ class Codec:
         self._small = SmallArrays(lambda a: _Encoder(allow_pickle, oob_threshold).encode(a), oob_threshold)
         #: Short tuples of scalars and small arrays, encoded without callbacks, and the bodies of the
         #: small arrays inside records, decoded without msgpack (twisternet.smallrecords).
-        self._records = SmallRecords(_EXT_TUPLE, _EXT_NDARRAY, oob_threshold)
+        self._records = SmallRecords(_EXT_TUPLE, self._small, oob_threshold)
         self._bodies = ArrayBodies()
 
     def encode(self, obj: Any) -> list[Buffer]:

@@ -65,8 +65,10 @@ class SmallArrays:
         self._heads: dict[tuple[np.dtype, tuple[int, ...]], bytes | None] = {}
         self._kinds = KindsByLength()
 
-    def _head(self, a: np.ndarray) -> bytes | None:
-        """The record of ``a`` up to its data (None: not a small lone array this path can take)."""
+    def head(self, a: np.ndarray) -> bytes | None:
+        """The record of ``a`` up to its data (None: not a small lone array this path can take): the
+        plain-record byte, then the array's extension value up to its data, as the general encoder
+        writes them (an array inside a short tuple is that extension value: twisternet.smallrecords)."""
         key = (a.dtype, a.shape)
         try:
             return self._heads[key]
@@ -87,7 +89,7 @@ class SmallArrays:
         """The parts of ``a``'s record (its bytes copied), or None if ``a`` is not a small lone array."""
         if a.nbytes >= self._limit or not a.flags.c_contiguous:
             return None
-        head = self._head(a)
+        head = self.head(a)
         return None if head is None else [head, a.tobytes()]
 
     def decode(self, mv: memoryview) -> np.ndarray | None:
@@ -99,7 +101,7 @@ class SmallArrays:
         for ``value``, recognise records of its kind from now on."""
         if value.nbytes >= self._limit or not value.flags.c_contiguous:
             return
-        head = self._head(value)
+        head = self.head(value)
         if head is None or len(mv) != len(head) + value.nbytes or mv[:len(head)] != head:
             return
         self._kinds.add(len(mv), head, value)

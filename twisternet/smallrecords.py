@@ -24,10 +24,8 @@ import msgpack
 import numpy as np
 
 from .channel import Buffer
-from .smallarrays import KindsByLength
+from .smallarrays import KindsByLength, SmallArrays
 
-#: Kinds (dtype, shape) remembered at most; the table is emptied when full.
-_KINDS = 256
 #: Items of a tuple this path takes at most (msgpack's fixarray).
 _MAX_ITEMS = 15
 _U16 = struct.Struct(">H")
@@ -49,28 +47,16 @@ def ext_header(code: int, length: int) -> bytes:
 
 
 class SmallRecords:
-    """Encoder of short tuples (see the module doc). ``tuple_code``/``array_code``: the codec's extension
-    types of a tuple and of an inline array; arrays and bytes of at least ``limit`` bytes decline."""
+    """Encoder of short tuples (see the module doc). ``tuple_code``: the codec's extension type of a
+    tuple; ``arrays``: the codec's lone-array path, whose record heads (per dtype and shape) are a plain
+    record's first byte and then the array's extension value up to its data, which is what an array
+    inside a tuple is; arrays and bytes of at least ``limit`` bytes decline."""
 
-    def __init__(self, tuple_code: int, array_code: int, limit: int) -> None:
+    def __init__(self, tuple_code: int, arrays: SmallArrays, limit: int) -> None:
         self._tuple_code = tuple_code
-        self._array_code = array_code
+        self._arrays = arrays
         self._limit = limit
         self._local = threading.local()     # one plain Packer per thread (a Packer is not thread-safe)
-        self._heads: dict[tuple[np.dtype, tuple[int, ...]], bytes] = {}
-
-    def _array_head(self, a: np.ndarray) -> bytes:
-        """The bytes of ``a``'s extension value (as the general encoder writes it) before its data."""
-        key = (a.dtype, a.shape)
-        head = self._heads.get(key)
-        if head is None:
-            body = msgpack.packb([a.dtype.str, list(a.shape), bytes(a.nbytes)], use_bin_type=True)
-            full = msgpack.packb(msgpack.ExtType(self._array_code, body), use_bin_type=True)
-            head = full[:len(full) - a.nbytes]
-            if len(self._heads) >= _KINDS:
-                self._heads.clear()
-            self._heads[key] = head
-        return head
 
     def encode(self, t: tuple[Any, ...]) -> list[Buffer] | None:
         """The parts of the plain record of ``t`` (a copy of every value), or None to decline."""
@@ -87,10 +73,12 @@ class SmallRecords:
         for x in t:
             tx = type(x)
             if tx is np.ndarray:
-                dt = x.dtype
-                if x.nbytes >= limit or dt.names is not None or dt.hasobject or not x.flags.c_contiguous:
+                if x.nbytes >= limit or not x.flags.c_contiguous:
                     return None
-                head = self._array_head(x)
+                record_head = self._arrays.head(x)     # (None for dtypes the fast paths do not take)
+                if record_head is None:
+                    return None
+                head = record_head[1:]
                 data = x.tobytes()
                 items.append(head)
                 items.append(data)
