@@ -35,11 +35,15 @@ def host_name(hid: str) -> str:
     return hid.split("/", 1)[0] if hid else "?"
 
 
+#: The boot part of a host id (``twisternet.bootstrap.addresses.host_id``) where the kernel has none.
+NO_BOOT_ID = "no-boot-id"
+
+
 def kernel_of(hid: str) -> str:
     """The machine of a host id: its boot id (``hostname/boot/netns``), which every container and network
     namespace of one running kernel shares; the whole id where it has no such part."""
     parts = hid.split("/")
-    return parts[1] if len(parts) == 3 and parts[1] not in ("", "no-boot-id") else hid
+    return parts[1] if len(parts) == 3 and parts[1] not in ("", NO_BOOT_ID) else hid
 
 
 def ranks_on_this_kernel(hosts: Sequence[str] | Mapping[int, str], rank: int) -> int:

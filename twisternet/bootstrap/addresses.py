@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from twisternet.errors import OperationTimeout
+from twisternet.topology import NO_BOOT_ID
 
 
 def host_id() -> str:
@@ -19,7 +20,7 @@ def host_id() -> str:
     try:
         boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     except OSError:
-        boot = "no-boot-id"
+        boot = NO_BOOT_ID
     try:
         netns = str(os.stat("/proc/self/ns/net").st_ino)
     except OSError:
