@@ -479,3 +479,77 @@ def test_threads_sending_small_records_while_a_waiter_drives_the_engine() -> Non
     finally:
         for c in (c0, c1):
             c.close(timeout=10.0)
+
+
+def _progress_both(c0, c1, predicate, timeout: float = 60.0) -> None:
+    """Run both manual-mode contexts' engines until ``predicate()`` (their handlers count what arrives)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        c0.progress(0.001)
+        c1.progress(0.001)
+
+
+def test_a_record_read_in_a_delivering_round_reaches_its_handler_during_the_read() -> None:
+    """A one-record message of a stream with nothing pending goes to its handler while the round reads
+    it (Inbound._handle_now), with record_views() answering for it; old code queued it for _deliver,
+    after the read (the handler then ran with ``_inline`` unset)."""
+    (c0, c1), _ = _context_pair(progress="manual")
+    seen: list[tuple[object, bool, bool]] = []
+    try:
+        c1.register(2, lambda src, obj: seen.append((obj, getattr(c1, "_inline", False), c1.record_views()))
+                    is None)
+        c0.send(1, 2, ("small", 1))
+        _progress_both(c0, c1, lambda: len(seen) == 1)
+        assert seen == [(("small", 1), True, False)], \
+            "the handler should run inside the round's read, with no buffer views for a small record"
+        assert not c1._in_dirty and not c1._in[(0, 2)].pending
+    finally:
+        for c in (c0, c1):
+            c.channel.abort("test over")
+
+
+def test_a_record_refused_on_arrival_is_offered_again_before_later_ones() -> None:
+    """A handler that refuses the record handed to it during the read gets it again (after the retry
+    interval) before the records sent after it, and the sender's credit comes back only then."""
+    (c0, c1), _ = _context_pair(progress="manual")
+    offered: list[int] = []
+    taken: list[int] = []
+    refuse = [True]
+
+    def handler(src: int, obj: int) -> bool:
+        offered.append(obj)
+        if refuse[0]:
+            refuse[0] = False
+            return False
+        taken.append(obj)
+        return True
+
+    try:
+        c1.register(2, handler)
+        c0.send(1, 2, 1)
+        _progress_both(c0, c1, lambda: offered == [1])
+        assert taken == [] and (0, 2) in c1._refused
+        for i in (2, 3):
+            c0.send(1, 2, i)
+        _progress_both(c0, c1, lambda: len(taken) == 3)
+        assert taken == [1, 2, 3] and offered[:2] == [1, 1]
+    finally:
+        for c in (c0, c1):
+            c.channel.abort("test over")
+
+
+def test_a_handler_that_raises_on_arrival_fails_the_waiter() -> None:
+    (c0, c1), _ = _context_pair(progress="manual")
+
+    def handler(src: int, obj: object) -> bool:
+        raise ValueError(f"bad record {obj!r}")
+
+    try:
+        c1.register(2, handler)
+        c0.send(1, 2, "x")
+        with pytest.raises(ValueError, match="bad record 'x'"):
+            c1.wait_until(lambda: False, timeout=30.0)
+    finally:
+        for c in (c0, c1):
+            c.channel.abort("test over")

@@ -69,6 +69,7 @@ class Context(Outbound, OwnSend, ProgressEngine, Inbound, PeerLoss, Lifecycle):
         self._sleep_until = float("inf")   # when a sleeping engine will wake by itself
         self._driven_at = 0.0              # when a caller last drove the engine itself (see _run)
         self._seen = False                 # a send completed in this progress round (notify waiters)
+        self._inline = False               # on_message may run handlers at once (see Inbound.on_message)
         self._stop = False
         # outbound (outbound.py)
         self._out: dict[tuple[int, int], _OutStream] = {}

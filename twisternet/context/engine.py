@@ -177,7 +177,13 @@ class ProgressEngine(ContextState):
                 else:
                     with self._lock:
                         timeout = self._sleep_for(timeout)
-                did = self.channel.progress(timeout) or did
+                # the records of this round's messages go to their handlers as they are read (see
+                # Inbound.on_message); _deliver below takes what could not
+                self._inline = deliver
+                try:
+                    did = self.channel.progress(timeout) or did
+                finally:
+                    self._inline = False
                 self._sleep_until = float("inf") if timeout > 0 else self._sleep_until
                 # (unlocked peeks: whoever fills these after the peek wakes the channel, see _kick)
                 if (self._out_ready or self._out_partial or self._coflow_pump is not None) and self._pump():

@@ -2,10 +2,11 @@
 
 ``on_message`` (the channel's handler callback, on the engine) unpacks and decodes a message into its
 stream's pending records; ``_deliver`` then offers them, in order, to the handler registered on their
-edge, outside the Context lock. A handler that refuses a record holds back everything after it from
-that source on that edge (retried every ``_RETRY_INTERVAL`` or on ``Context.resume``). Records of
-another incarnation of an edge wait or are dropped; records of another operation in the same one are
-a mismatch, reported to both ranks (see the package doc).
+edge, outside the Context lock. A one-record message of a stream with nothing pending goes to its
+handler at once instead, in a round that delivers (``_handle_now``). A handler that refuses a record
+holds back everything after it from that source on that edge (retried every ``_RETRY_INTERVAL`` or
+on ``Context.resume``). Records of another incarnation of an edge wait or are dropped; records of
+another operation in the same one are a mismatch, reported to both ranks (see the package doc).
 """
 
 from __future__ import annotations
@@ -44,6 +45,11 @@ class Inbound(ContextState):
         if tag == _DIRECT and edge != _CAUSE_EDGE and not ins.unpacker.partial:
             # the common case, in short: one record, under the stream's current tag
             obj, views = self.codec.decode_views(data[1:])
+            if self._inline and not ins.pending:
+                entry = self._handlers.get(edge)
+                if entry is not None and ins.tag is entry[2]:
+                    self._handle_now(entry[0], ins, obj, views, release)
+                    return
             ref = _MsgRef(release)
             ref.views = views
             ref.count = 1
@@ -95,6 +101,38 @@ class Inbound(ContextState):
 
     def on_credit(self, peer: int, edge: int) -> None:
         pass  # the next _pump retries every stream with queued messages
+
+    def _handle_now(self, handler: Callable[[int, Any], Any], ins: _InStream, obj: Any, views: bool,
+                    release: Callable[[], None]) -> None:
+        """The record of a message read in a progress round that delivers (``_inline``), with nothing
+        of its stream before it, straight to its handler: what ``_deliver`` would do with it right
+        after the read, without the pending queue, the dirty set and their locks. A refused record is
+        queued as ``_deliver`` queues one; a failing handler fails the waiters as there. Not in the
+        rounds that only move bytes (``_kick``, a pushing sender): their caller may be inside an
+        operation whose record a handler must not overtake."""
+        progress = self._in_progress
+        progress.views = views
+        try:
+            ok = handler(ins.src, obj)
+        except BaseException as e:  # a failing handler fails the waiters (as in _deliver)
+            log.exception("rank %d: handler of edge %d raised", self.rank, ins.edge)
+            with self._lock:
+                if self._failure is None:
+                    self._failure = e
+            self._seen = True
+            return
+        finally:
+            progress.views = True     # outside a handler, record_views() gives the safe answer
+        self._seen = True
+        if ok is not False:
+            release()
+            return
+        ref = _MsgRef(release)        # refused: held back, offered again by _deliver
+        ref.views = views
+        ref.count = 1
+        with self._lock:
+            ins.pending.append((obj, ref))
+            self._refused[(ins.src, ins.edge)] = time.monotonic()
 
     def on_sent(self, token: object) -> None:
         self._seen = True

@@ -62,6 +62,7 @@ class ContextState:
     _sleep_until: float
     _driven_at: float
     _seen: bool
+    _inline: bool
     _stop: bool
     # outbound (outbound.py)
     _out: dict[tuple[int, int], _OutStream]
