@@ -111,7 +111,8 @@ class RecordPlumbing:
         self.mine_desc = describe_value(value)
         with self.op._state_lock():
             self.current = (call, path)
-            odd = next((k for k in self.stash if k[1] == call and not _compatible(k[0], path)), None)
+            odd = next((k for k in self.stash if k[1] == call and not _compatible(k[0], path)),
+                       None) if self.stash else None
         if odd is not None:
             raise self._failed(self._path_error(call, path, odd[0], odd[4]), f"in allreduce() call {call}", call)
 

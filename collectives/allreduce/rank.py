@@ -159,11 +159,12 @@ class RankAllReduce(TreePath, HierarchicalPath):
         op._raise_if_failed()
         n = len(self.ranks)
         is_array = isinstance(value, np.ndarray)
-        ring_ok = is_array and op.reduction.named and n > 1 and value.size >= n
+        named = op.reduction.named
+        ring_ok = is_array and named and n > 1 and value.size >= n
         if op.via == "ring" and n > 1 and not ring_ok:
             raise ConfigError("via", "via='ring' needs a numpy array (at least one element per rank) and a "
                                      "named reduction (sum, prod, max, min)")
-        shm_ok = is_array and op.reduction.named and n > 1 and value.size >= 1 and not value.dtype.hasobject
+        shm_ok = is_array and named and n > 1 and value.size >= 1 and not value.dtype.hasobject
         if self.shm is not None and not shm_ok and n > 1:
             # the other ranks may be in a shared-memory round: join it with "no array", so that a
             # mismatch raises on every rank at once (if all passed such values, go on below)
@@ -177,10 +178,13 @@ class RankAllReduce(TreePath, HierarchicalPath):
                                      "(sum, prod, max, min)")
         if n == 1:
             return snapshot(value)
-        topo = self._topology(call, t) if op.via in ("auto", "hier") else None
-        algo = choose(op.via, nranks=n, array_ok=shm_ok, ring_ok=ring_ok, nbytes=value.nbytes if is_array else 0,
-                      ring_threshold=op.ring_threshold, topology=topo,
-                      shm_offered=op.via == "auto" and shm_ok and self._auto_shm())
+        if op.via in ("auto", "hier"):
+            topo = self._topology(call, t)
+            algo = choose(op.via, nranks=n, array_ok=shm_ok, ring_ok=ring_ok, nbytes=value.nbytes if is_array else 0,
+                          ring_threshold=op.ring_threshold, topology=topo,
+                          shm_offered=op.via == "auto" and shm_ok and self._auto_shm())
+        else:
+            topo, algo = None, op.via          # (what choose() returns for a forced algorithm)
         if algo == "hier":
             if not shm_ok:   # told to every rank: the others would wait for this one's records
                 raise self._failed(ConfigError("via", "via='hier' needs a non-empty numpy array of numbers and "
