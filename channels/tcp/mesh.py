@@ -24,6 +24,7 @@ from .accept import ACCEPT_BACKOFF_MIN, MAX_PENDING_HANDSHAKES
 from .channel import TCPChannel
 from .liveness import rank_places
 from .peer import Peer
+from .wire import WIRE_VERSION, check_wire_version
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ def build_mesh(rank: int, world: int, table: list[dict], listeners: list[socket.
     errors: list[str] = []
     lock = threading.Lock()
     deadline = time.monotonic() + config.connect_timeout
-    hello = {"rank": rank, "world": world}
+    hello = {"rank": rank, "world": world, "wire": WIRE_VERSION}
 
     def dial(j: int) -> None:
         delay = 0.02
@@ -93,6 +94,11 @@ def build_mesh(rank: int, world: int, table: list[dict], listeners: list[socket.
                 if got.get("rank") != j:
                     s.close()
                     raise ProtocolError(f"expected rank {j}, the peer says {got.get('rank')!r}")
+                try:
+                    check_wire_version(got, f"rank {j}")
+                except ProtocolError:
+                    s.close()
+                    raise
                 with lock:
                     peers[j] = Peer(j, s, kind)
                 return
@@ -126,6 +132,13 @@ def build_mesh(rank: int, world: int, table: list[dict], listeners: list[socket.
             sock.setblocking(True)
             got = handshake(sock, token, initiator=False, hello=hello, timeout=config.handshake_timeout)
             j = got.get("rank")
+            try:
+                check_wire_version(got, f"rank {j!r}")
+            except ProtocolError as e:
+                if isinstance(j, int) and j in expected:
+                    with lock:
+                        errors.append(f"{places[j]}: {e}")
+                raise
             with lock:
                 ok = isinstance(j, int) and j in expected and j not in peers
                 if ok:

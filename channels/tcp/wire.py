@@ -14,6 +14,10 @@ import struct
 
 from twisternet.errors import ProtocolError
 
+#: Version of this frame protocol, in every peer link's hello (see mesh.build_mesh): 2 since DATA_CREDIT.
+#: A peer of another version (or none: before 2) is refused, as it would not read every frame it gets.
+WIRE_VERSION = 2
+
 HDR = struct.Struct("<BIQ")
 HEADER_SIZE = HDR.size
 DATA, CREDIT, HEARTBEAT, BYE, ABORT, DATA_CREDIT = 1, 2, 3, 4, 5, 6
@@ -33,6 +37,14 @@ MAX_FRAME = 1 << 48
 def header(kind: int, edge: int = 0, length: int = 0) -> bytes:
     """The header of one frame."""
     return HDR.pack(kind, edge, length)
+
+
+def check_wire_version(hello: dict, peer: object) -> None:
+    """ProtocolError unless the peer's hello speaks this frame protocol (:data:`WIRE_VERSION`)."""
+    theirs = hello.get("wire", 1)
+    if theirs != WIRE_VERSION:
+        raise ProtocolError(f"{peer} speaks the TCP channel's frame protocol version {theirs!r}, this process "
+                            f"speaks {WIRE_VERSION}: run the same twisternet version on every rank")
 
 
 def check_header(rank: int, kind: int, length: int) -> None:
