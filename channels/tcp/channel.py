@@ -68,6 +68,9 @@ class TCPChannel(TCPReceive, Channel):
         super().__init__(rank, world, config)
         self.credit = config.buffer_size * config.buffer_count
         self._peers = peers
+        #: Peers frames were queued for, and maybe not all written yet (_flush_writes looks at these
+        #: only, not at every peer of the job; a peer leaves the set once its queue is empty).
+        self._writers: set[Peer] = set()
         self._listeners = listeners
         self.session = session
         self._handler: ChannelHandler | None = None
@@ -179,6 +182,7 @@ class TCPChannel(TCPReceive, Channel):
             p.wq.append(rest)
             p.wq_bytes += rest.nbytes
             p.want_write = True
+            self._writers.add(p)
             self._poller.modify(p.fd, IN | OUT)
         return True
 
@@ -304,7 +308,7 @@ class TCPChannel(TCPReceive, Channel):
         if peer is not None:
             p = self._peers.get(peer)
             return bool(p and p.wq and not p.lost)
-        return any(p.wq and not p.lost for p in self._peers.values())
+        return any(p.wq and not p.lost for p in tuple(self._writers))
 
     def idle(self, peer: int, edge: int) -> bool:
         p = self._peers.get(peer)
@@ -384,12 +388,24 @@ class TCPChannel(TCPReceive, Channel):
     def _enqueue(self, p: Peer, head: bytes, views: list[memoryview], token: object) -> None:
         """Queue one frame for ``p`` (every frame this channel sends goes through here)."""
         p.enqueue(head, views, token)
+        self._writers.add(p)     # (after the frame: see _flush_writes)
 
     def _flush_writes(self) -> bool:
+        """Write what is queued for the peers whose socket the poller does not watch for room."""
+        if not self._writers:
+            return False
         did = False
-        for p in self._peers.values():
-            if p.wq and not p.lost and not p.want_write and not p.closed:
+        writers = self._writers
+        for p in tuple(writers):
+            # out of the set first, then look at its queue: a frame another thread queues meanwhile
+            # is either seen here or puts the peer back in the set (_enqueue adds after queueing)
+            writers.discard(p)
+            if not p.wq or p.lost or p.closed:
+                continue
+            if not p.want_write:
                 did = self._write(p) or did
+            if p.wq:
+                writers.add(p)
         return did
 
     def _write(self, p: Peer) -> bool:

@@ -13,6 +13,7 @@ import time
 
 from channels import tcp
 from channels.tcp import TCPChannel, _Peer
+from channels.tcp.wire import HEARTBEAT, header
 from twisternet.config import Config
 
 
@@ -376,3 +377,51 @@ def test_a_goodbye_behind_a_large_payload_is_read_after_a_failed_write():
         assert h0.messages == [(1, 2, payload)]
     finally:
         _close(ch0, ch1)
+
+
+def test_a_round_writes_only_the_peers_with_queued_frames(monkeypatch):
+    """Rank 0 of three: a frame queued for rank 2 is written by the next round, and the round looks at
+    no peer without queued frames (old code walked every peer of the job twice per round); a frame
+    queued by another thread while a round runs is written by a later round."""
+    a1, b1 = socket.socketpair()
+    a2, b2 = socket.socketpair()
+    cfg = Config(heartbeat_interval=30.0, peer_timeout=60.0)
+    ch = TCPChannel(0, 3, cfg, {1: _Peer(1, a1, "unix"), 2: _Peer(2, a2, "unix")}, [], b"t" * 16)
+    ch.start(Recorder())
+    written: list[int] = []
+    real_write = ch._write
+
+    def write(p):
+        written.append(p.rank)
+        return real_write(p)
+
+    monkeypatch.setattr(ch, "_write", write)
+    try:
+        assert not ch._flush_writes() and written == []
+        ch._enqueue(ch._peers[2], header(HEARTBEAT), [], None)
+        assert ch.has_pending() and ch.has_pending(2) and not ch.has_pending(1)
+        assert ch._flush_writes() and written == [2]
+        assert not ch.has_pending() and not ch._writers
+        assert b2.recv(64) == header(HEARTBEAT) and not ch._flush_writes() and written == [2]
+
+        sent_late = threading.Event()
+
+        def write_and_queue(p):    # another thread queues for rank 1 in the middle of a round
+            r = write(p)
+            if not sent_late.is_set():
+                sent_late.set()
+                t = threading.Thread(target=ch._enqueue, args=(ch._peers[1], header(HEARTBEAT), [], None))
+                t.start()
+                t.join()
+            return r
+
+        monkeypatch.setattr(ch, "_write", write_and_queue)
+        ch._enqueue(ch._peers[2], header(HEARTBEAT), [], None)
+        ch._flush_writes()
+        ch._flush_writes()
+        assert written[1:] == [2, 1] and not ch.has_pending()
+        assert b1.recv(64) == header(HEARTBEAT)
+    finally:
+        ch.abort("test over")
+        for s in (b1, b2):
+            s.close()
