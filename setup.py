@@ -1,9 +1,10 @@
-"""Optional compiled switch dataplane (innet._fastpath) and host I/O (innet._hostio); the rest is in
-pyproject.toml.
+"""Optional compiled switch dataplane (innet._fastpath), host I/O (innet._hostio) and parameter-server
+packet path (innet._pscore); the rest is in pyproject.toml.
 
 The extension needs only a C compiler and the Python headers (no third-party build dependencies). When
 it cannot be built (no compiler, no headers, a non-Linux libc without recvmmsg), the install still
-succeeds: the failure is logged and the switch runs its Python dataplane (innet.fastpath.choose_dataplane).
+succeeds: the failure is logged and the switch runs its Python dataplane (innet.fastpath.choose_dataplane),
+the PS its Python packet path (innet.pscore.choose_ps_core).
 """
 
 import logging
@@ -32,8 +33,8 @@ class OptionalBuildExt(build_ext):
 
     @staticmethod
     def _skip(e: BaseException) -> None:
-        msg = (f"twisternet: building an optional C extension (innet._fastpath, innet._hostio) failed: {e}; "
-               "the pure-Python code will be used")
+        msg = ("twisternet: building an optional C extension (innet._fastpath, innet._hostio, innet._pscore) "
+               f"failed: {e}; the pure-Python code will be used")
         log.warning(msg)
         sys.stderr.write(f"WARNING: {msg}\n")
 
@@ -43,5 +44,7 @@ if sys.platform.startswith("linux"):   # recvmmsg / sendmmsg
     ext_modules.append(Extension("innet._fastpath", ["innet/_fastpath.c"], extra_compile_args=["-O2"]))
     # batched datagram I/O of workers and PS (innet/hostio.py falls back to Python loops without it)
     ext_modules.append(Extension("innet._hostio", ["innet/_hostio.c"], extra_compile_args=["-O2"]))
+    # the parameter server's packet path (innet/pscore.py falls back to ParameterServer.handle without it)
+    ext_modules.append(Extension("innet._pscore", ["innet/_pscore.c"], extra_compile_args=["-O2"]))
 
 setup(ext_modules=ext_modules, cmdclass={"build_ext": OptionalBuildExt})
