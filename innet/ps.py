@@ -22,6 +22,11 @@ The parameter packet goes to the job's switch (which frees the aggregators on it
 and directly to every worker seen sending straight to the PS (fallback when the switch is gone).
 Completed results are kept for ``keep`` fragments so a duplicate (a worker whose ACK was lost) is
 answered with the same packet.
+
+``handle`` below is the per-packet reference. ``run`` uses the compiled packet path (``innet/_pscore.c``,
+glue ``innet.pscore``) when it is built: the same outputs, state and statistics, with a whole receive
+batch per call and no GIL (``TWISTERNET_INNET_PS_CORE=auto|c|python``); the server's engine is chosen
+when it is made, and the compiled core then owns every job's state.
 """
 
 from __future__ import annotations
@@ -43,8 +48,9 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from .hostio import RowIO
+from .hostio import RowIO, key_addr
 from .ps_batch import handle_batch
+from .pscore import NAME_KEYS, CPSCore, choose_ps_core
 from .server_thread import ServerThread
 from .transport import ROLE_PS, LossConfig, UdpTransport
 from .wire import (DEFAULT_VALUE_COUNT, FLAG_ACK, FLAG_COLLISION, FLAG_ECN, FLAG_EDGE, FLAG_OVERFLOW,
@@ -99,6 +105,8 @@ class PSJobConfig:
             raise ValueError(f"world must be in 1..{rs * MAX_FAN_IN} for rack size {rs}, got {self.world}")
         if not self.scale > 0:
             raise ValueError(f"scale must be > 0, got {self.scale}")
+        if self.keep < 0:
+            raise ValueError(f"keep must be >= 0, got {self.keep}")
         if self.workers and len(self.workers) != self.world:
             raise ValueError(f"workers must list one address per rank ({self.world}), got {len(self.workers)}")
         object.__setattr__(self, "workers", tuple(_numeric(a) for a in self.workers))
@@ -127,6 +135,11 @@ class PSJobStats:
     param_resent: int = 0
     rejected: int = 0              # packets of this job from an address not registered for it
     direct_workers: set[int] = field(default_factory=set)
+
+
+#: the counters of PSJobStats in field order, as the C core reports them
+_STAT_FIELDS = ("packets", "switch_aggregates", "raw", "collisions", "overflow", "resends", "duplicates",
+                "overlaps", "completed", "param_resent", "rejected")
 
 
 class _Pending:
@@ -176,14 +189,20 @@ class _JobState:
 
 
 class ParameterServer:
-    """The PS end host for several jobs on one UDP socket; ``run()`` loops until ``stop()``."""
+    """The PS end host for several jobs on one UDP socket; ``run()`` loops until ``stop()``.
+
+    ``core`` picks the packet path (``innet.pscore.choose_ps_core``: ``auto``, ``c`` or ``python``; None
+    reads ``TWISTERNET_INNET_PS_CORE``); ``self.core`` says which one runs.
+    """
 
     def __init__(self, bind: tuple[str, int] = ("127.0.0.1", 0), value_count: int = DEFAULT_VALUE_COUNT,
-                 *, loss: LossConfig | None = None) -> None:
+                 *, loss: LossConfig | None = None, core: str | None = None) -> None:
         self.value_count = int(value_count)
         self.packet_size = packet_size(self.value_count)
+        self.core = choose_ps_core(core)
         self.transport = UdpTransport(bind, role=ROLE_PS, loss=loss)
-        self._jobs: dict[int, _JobState] = {}
+        self._jobs: dict[int, _JobState] = {}      # the Python path's state (unused with the C core)
+        self._c = CPSCore(self.value_count, _PENDING_TTL, log) if self.core == "c" else None
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.dropped = 0
@@ -197,22 +216,49 @@ class ParameterServer:
     def add_job(self, cfg: PSJobConfig) -> None:
         """Serve a job (replacing any previous state of the same id)."""
         with self._lock:
-            self._jobs[cfg.job_id] = _JobState(cfg)
+            if self._c is not None:
+                self._c.add_job(cfg)
+            else:
+                self._jobs[cfg.job_id] = _JobState(cfg)
 
     def has_job(self, job_id: int) -> bool:
         """Whether the PS serves a job of this id."""
         with self._lock:
-            return job_id in self._jobs
+            return job_id in (self._c.cfgs if self._c is not None else self._jobs)
 
     def remove_job(self, job_id: int) -> None:
         with self._lock:
-            self._jobs.pop(job_id, None)
+            if self._c is not None:
+                self._c.remove_job(job_id)
+            else:
+                self._jobs.pop(job_id, None)
 
     def stats(self, job_id: int) -> PSJobStats:
         """A snapshot of the statistics of one job; KeyError if unknown."""
         with self._lock:
+            if self._c is not None:
+                counts, ranks = self._c.stats(job_id)
+                st = PSJobStats(direct_workers=set(ranks))
+                for name, v in zip(_STAT_FIELDS, counts, strict=True):
+                    setattr(st, name, v)
+                return st
             s = self._jobs[job_id].stats
             return PSJobStats(**{**s.__dict__, "direct_workers": set(s.direct_workers)})
+
+    def job_state(self, job_id: int) -> dict[str, Any]:
+        """A snapshot of one job's per-fragment state, the same with either packet path (tests):
+        ``pending`` {seq: (set of ranks as a bitset, int64 sums as bytes, float64 sums as bytes or None,
+        ecn, collision, aggregator index, fan-in bits, first-seen time)}, ``completed`` [(seq, parameter
+        packet)] oldest first, ``direct`` [(rank, address)] in the order they were learned."""
+        with self._lock:
+            if self._c is not None:
+                return self._c.state(job_id)
+            js = self._jobs[job_id]
+            return {"pending": {s: (p.have, p.int_sum.tobytes(),
+                                    None if p.float_sum is None else p.float_sum.tobytes(), p.ecn, p.collision,
+                                    p.agg_index, p.fan, p.t0) for s, p in js.pending.items()},
+                    "completed": [(s, bytes(v)) for s, v in js.completed.items()],
+                    "direct": list(js.direct.items())}
 
     def stop(self) -> None:
         self._stop.set()
@@ -220,7 +266,14 @@ class ParameterServer:
     # ------------------------------------------------------------------ packet handling
     # Complexity accepted: one branch per ATP packet kind.
     def handle(self, data: bytes, src: tuple[str, int], now: float) -> list[tuple[tuple[str, int], bytes]]:  # noqa: C901
-        """Process one received packet; returns the (address, bytes) datagrams to send."""
+        """Process one received packet; returns the (address, bytes) datagrams to send. (With the C
+        core, the packet goes through it: its state is the only one.)"""
+        if self._c is not None:
+            with self._lock:
+                outs = self._c.handle(data, src, now)
+                events = self._fold()
+            self._c.log_events(events)
+            return outs
         if len(data) != self.packet_size:
             self.dropped += 1
             log.debug("PS dropped a %d-byte packet from %s", len(data), src)
@@ -331,11 +384,39 @@ class ParameterServer:
         if old:
             log.warning("job %d: %d fragments never completed and were dropped", js.cfg.job_id, len(old))
 
+    def process_batch(self, rows: np.ndarray, lengths: np.ndarray, keys: np.ndarray,
+                      now: float) -> list[tuple[tuple[str, int], bytes]]:
+        """Received packets (rows of a uint8 matrix, their int64 lengths and uint64 sender keys, as
+        ``RowIO.recv`` fills them) in order, through this server's packet path; the datagrams to send,
+        as ``handle`` returns them (in C mode one call into the core)."""
+        if self._c is None:
+            return handle_batch(self, rows, lengths, keys, now).datagrams()
+        with self._lock:
+            outs = self._c.process(rows, lengths, keys, now)
+            events = self._fold()
+        self._c.log_events(events)
+        return [(self._c.addr(k), d) for k, d in outs]
+
+    def _fold(self) -> list[tuple[int, int, int, int, int]]:
+        """Add the C core's counters to ``dropped``, ``rejected`` and the transport's; its events to log.
+        Call with the lock held."""
+        assert self._c is not None
+        (dropped, rejected, sent, refused), events = self._c.take()
+        self.dropped += dropped
+        self.rejected += rejected
+        self.transport.sent += sent
+        self.transport.refused += refused
+        return events
+
     # ------------------------------------------------------------------ loop
     def run(self) -> None:
         """Receive and answer packets until stopped; then close the socket. Batched: up to ``_BATCH``
-        datagrams per receive call into preallocated rows, ``innet.ps_batch.handle_batch`` (same
-        semantics as ``handle`` per packet), all outputs in one send call."""
+        datagrams per receive call. With the C core, ``CPSCore.serve`` receives, processes and sends a
+        batch without the GIL; else they go into preallocated rows, ``innet.ps_batch.handle_batch``
+        (same semantics as ``handle`` per packet), all outputs in one send call."""
+        if self._c is not None:
+            self._run_c(self._c)
+            return
         tr = self.transport
         io = RowIO(tr)
         # rows one byte wider than a packet: an oversize datagram shows as too long
@@ -358,13 +439,45 @@ class ParameterServer:
         finally:
             tr.close()
 
+    def _run_c(self, core: CPSCore) -> None:
+        tr = self.transport
+        io = RowIO(tr) if tr.loss.active else None     # loss injection needs UdpTransport.send
+        rx = np.zeros((_BATCH, self.packet_size + 1), np.uint8)
+        lengths = np.zeros(_BATCH, np.int64)
+        keys = np.zeros(_BATCH, np.uint64)
+        fd = tr.fileno()
+        try:
+            while not self._stop.is_set():
+                r, _, _ = select.select([tr.sock], [], [], 0.05)
+                if not r:
+                    continue
+                for _ in range(64):                    # up to 64 batches per wake-up
+                    outs: list[tuple[int, bytes]] = []
+                    with self._lock:
+                        if io is None:
+                            got = core.serve(fd, _BATCH)
+                        else:
+                            got = io.recv(rx, lengths, keys, _BATCH)
+                            if got:
+                                outs = core.process(rx[:got], lengths[:got], keys[:got], time.monotonic())
+                        events = self._fold()
+                    for key, data in outs:
+                        if key < NAME_KEYS:
+                            tr.send(data, key_addr(key))
+                    if events:
+                        core.log_events(events)
+                    if not got:
+                        break
+        finally:
+            tr.close()
+
 
 class PSThread(ServerThread):
     """A parameter server running in a daemon thread (tests, demos); a context manager."""
 
     def __init__(self, bind: tuple[str, int] = ("127.0.0.1", 0), value_count: int = DEFAULT_VALUE_COUNT,
-                 *, loss: LossConfig | None = None) -> None:
-        self.server = ParameterServer(bind, value_count, loss=loss)
+                 *, loss: LossConfig | None = None, core: str | None = None) -> None:
+        self.server = ParameterServer(bind, value_count, loss=loss, core=core)
         super().__init__(self.server, "atp-ps")
 
 

@@ -206,6 +206,9 @@ class Config:
     #: else Python loops), "c" (an error if it is not built) or "python" (innet.hostio; read by the
     #: workers from TWISTERNET_INNET_HOSTIO; a PS or switch the job starts always uses "auto").
     innet_hostio: str = "auto"
+    #: Packet path of a PS this job starts: "auto" (the compiled core innet/_pscore.c when built, else
+    #: Python), "c" or "python" (innet.pscore; read by the PS from TWISTERNET_INNET_PS_CORE).
+    innet_ps_core: str = "auto"
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -287,6 +290,8 @@ def _validate(c: Config) -> None:  # noqa: C901
         raise ConfigError("innet_dataplane", f"must be auto, c or python, got {c.innet_dataplane!r}")
     if c.innet_hostio not in ("auto", "c", "python"):
         raise ConfigError("innet_hostio", f"must be auto, c or python, got {c.innet_hostio!r}")
+    if c.innet_ps_core not in ("auto", "c", "python"):
+        raise ConfigError("innet_ps_core", f"must be auto, c or python, got {c.innet_ps_core!r}")
     if c.token is not None:
         from .tokens import HOW_TO_MAKE_ONE, token_problem
         problem = token_problem(c.token)

@@ -166,7 +166,7 @@ STRANGER = ("127.0.0.1", 7000)
 
 
 def _server(V: int) -> ParameterServer:
-    ps = ParameterServer(("127.0.0.1", 0), V)
+    ps = ParameterServer(("127.0.0.1", 0), V, core="python")      # the Python batch function's server
     ps.add_job(PSJobConfig(1, 2, 2.0**20, SWITCH, keep=40, workers=tuple(WORKERS[1])))
     ps.add_job(PSJobConfig(2, 4, 2.0**20, SWITCH, rack_size=2, keep=40, workers=tuple(WORKERS[2])))
     return ps
