@@ -16,17 +16,25 @@
  *   Core(value_count, pending_ttl)
  *   Core.add_job(job_id, world, rack_size, scale, keep, switch_key, worker_keys) / remove_job(job_id)
  *   Core.process(rows, lengths, keys, now, log_level) -> [(key, bytes)]   the packet function
- *   Core.serve(fd, max_batch, log_level) -> received     recvmmsg a batch, process it, sendmmsg the outputs
+ *   Core.serve(fd, max_batch, log_level, timeout_ms) -> received
+ *       wait up to timeout_ms for the socket to be readable (poll), then up to 64 rounds of: recvmmsg a
+ *       batch, process it, sendmmsg the outputs -- all without the GIL, so a wake-up of the PS costs
+ *       one GIL acquisition (when serve returns), not one per system call
  *   Core.stats(job_id), Core.state(job_id), Core.take_counters(), Core.take_events()
  *
- * serve() runs without the GIL; the caller holds the server's lock. Uses only libc and the CPython
- * C-API (no numpy headers).
+ * The state is guarded by the core's own lock (a PyThread lock, usable without the GIL): serve()
+ * holds it while it processes, not while it waits in poll; every other method takes it too (dropping
+ * the GIL while it waits), so serve() runs without the server's Python lock. Uses only libc and the
+ * CPython C-API (no numpy headers).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <pythread.h>
+
 #include <arpa/inet.h>
 #include <errno.h>
+#include <poll.h>
 #include <netinet/in.h>
 #include <netinet/udp.h>
 #include <stdint.h>
@@ -107,6 +115,7 @@ typedef struct { int kind, job; int64_t a, b, c; } Event;
 
 typedef struct {
     PyObject_HEAD
+    PyThread_type_lock mu;    /* guards everything below */
     Py_ssize_t V, size;
     double ttl;
     Job *jobs[256];
@@ -132,6 +141,16 @@ typedef struct {
     Py_ssize_t tx_cap;
     int gso;
 } Core;
+
+/* take the core's lock from a thread holding the GIL (dropping the GIL while serve() holds it) */
+static void lock_core(Core *c) {
+    if (PyThread_acquire_lock(c->mu, NOWAIT_LOCK)) return;
+    Py_BEGIN_ALLOW_THREADS
+    PyThread_acquire_lock(c->mu, WAIT_LOCK);
+    Py_END_ALLOW_THREADS
+}
+
+static inline void unlock_core(Core *c) { PyThread_release_lock(c->mu); }
 
 static inline uint32_t rd32(const uint8_t *p) {
     return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | (uint32_t)p[3];
@@ -496,6 +515,7 @@ static int process_one(Core *c, const uint8_t *pkt, Py_ssize_t len, uint64_t src
 
 static void Core_dealloc(Core *c) {
     for (int i = 0; i < 256; i++) job_free(c->jobs[i]);
+    if (c->mu) PyThread_free_lock(c->mu);
     free(c->outs); free(c->arena);
     free(c->rx); free(c->rx_msgs); free(c->rx_iov); free(c->rx_addr);
     free(c->tx_msgs); free(c->tx_iov); free(c->tx_addr); free(c->tx_ctrl);
@@ -508,7 +528,9 @@ static int Core_init(Core *c, PyObject *args, PyObject *kw) {
     double ttl;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "nd", kwlist, &V, &ttl)) return -1;
     if (V < 0 || V > 1 << 20) { PyErr_SetString(PyExc_ValueError, "value_count out of range"); return -1; }
-    for (int i = 0; i < 256; i++) { job_free(c->jobs[i]); c->jobs[i] = NULL; }
+    if (c->mu) { PyErr_SetString(PyExc_RuntimeError, "Core is initialized once"); return -1; }
+    c->mu = PyThread_allocate_lock();
+    if (!c->mu) { PyErr_NoMemory(); return -1; }
     c->V = V;
     c->size = HEADER_SIZE + 4 * V;
     c->ttl = ttl;
@@ -575,15 +597,24 @@ static PyObject *Core_add_job(Core *c, PyObject *args) {
         j->nranks++;
     }
     PyBuffer_Release(&wb);
-    job_free(c->jobs[job_id]);
+    lock_core(c);
+    Job *old = c->jobs[job_id];
     c->jobs[job_id] = j;
+    unlock_core(c);
+    job_free(old);
     Py_RETURN_NONE;
 }
 
 static PyObject *Core_remove_job(Core *c, PyObject *args) {
     int job_id;
     if (!PyArg_ParseTuple(args, "i", &job_id)) return NULL;
-    if (job_id >= 0 && job_id < 256) { job_free(c->jobs[job_id]); c->jobs[job_id] = NULL; }
+    if (job_id >= 0 && job_id < 256) {
+        lock_core(c);
+        Job *old = c->jobs[job_id];
+        c->jobs[job_id] = NULL;
+        unlock_core(c);
+        job_free(old);
+    }
     Py_RETURN_NONE;
 }
 
@@ -598,7 +629,7 @@ static Job *job_arg(Core *c, PyObject *args) {
 }
 
 /* stats(job_id) -> (the 11 counters of PSJobStats in order, [direct ranks]) */
-static PyObject *Core_stats(Core *c, PyObject *args) {
+static PyObject *stats_locked(Core *c, PyObject *args) {
     Job *j = job_arg(c, args);
     if (!j) return NULL;
     PyObject *counts = PyTuple_New(S_COUNT), *ranks = PyList_New(j->ndirect);
@@ -610,7 +641,7 @@ static PyObject *Core_stats(Core *c, PyObject *args) {
 
 /* state(job_id) -> ({seq: (have per rack, int sums bytes, float sums bytes or None, ecn, collision,
  *                   agg_index, fan, t0)}, [(seq, param bytes)] oldest first, [(rank, key)] in order) */
-static PyObject *Core_state(Core *c, PyObject *args) {
+static PyObject *state_locked(Core *c, PyObject *args) {
     Job *j = job_arg(c, args);
     if (!j) return NULL;
     PyObject *pend = PyDict_New(), *done = PyList_New(0), *direct = PyList_New(0);
@@ -648,16 +679,31 @@ fail:
     return NULL;
 }
 
+static PyObject *Core_stats(Core *c, PyObject *args) {
+    lock_core(c);
+    PyObject *r = stats_locked(c, args);
+    unlock_core(c);
+    return r;
+}
+
+static PyObject *Core_state(Core *c, PyObject *args) {
+    lock_core(c);
+    PyObject *r = state_locked(c, args);
+    unlock_core(c);
+    return r;
+}
+
 /* take_counters() -> (dropped, rejected, sent, refused, lost events) since the last call */
 static PyObject *Core_take_counters(Core *c, PyObject *Py_UNUSED(args)) {
+    lock_core(c);
     PyObject *t = Py_BuildValue("(LLLLL)", (long long)c->counters[0], (long long)c->counters[1],
                                 (long long)c->counters[2], (long long)c->counters[3], (long long)c->counters[4]);
     if (t) memset(c->counters, 0, sizeof c->counters);
+    unlock_core(c);
     return t;
 }
 
-/* take_events() -> [(kind, job, a, b, c)] recorded since the last call */
-static PyObject *Core_take_events(Core *c, PyObject *Py_UNUSED(args)) {
+static PyObject *take_events_locked(Core *c) {
     PyObject *res = PyList_New(c->nevents);
     if (!res) return NULL;
     for (int i = 0; i < c->nevents; i++) {
@@ -668,6 +714,14 @@ static PyObject *Core_take_events(Core *c, PyObject *Py_UNUSED(args)) {
     }
     c->nevents = 0;
     return res;
+}
+
+/* take_events() -> [(kind, job, a, b, c)] recorded since the last call */
+static PyObject *Core_take_events(Core *c, PyObject *Py_UNUSED(args)) {
+    lock_core(c);
+    PyObject *r = take_events_locked(c);
+    unlock_core(c);
+    return r;
 }
 
 static PyObject *outputs_list(Core *c) {
@@ -707,20 +761,21 @@ static PyObject *Core_process(Core *c, PyObject *args) {
     Py_ssize_t width = rows.shape[1];
     const int64_t *lengths = lb.buf;
     const uint64_t *keys = kb.buf;
-    c->log_level = level;
-    c->nouts = 0;
-    c->arena_len = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         if (lengths[i] < 0 || lengths[i] > width) {
             PyErr_Format(PyExc_ValueError, "lengths[%zd] = %lld exceeds the row", i, (long long)lengths[i]);
             goto done;
         }
-        if (process_one(c, (const uint8_t *)rows.buf + i * width, (Py_ssize_t)lengths[i], keys[i], now) < 0) {
-            PyErr_NoMemory();
-            goto done;
-        }
     }
-    res = outputs_list(c);
+    lock_core(c);
+    c->log_level = level;
+    c->nouts = 0;
+    c->arena_len = 0;
+    int nomem = 0;
+    for (Py_ssize_t i = 0; i < n && !nomem; i++)
+        nomem = process_one(c, (const uint8_t *)rows.buf + i * width, (Py_ssize_t)lengths[i], keys[i], now) < 0;
+    res = nomem ? PyErr_NoMemory() : outputs_list(c);
+    unlock_core(c);
 done:
     PyBuffer_Release(&rows);
     PyBuffer_Release(&lb);
@@ -867,48 +922,70 @@ static double monotonic_now(void) {
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
-/* serve(fd, max_batch, log_level): one receive batch through the packet function; the count received */
+#define SERVE_ROUNDS 64      /* batches per wake-up, as the Python loop */
+
+/* serve(fd, max_batch, log_level, timeout_ms): wait for the socket (a negative timeout: do not wait),
+ * then receive, process and send batches until none is waiting (at most SERVE_ROUNDS); the count received */
 static PyObject *Core_serve(Core *c, PyObject *args) {
-    int fd, level;
+    int fd, level, timeout;
     Py_ssize_t batch;
-    if (!PyArg_ParseTuple(args, "ini", &fd, &batch, &level)) return NULL;
+    if (!PyArg_ParseTuple(args, "inii", &fd, &batch, &level, &timeout)) return NULL;
     if (batch < 1) { PyErr_SetString(PyExc_ValueError, "max_batch must be >= 1"); return NULL; }
-    if (ensure_rx(c, batch) < 0) return PyErr_NoMemory();
-    c->log_level = level;
-    int k, err = 0, nomem = 0;
+    lock_core(c);
+    int ok = ensure_rx(c, batch) == 0;
+    unlock_core(c);
+    if (!ok) return PyErr_NoMemory();
+    long total = 0;
+    int err = 0, nomem = 0;
     Py_BEGIN_ALLOW_THREADS
-    k = receive(c, fd, batch);
-    if (k < 0) {
-        err = errno;
-    } else if (k > 0) {
-        double now = monotonic_now();
-        Py_ssize_t w = c->size + 1;
-        c->nouts = 0;
-        c->arena_len = 0;
-        for (int i = 0; i < k; i++) {
-            const struct sockaddr_in *a = &c->rx_addr[i];
-            uint64_t key = c->rx_msgs[i].msg_hdr.msg_namelen >= sizeof(struct sockaddr_in)
-                ? ((uint64_t)ntohl(a->sin_addr.s_addr) << 16) | ntohs(a->sin_port) : 0;
-            if (process_one(c, c->rx + i * w, (Py_ssize_t)c->rx_msgs[i].msg_len, key, now) < 0) {
-                nomem = 1;
-                break;
+    int ready = 1;
+    if (timeout >= 0) {
+        struct pollfd pfd = {.fd = fd, .events = POLLIN, .revents = 0};
+        int r = poll(&pfd, 1, timeout);
+        if (r < 0 && errno != EINTR) err = errno;
+        ready = r > 0;
+    }
+    if (ready && !err) {
+        PyThread_acquire_lock(c->mu, WAIT_LOCK);
+        c->log_level = level;
+        for (int round = 0; round < SERVE_ROUNDS; round++) {
+            int k = receive(c, fd, batch);
+            if (k < 0) { err = errno; break; }
+            if (k == 0) break;
+            total += k;
+            double now = monotonic_now();
+            Py_ssize_t w = c->size + 1;
+            c->nouts = 0;
+            c->arena_len = 0;
+            for (int i = 0; i < k; i++) {
+                const struct sockaddr_in *a = &c->rx_addr[i];
+                uint64_t key = c->rx_msgs[i].msg_hdr.msg_namelen >= sizeof(struct sockaddr_in)
+                    ? ((uint64_t)ntohl(a->sin_addr.s_addr) << 16) | ntohs(a->sin_port) : 0;
+                if (process_one(c, c->rx + i * w, (Py_ssize_t)c->rx_msgs[i].msg_len, key, now) < 0) {
+                    nomem = 1;
+                    break;
+                }
             }
+            if (!nomem && c->nouts) {
+                if (ensure_tx(c, c->nouts) < 0) nomem = 1;
+                else if (send_outputs(c, fd) < 0) err = errno;
+            }
+            if (nomem || err || k < batch) break;
         }
-        if (!nomem && c->nouts) {
-            if (ensure_tx(c, c->nouts) < 0) nomem = 1;
-            else if (send_outputs(c, fd) < 0) err = errno;
-        }
+        PyThread_release_lock(c->mu);
     }
     Py_END_ALLOW_THREADS
     if (nomem) return PyErr_NoMemory();
     if (err) { errno = err; return PyErr_SetFromErrno(PyExc_OSError); }
-    return PyLong_FromLong(k);
+    return PyLong_FromLong(total);
 }
 
 static PyObject *Core_set_gso(Core *c, PyObject *args) {
     int on;
     if (!PyArg_ParseTuple(args, "p", &on)) return NULL;
+    lock_core(c);
     c->gso = on;
+    unlock_core(c);
     Py_RETURN_NONE;
 }
 
@@ -926,7 +1003,7 @@ static PyMethodDef Core_methods[] = {
     {"process", (PyCFunction)Core_process, METH_VARARGS,
      "process(rows, lengths, keys, now, log_level) -> [(key, bytes)]: the packet function"},
     {"serve", (PyCFunction)Core_serve, METH_VARARGS,
-     "serve(fd, max_batch, log_level) -> int: receive a batch, process it, send the outputs"},
+     "serve(fd, max_batch, log_level, timeout_ms) -> int: wait, then receive, process and send batches"},
     {"set_gso", (PyCFunction)Core_set_gso, METH_VARARGS, "set_gso(on): send runs to one destination as GSO trains"},
     {"gso", (PyCFunction)Core_gso, METH_NOARGS, "gso() -> bool"},
     {NULL, NULL, 0, NULL},

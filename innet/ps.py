@@ -411,8 +411,9 @@ class ParameterServer:
     # ------------------------------------------------------------------ loop
     def run(self) -> None:
         """Receive and answer packets until stopped; then close the socket. Batched: up to ``_BATCH``
-        datagrams per receive call. With the C core, ``CPSCore.serve`` receives, processes and sends a
-        batch without the GIL; else they go into preallocated rows, ``innet.ps_batch.handle_batch``
+        datagrams per receive call. With the C core, ``CPSCore.serve`` waits, receives, processes and
+        sends batches without the GIL (with loss injection: ``RowIO`` receives, the core processes,
+        ``UdpTransport.send`` sends); else they go into preallocated rows, ``innet.ps_batch.handle_batch``
         (same semantics as ``handle`` per packet), all outputs in one send call."""
         if self._c is not None:
             self._run_c(self._c)
@@ -441,33 +442,44 @@ class ParameterServer:
 
     def _run_c(self, core: CPSCore) -> None:
         tr = self.transport
-        io = RowIO(tr) if tr.loss.active else None     # loss injection needs UdpTransport.send
+        fd = tr.fileno()
+        if tr.loss.active:                             # loss injection needs UdpTransport.send
+            self._run_c_lossy(core)
+            return
+        try:
+            while not self._stop.is_set():
+                # waits up to 50 ms, then up to 64 batches, without the GIL (the core has its own lock)
+                if core.serve(fd, _BATCH, 0.05):
+                    with self._lock:
+                        events = self._fold()
+                    if events:
+                        core.log_events(events)
+        finally:
+            tr.close()
+
+    def _run_c_lossy(self, core: CPSCore) -> None:
+        tr = self.transport
+        io = RowIO(tr)
         rx = np.zeros((_BATCH, self.packet_size + 1), np.uint8)
         lengths = np.zeros(_BATCH, np.int64)
         keys = np.zeros(_BATCH, np.uint64)
-        fd = tr.fileno()
         try:
             while not self._stop.is_set():
                 r, _, _ = select.select([tr.sock], [], [], 0.05)
                 if not r:
                     continue
                 for _ in range(64):                    # up to 64 batches per wake-up
-                    outs: list[tuple[int, bytes]] = []
+                    got = io.recv(rx, lengths, keys, _BATCH)
+                    if not got:
+                        break
                     with self._lock:
-                        if io is None:
-                            got = core.serve(fd, _BATCH)
-                        else:
-                            got = io.recv(rx, lengths, keys, _BATCH)
-                            if got:
-                                outs = core.process(rx[:got], lengths[:got], keys[:got], time.monotonic())
+                        outs = core.process(rx[:got], lengths[:got], keys[:got], time.monotonic())
                         events = self._fold()
                     for key, data in outs:
                         if key < NAME_KEYS:
                             tr.send(data, key_addr(key))
                     if events:
                         core.log_events(events)
-                    if not got:
-                        break
         finally:
             tr.close()
 

@@ -3,10 +3,13 @@
 The C core runs the same per-packet semantics as ``ParameterServer.handle`` (the reference) and, when
 chosen, owns every job's state (pending fragments, kept parameter packets, learned direct workers,
 statistics): the server's Python dicts are then unused, ``add_job`` / ``remove_job`` / ``stats`` go
-to the core. ``serve`` receives a batch (recvmmsg), processes it and sends the outputs (sendmmsg, UDP
-GSO trains for runs to one destination) without the GIL. The rare events ``handle`` logs are recorded
-by the core and logged here after each call, with the same messages, when the logger's level asks
-for them.
+to the core. ``serve`` waits for the socket (poll), then receives batches (recvmmsg), processes them and
+sends the outputs (sendmmsg, UDP GSO trains for runs to one destination) until none is waiting, all
+without the GIL: a wake-up of the PS takes the GIL once, when it returns, where the Python loop takes it
+after its ``select`` and after every receive and send call. The core's state has its own lock, held
+while it processes (not while it waits), so the server's Python lock is not held around ``serve``.
+The rare events ``handle`` logs are recorded by the core and logged here after each call, with the
+same messages, when the logger's level asks for them.
 
 Addresses are keys, IPv4 as ``ip << 16 | port`` (``innet.hostio.addr_key``); an address that is not a
 numeric IPv4 one (a name that did not resolve, as tests use) gets a key from ``NAME_KEYS`` on, which no
@@ -163,10 +166,11 @@ class CPSCore:
         outs = self.process(row, np.array([len(data)], np.int64), np.array([self.key(src)], np.uint64), now)
         return [(self.addr(k), d) for k, d in outs]
 
-    def serve(self, fd: int, max_batch: int) -> int:
-        """Receive up to ``max_batch`` datagrams from ``fd``, process them and send the outputs; the number
-        received (0: nothing was waiting)."""
-        return self._core.serve(fd, max_batch, _level(self.log))
+    def serve(self, fd: int, max_batch: int, timeout: float = 0.0) -> int:
+        """Wait up to ``timeout`` seconds for ``fd`` to be readable, then receive batches of up to
+        ``max_batch`` datagrams, process them and send the outputs until none is waiting (at most 64
+        batches), all without the GIL; the number received (0: nothing came)."""
+        return self._core.serve(fd, max_batch, _level(self.log), int(timeout * 1000))
 
     def take(self) -> tuple[tuple[int, int, int, int], list[tuple[int, int, int, int, int]]]:
         """((dropped, rejected, sent, refused) since the last call, the events to log) -- then zeroed."""
