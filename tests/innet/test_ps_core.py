@@ -40,11 +40,14 @@ class _Job:
         return (1 << min(self.rack_size, self.cfg.world - r * self.rack_size)) - 1
 
 
-def _jobs(rng: random.Random, count: int) -> list[_Job]:
+def _jobs(rng: random.Random, count: int, layouts: list[tuple[int, int | None]] | None = None) -> list[_Job]:
+    """``count`` random jobs; ``layouts`` (world, rack size) to pick from, else world 2..8 and racks."""
     out = []
     for job_id in rng.sample(range(1, 256), count):
         world = rng.randint(2, 8)
         rack_size = rng.choice([None, None, 1, 2, 3, world])
+        if layouts:
+            world, rack_size = rng.choice(layouts)
         switch = rng.choice([SWITCH, SWITCH, SWITCH, None])
         workers = tuple(("127.0.0.1", 6000 + 16 * job_id + r) for r in range(world)) if rng.random() < 0.8 else ()
         scale = rng.choice([2.0**20, 2.0**16, 1000.0, 3.7])
@@ -110,6 +113,7 @@ def _packet(rng: random.Random, jobs: list[_Job], V: int) -> tuple[bytes, tuple[
     flags |= rng.choice([0, 0, 0, 0, FLAG_ECN, FLAG_COLLISION, FLAG_OVERFLOW, FLAG_ACK])
     if rng.random() < 0.02:
         job_id = rng.choice([j2 for j2 in range(1, 256) if all(x.cfg.job_id != j2 for x in jobs)])   # unknown
+    b0, b1 = b0 & 0xFFFFFFFF, b1 & 0xFFFFFFFF          # (32 racks: 1 << racks does not fit)
     data = encode_header(b0, b1, rng.randint(1, 32), rng.randint(1, 32), flags, rng.randrange(1 << 16),
                          job_id << 24 | seq) + _payload(rng, V, bool(flags & FLAG_OVERFLOW))
     roll = rng.random()
@@ -156,11 +160,12 @@ def _rows(part: list[tuple[bytes, tuple[str, int]]], V: int) -> tuple[np.ndarray
             np.array([addr_key(s) for _, s in part], np.uint64))
 
 
-def _differential(seed: int, n_jobs: int, V: int, n: int) -> tuple[int, int]:
+def _differential(seed: int, n_jobs: int, V: int, n: int,
+                  layouts: list[tuple[int, int | None]] | None = None) -> tuple[int, int]:
     """Feed one random trace to a Python and a C server; compare after every batch. Returns (outputs,
     completed) for the caller to check the trace did something."""
     rng = random.Random(seed)
-    jobs = _jobs(rng, n_jobs)
+    jobs = _jobs(rng, n_jobs, layouts)
     ref = ParameterServer(("127.0.0.1", 0), V, core="python")
     cps = ParameterServer(("127.0.0.1", 0), V, core="c")
     assert ref.core == "python" and cps.core == "c"
@@ -205,6 +210,15 @@ def test_c_core_equals_the_reference_on_random_traces(seed: int, n_jobs: int, V:
 def test_c_core_equals_the_reference_on_long_traces(seed: int) -> None:
     outputs, completed = _differential(1000 + seed, 3, 62, 2500)
     assert outputs > 100 and completed > 10          # the traces complete fragments, not only drop them
+
+
+@needs_c
+@pytest.mark.parametrize("seed", range(3))
+def test_c_core_equals_the_reference_for_wide_jobs(seed: int) -> None:
+    """The edges of the layout: 32 racks (the whole bitmap1), racks of 32 workers (the whole bitmap0),
+    worlds past 64 ranks, a single worker."""
+    outputs, _ = _differential(2000 + seed, 3, 4, 1500, [(64, 2), (40, 32), (1024, 32), (32, 1), (1, None)])
+    assert outputs > 0
 
 
 @needs_c
