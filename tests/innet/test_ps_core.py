@@ -8,6 +8,8 @@ import logging
 import random
 import socket
 import struct
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -341,6 +343,13 @@ def _udp() -> socket.socket:
     return s
 
 
+def _wait_for(cond: Callable[[], bool], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "the PS did not take the packets in time"
+        time.sleep(0.0005)
+
+
 @needs_c
 def test_serve_through_a_socket_equals_the_reference() -> None:
     """A switch socket and two worker sockets talk to a C-core PS thread; every datagram each socket
@@ -380,7 +389,13 @@ def test_serve_through_a_socket_equals_the_reference() -> None:
         with PSThread(("127.0.0.1", 0), V, core="c") as ps:
             assert ps.server.core == "c"
             ps.server.add_job(cfg)
-            for who, data in trace:
+            last = None
+            for sent, (who, data) in enumerate(trace):
+                if who != last:
+                    # datagrams from two sockets may be reordered on the way (per-CPU backlogs): the
+                    # PS must have taken every earlier one before another socket sends
+                    _wait_for(lambda n=sent: ps.server.stats(9).packets == n)
+                    last = who
                 socks[who].sendto(data, ps.address)
             for s, a in zip(socks, addrs):
                 got = [s.recv(65536) for _ in want[a]]
