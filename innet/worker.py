@@ -32,7 +32,11 @@ retransmission) when every fragment retransmitted with it comes back with the co
 fragment that met another job's aggregator takes the longer way through the PS, and one worker's
 packet may have gone there while another's waits in a slot it reserved after the other job left,
 until a resend flushes it. Such a fragment is late, not lost; the path is not congested. An ECN mark
-arriving before the undo cancels it: the path is congested after all, and the decrease stands.
+arriving before the undo cancels it: the path is congested after all, and the decrease stands. Nor is the
+threshold fixed: a fast retransmission proven spurious that way raises it (``AtpWorker.reorder``) to the
+number of later results seen while the fragment was open, plus one (at most the window cap), so the
+PS's longer way stops passing for a loss, as TCP adapts its reordering degree; a retransmission timeout
+puts it back to ``reorder_threshold``.
 
 **Fate sharing.** If the switch is gone (ICMP port unreachable on the socket connected to it, or no ACK
 for ``fallback_timeout`` seconds) the worker sends every unacknowledged fragment, and all later ones,
@@ -104,6 +108,8 @@ class WorkerStats:
     rejected_acks: int = 0         # datagrams that cannot be a result of this job (source, header)
     collided_fragments: int = 0
     collision_undos: int = 0       # window decreases taken back: the "lost" fragments were collided, not lost
+    reorder_raises: int = 0        # fast retransmits proven spurious (collided) that raised the threshold
+    reorder_threshold: int = 0     # the fast-retransmit threshold the call ended with
     overflow_fragments: int = 0
     fallback: bool = False
     fallback_reason: str = ""
@@ -156,6 +162,10 @@ class AtpWorker:
         self.max_window = int(max_window)
         self.initial_window = max(1, min(int(initial_window), self.max_window))
         self.reorder_threshold = int(reorder_threshold)
+        #: the fast-retransmit threshold in use: raised to the overtaking seen on a fragment whose fast
+        #: retransmission proved spurious (it came back collided), back to ``reorder_threshold`` on a
+        #: retransmission timeout (as TCP adapts its reordering degree)
+        self.reorder = self.reorder_threshold
         self.rto_min, self.rto_max = float(rto_min), float(rto_max)
         self.rto_initial = float(rto_initial)
         self.max_backoff_exponent = int(max_backoff_exponent)
@@ -328,6 +338,8 @@ class AtpWorker:
         send_time = np.zeros(nfrag, np.float64)
         tries = np.zeros(nfrag, np.int32)
         later_acks = np.zeros(nfrag, np.int32)
+        overtaken = np.zeros(nfrag, np.int32)      # later results seen while a fragment was open
+        fast_sent = np.zeros(nfrag, np.bool_)      # fast-retransmitted
         indices = np.zeros(nfrag, np.int64)
         self.acked_fragments = 0
         if self.switch_dead and self.switch_addr is not None and not self._switch_answered:
@@ -499,6 +511,12 @@ class AtpWorker:
                                 cwnd, ssthresh = max(cwnd, undo[0]), max(ssthresh, undo[1])
                                 undo = None
                                 stats.collision_undos += 1
+                    spurious = coll & fast_sent[new_i]
+                    if spurious.any():     # overtaken by the PS's longer path, not lost: tolerate as much
+                        seen = int(overtaken[new_i[spurious]].max()) + 1
+                        if seen > self.reorder:
+                            self.reorder = min(seen, self.max_window)
+                            stats.reorder_raises += 1
                     first_try = tries[new_i] == 1
                     if first_try.any():                         # the slowest fresh sample: no spurious RTO
                         self._rtt_sample(float(now - send_time[new_i[first_try]].min()))
@@ -514,14 +532,17 @@ class AtpWorker:
                         seg = slice(lowest, hi)
                         open_ = ~acked[seg]
                         later = len(new_i) - np.searchsorted(new_i, np.arange(lowest, hi), "right")
-                        later_acks[seg] += np.where(open_, later, 0).astype(np.int32)
-                        hit = np.nonzero(open_ & (later_acks[seg] >= self.reorder_threshold))[0]
+                        more = np.where(open_, later, 0).astype(np.int32)
+                        later_acks[seg] += more
+                        overtaken[seg] += more
+                        hit = np.nonzero(open_ & (later_acks[seg] >= self.reorder))[0]
                         if hit.size and lowest >= recover_point:
                             decrease()                                # loss signal: multiplicative decrease
                         if hit.size:
                             again = hit[:max(1, int(cwnd))] + lowest
                             suspect(again)
                             later_acks[again] = 0
+                            fast_sent[again] = True
                             stats.fast_retransmits += len(again)
                             send(again, True)
                     if acked[lowest]:
@@ -539,10 +560,12 @@ class AtpWorker:
                         decrease()
                     suspect(late + lowest)
                     stats.timeouts += len(late)
+                    self.reorder = self.reorder_threshold
                     later_acks[late + lowest] = 0
                     send(late + lowest, True)
                 next_timeout_pass = now + self.rto_min / 2
         stats.final_window = cwnd
+        stats.reorder_threshold = self.reorder
         self._carried = (cwnd, ssthresh, use_direct) if self.keep_window else None
         stats.elapsed = time.monotonic() - t_start
         self.last_stats = stats

@@ -143,6 +143,76 @@ def test_a_late_collided_fragment_takes_its_window_decrease_back(collided: bool,
         fake.close()
 
 
+def _until_acked(w: AtpWorker, n: int) -> None:
+    """Until the worker's call in progress has taken ``n`` results (it counts them per received batch)."""
+    deadline = time.monotonic() + 30
+    while w.acked_fragments < n:
+        assert time.monotonic() < deadline, f"{w.acked_fragments} of {n} results taken"
+        time.sleep(0.001)
+
+
+def test_a_spurious_fast_retransmit_raises_the_reorder_threshold() -> None:
+    """Fragment 0 overtaken by three results is fast-retransmitted, one more result overtakes it, then
+    its result comes back collided: the retransmission was spurious, so the threshold becomes what was
+    seen (4 + 1). The next call tolerates four overtaking results without a retransmission (the fixed
+    threshold of old code resent at three)."""
+    fake = FakeSwitch()
+    w = _worker(fake)
+    try:
+        t, box, sent = _six_fragments(w, fake)
+        results = {s: np.full(V, 100 + s, np.float32) for s in range(6)}
+        for s in (1, 2, 3):
+            fake.ack(s, results[s])
+        assert fake.recv().seq == 0                                         # the fast retransmit
+        fake.ack(4, results[4])
+        _until_acked(w, 4)
+        fake.ack(0, results[0], collision=True)
+        fake.ack(5, results[5])
+        t.join(10)
+        stats = box["out"][1]
+        assert stats.fast_retransmits == 1 and stats.reorder_raises == 1
+        assert stats.reorder_threshold == 5 and w.reorder == 5
+
+        t, box, sent = _six_fragments(w, fake)
+        seqs = [p.seq for p in sent]
+        for s in seqs[1:5]:
+            fake.ack(s, results[s - seqs[0]])
+        _until_acked(w, 4)                                                  # the four are handled
+        fake.ack(seqs[0], results[0])
+        fake.ack(seqs[5], results[5])
+        t.join(10)
+        stats = box["out"][1]
+        assert stats.fast_retransmits == 0 and stats.reorder_threshold == 5
+        fake.sock.settimeout(0)
+        with pytest.raises(BlockingIOError):
+            fake.sock.recvfrom(65536)                                       # nothing was resent
+    finally:
+        w.close()
+        fake.close()
+
+
+def test_a_retransmission_timeout_puts_the_reorder_threshold_back() -> None:
+    fake = FakeSwitch()
+    w = _worker(fake, rto_initial=0.05, rto_min=0.05)
+    w.reorder = 10                  # raised by spurious retransmissions before
+    try:
+        t, box, sent = _six_fragments(w, fake)
+        results = {s: np.full(V, 100 + s, np.float32) for s in range(6)}
+        for s in range(1, 6):
+            fake.ack(s, results[s])
+        while (p := fake.recv()).seq != 0:                                  # resent when its RTO ran out
+            pass
+        assert p.resend
+        fake.ack(0, results[0])
+        t.join(10)
+        stats = box["out"][1]
+        assert stats.timeouts >= 1 and stats.fast_retransmits == 0
+        assert stats.reorder_threshold == 3 and w.reorder == 3
+    finally:
+        w.close()
+        fake.close()
+
+
 def test_timeout_retransmits_with_resend_flag() -> None:
     fake = FakeSwitch()
     w = _worker(fake, rto_initial=0.1, rto_min=0.05)
