@@ -342,7 +342,8 @@ class ParameterServer:
                 if p.float_sum is None:
                     p.float_sum = f
                 else:
-                    p.float_sum += f
+                    with np.errstate(over="ignore", invalid="ignore"):   # inf + -inf: NaN, as IEEE says
+                        p.float_sum += f
             else:
                 p.int_sum += payload
             if h.flags & FLAG_EDGE:
@@ -359,13 +360,15 @@ class ParameterServer:
                 return []
             del js.pending[seq]
             result = p.int_sum / cfg.scale
-            if p.float_sum is not None:
-                result += p.float_sum
+            with np.errstate(over="ignore", invalid="ignore"):   # (float32 overflow: inf, as the C core)
+                if p.float_sum is not None:
+                    result += p.float_sum
+                param_values = result.astype(">f4").tobytes()
             flags = FLAG_ACK | (FLAG_ECN if p.ecn else 0) | (FLAG_COLLISION if p.collision else 0)
             fan0 = min(js.rack_size, cfg.world)
             head = encode_header(js.rack_masks[0], (1 << len(js.rack_masks)) - 1, fan0, len(js.rack_masks),
                                  flags, p.agg_index, h.job_seq)
-            param = head + result.astype(">f4").tobytes()
+            param = head + param_values
             js.completed[seq] = param
             while len(js.completed) > cfg.keep:
                 js.completed.popitem(last=False)
