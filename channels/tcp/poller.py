@@ -44,8 +44,15 @@ class Poller:
             ready = self._epoll.poll(timeout)
         else:
             ready = self._poll.poll(timeout * 1000.0)  # type: ignore[union-attr]
+        if not ready:
+            return []           # (the common answer of a spinning waiter's round: no generator made)
         get = self._objs.get    # another thread may unregister meanwhile (wait() runs unlocked)
-        return [(obj, ev) for obj, ev in ((get(fd, _GONE), ev) for fd, ev in ready) if obj is not _GONE]
+        out = []
+        for fd, ev in ready:
+            obj = get(fd, _GONE)
+            if obj is not _GONE:
+                out.append((obj, ev))
+        return out
 
     def close(self) -> None:
         if self._epoll is not None:
