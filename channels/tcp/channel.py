@@ -136,16 +136,11 @@ class TCPChannel(TCPReceive, Channel):
             return True
         self._ledger.charge(key, n)
         idle = not p.wq and not p.want_write and not p.pushing
-        owed = self._ledger.take_owed(peer) if self._ledger.owes else None
-        if owed and len(owed) == 1:
-            # the one credit return owed to this peer rides in the message's own frame (DATA_CREDIT)
-            ((e, m),) = owed
-            self._enqueue(p, HDR_CREDIT.pack(DATA_CREDIT, edge, n + CREDIT_ENTRY.size, e, m), views, token)
-        else:
-            # more: they ride along in the same write (no frame, wake-up of their own)
-            for e, m in owed or ():
+        if self._ledger.owes:
+            # credit owed to this peer rides along in the same write (no frame, wake-up of its own)
+            for e, m in self._ledger.take_owed(peer):
                 self._enqueue(p, header(CREDIT, e, m), [], None)
-            self._enqueue(p, header(DATA, edge, n), views, token)
+        self._enqueue(p, header(DATA, edge, n), views, token)
         if idle and n < BULK_BYTES:
             # Small message on an idle link: write it now, from the thread that sends it, instead of
             # at the next progress round (a system call saved and no wait for the engine). What the

@@ -1,7 +1,7 @@
 """The TCP channel's frame format: ``u8 type | u32 edge | u64 length | payload``, and its limits.
 
 ``DATA`` carries one message; ``CREDIT`` returns ``length`` bytes of credit for ``edge`` (no payload);
-``DATA_CREDIT`` is a CREDIT and a DATA frame in one (a message carrying the one credit return its
+``DATA_CREDIT`` is a CREDIT and a DATA frame in one (a small message carrying the one credit return its
 sender owed the receiver): its payload is ``u32 credit edge | u64 credit bytes`` (:data:`CREDIT_ENTRY`)
 then the message, and ``length`` counts both;
 ``HEARTBEAT`` keeps an idle link alive; ``BYE`` says the sender leaves cleanly; ``ABORT`` says it

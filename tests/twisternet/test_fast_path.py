@@ -91,13 +91,11 @@ def test_owed_credit_rides_with_the_next_message() -> None:
         ch1.abort("test over")
 
 
-@pytest.mark.parametrize("how", ["send_small", "send"])
 @pytest.mark.parametrize("edges", [1, 2])
-def test_a_small_message_carries_the_owed_credit_in_its_own_frame(edges: int, how: str) -> None:
-    """send_small (and the queued send) to a peer owed one credit return sends one DATA_CREDIT frame
-    (credit and message); owed on two edges, CREDIT frames and then the DATA frame. Either way the
-    receiver gets the credit back, then the message, with its own credit charged and released at its
-    size. (Old code: the queued send wrote a CREDIT and a DATA frame for one owed return.)"""
+def test_a_small_message_carries_the_owed_credit_in_its_own_frame(edges: int) -> None:
+    """send_small to a peer owed one credit return sends one DATA_CREDIT frame (credit and message);
+    owed on two edges, CREDIT frames and then the DATA frame. Either way the receiver gets the credit
+    back, then the message, with its own credit charged and released at its size."""
     ch0, ch1, h0, h1, a, b = _pair()
     try:
         for e in range(edges):
@@ -109,10 +107,7 @@ def test_a_small_message_carries_the_owed_credit_in_its_own_frame(edges: int, ho
         h1.releases.clear()
         sent = []
         ch1._peers[0].sock = _Spy(ch1._peers[0].sock, sent)
-        if how == "send_small":
-            assert ch1.send_small(0, 9, [b"re", b"ply"], 5)
-        else:
-            assert ch1.send(0, 9, [b"re", b"ply"])
+        assert ch1.send_small(0, 9, [b"re", b"ply"], 5)
         kinds = [tcp._HDR.unpack_from(buf, 0)[0] for buf in sent]
         assert kinds == [tcp.DATA_CREDIT if edges == 1 else tcp.CREDIT]
         _until_messages(ch0, h0, 1)
@@ -142,7 +137,7 @@ def test_a_data_credit_frame_too_short_for_its_credit_is_a_protocol_error() -> N
 
 
 class _Spy:
-    """A socket whose send() and sendmsg() record what they write (one entry per call)."""
+    """A socket whose send() records what it writes."""
 
     def __init__(self, sock: socket.socket, sent: list) -> None:
         self._sock = sock
@@ -151,10 +146,6 @@ class _Spy:
     def send(self, data) -> int:
         self._sent.append(bytes(data))
         return self._sock.send(data)
-
-    def sendmsg(self, buffers) -> int:
-        self._sent.append(b"".join(bytes(b) for b in buffers))
-        return self._sock.sendmsg(buffers)
 
     def __getattr__(self, name):
         return getattr(self._sock, name)
