@@ -266,7 +266,7 @@ class InnetAllReduce:
         values = int(ports[4])
 
         self.job = InnetJob(job_id, me, world, sw_addr, ps_addr, bind=(host, 0), value_count=values,
-                            **_window_for(values))
+                            hostio=config.innet_hostio, **_window_for(values))
         workers, directs = self._share_addresses(me, world, timeout)
         try:
             _check_reachable(op.describe(), ranks, server_host, workers, self._machines)
@@ -279,7 +279,9 @@ class InnetAllReduce:
             try:
                 self.service = InnetService.launch(job_id, workers, switch_port=sw_addr[1],
                                                    ps_port=ps_addr[1], host=host, direct_addrs=directs,
-                                                   value_count=values, ecn_threshold=_EXCLUSIVE_ECN)
+                                                   value_count=values, ecn_threshold=_EXCLUSIVE_ECN,
+                                                   dataplane=config.innet_dataplane,
+                                                   ps_core=config.innet_ps_core)
                 ok[0] = 1
             except Exception:  # reported to every rank below, then raised here
                 log.exception("%s: could not start the in-network switch and PS", op.describe())
@@ -352,7 +354,7 @@ class InnetAllReduce:
                               "P4Info); leave innet_values unset to use the switch's width")
 
         self.job = InnetJob(job_id, me, world, sw_addr, ps_addr, bind=(host, 0), value_count=values,
-                            **_window_for(values))
+                            hostio=config.innet_hostio, **_window_for(values))
         workers, directs = self._share_addresses(me, world, timeout)
         try:
             _check_reachable(op.describe(), rar.ranks, sw_addr[0], workers, self._machines)
@@ -367,7 +369,7 @@ class InnetAllReduce:
                     self._ps_stop = _standing_ps_add(standing, token, job_id, world, sw_addr, directs)
                 else:
                     ps_proc, _ = start_ps(job_id, world, sw_addr, host=host, port=ps_port, workers=directs,
-                                          value_count=values)
+                                          value_count=values, core=config.innet_ps_core)
                     self._ps_stop = functools.partial(stop_process, ps_proc)
                 self._placement = self._controller.place_job(job_id, workers, ps_addr)
                 ok[0] = 1

@@ -62,13 +62,18 @@ def socket_buffer_window(sock: socket.socket, packet_bytes: int, senders: int = 
 class RowIO:
     """Batched receive and send of one ``UdpTransport``'s socket (see the module doc)."""
 
-    def __init__(self, transport: UdpTransport, *, compiled: bool | None = None) -> None:
+    def __init__(self, transport: UdpTransport, *, compiled: bool | None = None, mode: str | None = None) -> None:
+        """``mode``: ``auto`` (the compiled helper when built), ``c`` (an error if it is not) or ``python``;
+        None reads ``TWISTERNET_INNET_HOSTIO`` (default ``auto``). ``compiled`` (tests) overrides both."""
         self.transport = transport
         if compiled is None:
-            mode = os.environ.get(HOSTIO_ENV, "auto")
+            mode = os.environ.get(HOSTIO_ENV, "auto") if mode is None else mode
+            if mode not in ("auto", "c", "python"):
+                raise ValueError(f"host I/O mode must be auto, c or python, got {mode!r}")
             if mode == "c" and _hostio is None:
-                raise RuntimeError(f"{HOSTIO_ENV}=c but the compiled helper innet._hostio is not built "
-                                   "(python setup.py build_ext --inplace, or pip install .)")
+                raise RuntimeError("innet_hostio (TWISTERNET_INNET_HOSTIO) is c but the compiled helper "
+                                   "innet._hostio is not built (python setup.py build_ext --inplace, or pip "
+                                   "install .)")
             compiled = mode != "python"
         self.compiled = bool(compiled and _hostio is not None and not transport.loss.active)
         self.gso = True

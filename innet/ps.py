@@ -50,7 +50,7 @@ import numpy as np
 
 from .hostio import RowIO, key_addr
 from .ps_batch import handle_batch
-from .pscore import NAME_KEYS, CPSCore, choose_ps_core
+from .pscore import NAME_KEYS, CPSCore, PSCoreUnavailable, choose_ps_core
 from .server_thread import ServerThread
 from .transport import ROLE_PS, LossConfig, UdpTransport
 from .wire import (DEFAULT_VALUE_COUNT, FLAG_ACK, FLAG_COLLISION, FLAG_ECN, FLAG_EDGE, FLAG_OVERFLOW,
@@ -522,10 +522,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--parent-pid", type=int, default=None, help="exit when this parent process is gone")
     ap.add_argument("--parent-death-signal", action="store_true",
                     help="also ask the kernel for SIGTERM when the parent dies (PR_SET_PDEATHSIG)")
+    ap.add_argument("--core", choices=("auto", "c", "python"), default=None,
+                    help="packet path: the compiled core (c), the Python reference, or auto (default: "
+                         "$TWISTERNET_INNET_PS_CORE, else auto)")
     ap.add_argument("--log-level", default="WARNING")
     args = ap.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    server = ParameterServer((args.host, args.port), args.values)
+    try:
+        server = ParameterServer((args.host, args.port), args.values, core=args.core)
+    except PSCoreUnavailable as e:
+        ap.error(str(e))
     if args.config:
         text = args.config
         if os.path.exists(text):

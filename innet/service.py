@@ -213,17 +213,19 @@ def stop_process(proc: subprocess.Popen) -> None:
 
 def start_ps(job_id: int, world: int, switch_addr: tuple[str, int], *, host: str = "127.0.0.1", port: int = 0,
              value_count: int = DEFAULT_VALUE_COUNT, scale: float = DEFAULT_SCALE,
-             keep: int = 4096, workers: Sequence[tuple[str, int]] = ()
+             keep: int = 4096, workers: Sequence[tuple[str, int]] = (), core: str | None = None
              ) -> tuple[subprocess.Popen, tuple[str, int]]:
     """Start a parameter server for one job as a subprocess; returns it and its UDP address.
 
     ``workers[r]`` is rank r's direct address (``InnetJob.direct_address``): without it the PS accepts
-    the job's packets from the switch only (no fallback)."""
+    the job's packets from the switch only (no fallback). ``core``: its packet path (``auto``, ``c``,
+    ``python``; the job's ``innet_ps_core``); None: ``auto`` (a helper's environment carries no
+    ``TWISTERNET_*`` setting)."""
     cfg = {"jobs": [{"job_id": job_id, "world": world, "scale": scale,
                      "switch": [switch_addr[0], int(switch_addr[1])], "keep": keep,
                      "workers": [[a[0], int(a[1])] for a in workers]}]}
     return _start_cli("innet.ps", ["--host", host, "--port", str(port), "--values", str(value_count),
-                                   "--config", json.dumps(cfg)])
+                                   "--config", json.dumps(cfg), *(["--core", core] if core else [])])
 
 
 @dataclass
@@ -274,16 +276,19 @@ class InnetService:
                ps_port: int, host: str = "127.0.0.1", value_count: int = DEFAULT_VALUE_COUNT,
                num_aggregators: int = 4096, scale: float = DEFAULT_SCALE, keep: int = 4096,
                p4runtime_port: int | None = None, p4runtime_token: str | None = None,
-               direct_addrs: Sequence[tuple[str, int]] = (), ecn_threshold: int | None = None
-               ) -> InnetService:
+               direct_addrs: Sequence[tuple[str, int]] = (), ecn_threshold: int | None = None,
+               dataplane: str | None = None, ps_core: str | None = None) -> InnetService:
         """Start PS and switch subprocesses for one single-rack job on fixed ports (see ``free_udp_port``).
 
         ``worker_addrs`` are the ranks' switch-facing addresses (``InnetJob.address``), ``direct_addrs``
-        their PS-facing ones (``InnetJob.direct_address``; empty: no fallback to the PS)."""
+        their PS-facing ones (``InnetJob.direct_address``; empty: no fallback to the PS). ``dataplane``
+        and ``ps_core`` (``auto``, ``c``, ``python``; the job's ``innet_dataplane`` and ``innet_ps_core``)
+        pick the switch's dataplane and the PS's packet path; None: ``auto``."""
         ps_proc, ps_addr = start_ps(job_id, len(worker_addrs), (host, switch_port), host=host, port=ps_port,
-                                    value_count=value_count, scale=scale, keep=keep, workers=direct_addrs)
+                                    value_count=value_count, scale=scale, keep=keep, workers=direct_addrs,
+                                    core=ps_core)
         sw_args = ["--host", host, "--port", str(switch_port), "--aggregators", str(num_aggregators),
-                   "--values", str(value_count),
+                   "--values", str(value_count), *(["--dataplane", dataplane] if dataplane else []),
                    *(["--ecn-threshold", str(ecn_threshold)] if ecn_threshold is not None else []),
                    "--config", json.dumps(switch_config(job_id, worker_addrs, ps_addr))]
         if p4runtime_port is not None:

@@ -129,7 +129,7 @@ class AtpWorker:
                  rto_initial: float = 0.2, rto_min: float = 0.03, rto_max: float = 1.0,
                  max_backoff_exponent: int = 2, keep_window: bool = True,
                  fallback_timeout: float = 10.0, timeout: float = 300.0, loss: LossConfig | None = None,
-                 bind: tuple[str, int] = ("127.0.0.1", 0)) -> None:
+                 bind: tuple[str, int] = ("127.0.0.1", 0), hostio: str | None = None) -> None:
         if not 1 <= job_id <= MAX_JOB_ID:
             raise ValueError(f"job_id must be in 1..{MAX_JOB_ID}, got {job_id}")
         rs = rack_size or world
@@ -199,7 +199,8 @@ class AtpWorker:
         self._srtt: float | None = None
         # batched I/O: results are received into preallocated rows (one byte wider than a packet, so
         # an oversize datagram shows as too long), fragments sent from FragmentPackets rows
-        self._io, self._dio = RowIO(self.transport), RowIO(self._direct)
+        # hostio: auto / c / python (the job's innet_hostio), None: TWISTERNET_INNET_HOSTIO
+        self._io, self._dio = RowIO(self.transport, mode=hostio), RowIO(self._direct, mode=hostio)
         self._ps_key = addr_key(self._ps_source)
         self._source_keys = np.array([addr_key(a) for a in self._sources], np.uint64)
         self._packets: FragmentPackets | None = None

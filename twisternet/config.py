@@ -199,15 +199,18 @@ class Config:
     #: Values per ATP packet (ATP: 62 int32 = 264-byte packets). A software switch this job starts can
     #: take wider fragments (up to 16000 values), which cut the per-packet work (docs/innet-performance.md).
     innet_values: int = 62
-    #: Engine of the software switch's batched dataplane: "auto" (the compiled core when built, else
-    #: Python), "c" or "python" (innet.fastpath; read by the switch from TWISTERNET_INNET_DATAPLANE).
+    #: Engine of the software switch's batched dataplane that a via="innet" operation starts: "auto"
+    #: (the compiled core when built, else Python), "c" (an error if it is not built) or "python"
+    #: (innet.fastpath). A standalone switch (``twisternet switch``) reads --dataplane or
+    #: TWISTERNET_INNET_DATAPLANE.
     innet_dataplane: str = "auto"
-    #: Datagram I/O of the ATP workers and PS: "auto" (the compiled recvmmsg/sendmmsg helper when built,
-    #: else Python loops), "c" (an error if it is not built) or "python" (innet.hostio; read by the
-    #: workers from TWISTERNET_INNET_HOSTIO; a PS or switch the job starts always uses "auto").
+    #: Datagram I/O of this job's ATP workers: "auto" (the compiled recvmmsg/sendmmsg helper when built,
+    #: else Python loops), "c" (an error if it is not built) or "python" (innet.hostio; a PS or switch
+    #: the job starts always uses "auto").
     innet_hostio: str = "auto"
     #: Packet path of a PS this job starts: "auto" (the compiled core innet/_pscore.c when built, else
-    #: Python), "c" or "python" (innet.pscore; read by the PS from TWISTERNET_INNET_PS_CORE).
+    #: Python), "c" (an error if it is not built) or "python" (innet.pscore). A standalone PS
+    #: (``twisternet ps``) reads --core or TWISTERNET_INNET_PS_CORE.
     innet_ps_core: str = "auto"
 
     def __post_init__(self) -> None:

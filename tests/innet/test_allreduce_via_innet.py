@@ -313,3 +313,53 @@ def test_a_shared_switchs_width_is_read_from_its_p4info() -> None:
         assert values == width and not fallback
         for got in out:
             assert (np.abs(got - ref) <= bound).all()
+
+
+@pytest.mark.timeout(240)
+def test_the_jobs_innet_engine_settings_reach_the_switch_ps_and_workers(monkeypatch) -> None:
+    """innet_dataplane, innet_ps_core and innet_hostio (config keys, so also settable in a config file)
+    pick the switch's dataplane and the PS's packet path of the helpers the operation starts (whose
+    environment carries no TWISTERNET_* setting) and the workers' datagram I/O; old code validated
+    them and left every helper on "auto"."""
+    from innet import service
+
+    started: list[tuple[str, list[str]]] = []
+    real = service._start_cli
+
+    def spy(module, args, *a, **kw):
+        started.append((module, list(args)))
+        return real(module, args, *a, **kw)
+
+    monkeypatch.setattr(service, "_start_cli", spy)
+
+    def body(ctx):
+        with C.AllReduce(ctx, edge=4, op="sum", via="innet") as op:
+            out = op.allreduce(_value(ctx.rank, 100))
+            return out, op._rank_allreduce.innet.job.worker._io.compiled
+
+    res = run_local(2, body, timeout=200, innet_dataplane="python", innet_ps_core="python",
+                    innet_hostio="python")
+    ref = sum(_value(r, 100).astype(np.float64) for r in range(2))
+    for out, compiled in res:
+        assert (np.abs(out - ref) <= error_bound(ref, DEFAULT_SCALE, 2)).all()
+        assert compiled is False
+    args = dict(started)
+    assert "--core" in args["innet.ps"] and args["innet.ps"][args["innet.ps"].index("--core") + 1] == "python"
+    sw = args["innet.switch_server"]
+    assert "--dataplane" in sw and sw[sw.index("--dataplane") + 1] == "python"
+
+
+def test_a_worker_asked_for_compiled_io_that_is_not_built_says_so(monkeypatch) -> None:
+    from innet import hostio
+    from innet.worker import AtpWorker
+
+    with pytest.raises(ValueError, match="auto, c or python"):
+        AtpWorker(1, 0, 2, None, ("127.0.0.1", 9), hostio="fast")
+    monkeypatch.setattr(hostio, "_hostio", None)
+    with pytest.raises(RuntimeError, match="innet_hostio .* is c but the compiled helper"):
+        AtpWorker(1, 0, 2, None, ("127.0.0.1", 9), hostio="c")
+    w = AtpWorker(1, 0, 2, None, ("127.0.0.1", 9), hostio="auto")      # falls back to Python
+    try:
+        assert w._io.compiled is False
+    finally:
+        w.close()
