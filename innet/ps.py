@@ -44,7 +44,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -423,25 +423,30 @@ class ParameterServer:
             return
         tr = self.transport
         io = RowIO(tr)
-        # rows one byte wider than a packet: an oversize datagram shows as too long
+        try:
+            for rows, lengths, keys in self._batches(io):
+                mat, order, dest = handle_batch(self, rows, lengths, keys, time.monotonic()).arrays()
+                if len(order):
+                    io.send(mat, order, self.packet_size, dest)
+        finally:
+            tr.close()
+
+    def _batches(self, io: RowIO) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """Received batches ``(rows, lengths, sender keys)`` until stopped: up to ``_BATCH`` datagrams
+        per receive call into preallocated rows (one byte wider than a packet: an oversize datagram shows
+        as too long), up to 64 calls per wake-up. Each batch's arrays are reused by the next."""
         rx = np.zeros((_BATCH, self.packet_size + 1), np.uint8)
         lengths = np.zeros(_BATCH, np.int64)
         keys = np.zeros(_BATCH, np.uint64)
-        try:
-            while not self._stop.is_set():
-                r, _, _ = select.select([tr.sock], [], [], 0.05)
-                if not r:
-                    continue
-                for _ in range(64):                    # up to 64 batches per wake-up
-                    got = io.recv(rx, lengths, keys, _BATCH)
-                    if not got:
-                        break
-                    mat, order, dest = handle_batch(self, rx[:got], lengths[:got], keys[:got],
-                                                    time.monotonic()).arrays()
-                    if len(order):
-                        io.send(mat, order, self.packet_size, dest)
-        finally:
-            tr.close()
+        while not self._stop.is_set():
+            r, _, _ = select.select([io.transport.sock], [], [], 0.05)
+            if not r:
+                continue
+            for _ in range(64):
+                got = io.recv(rx, lengths, keys, _BATCH)
+                if not got:
+                    break
+                yield rx[:got], lengths[:got], keys[:got]
 
     def _run_c(self, core: CPSCore) -> None:
         tr = self.transport
@@ -462,27 +467,16 @@ class ParameterServer:
 
     def _run_c_lossy(self, core: CPSCore) -> None:
         tr = self.transport
-        io = RowIO(tr)
-        rx = np.zeros((_BATCH, self.packet_size + 1), np.uint8)
-        lengths = np.zeros(_BATCH, np.int64)
-        keys = np.zeros(_BATCH, np.uint64)
         try:
-            while not self._stop.is_set():
-                r, _, _ = select.select([tr.sock], [], [], 0.05)
-                if not r:
-                    continue
-                for _ in range(64):                    # up to 64 batches per wake-up
-                    got = io.recv(rx, lengths, keys, _BATCH)
-                    if not got:
-                        break
-                    with self._lock:
-                        outs = core.process(rx[:got], lengths[:got], keys[:got], time.monotonic())
-                        events = self._fold()
-                    for key, data in outs:
-                        if key < NAME_KEYS:
-                            tr.send(data, key_addr(key))
-                    if events:
-                        core.log_events(events)
+            for rows, lengths, keys in self._batches(RowIO(tr)):
+                with self._lock:
+                    outs = core.process(rows, lengths, keys, time.monotonic())
+                    events = self._fold()
+                for key, data in outs:
+                    if key < NAME_KEYS:
+                        tr.send(data, key_addr(key))
+                if events:
+                    core.log_events(events)
         finally:
             tr.close()
 
