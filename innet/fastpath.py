@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import importlib
 import logging
-import os
 import socket
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -21,6 +20,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from twisternet.errors import TwisternetError
+
+from .engines import choose_engine
 
 if TYPE_CHECKING:  # pragma: no cover
     from .switch import SoftwareSwitch
@@ -62,17 +63,8 @@ def c_unavailable_reason() -> str | None:
 def choose_dataplane(requested: str | None = None) -> str:
     """``"c"`` or ``"python"``: ``requested`` (or the ``TWISTERNET_INNET_DATAPLANE`` environment variable;
     ``auto`` by default) resolved against what is built. Asking for ``c`` without the extension raises."""
-    want = (requested if requested is not None else os.environ.get(DATAPLANE_ENV, "auto")).strip().lower()
-    if want not in ("auto", "c", "python"):
-        raise ValueError(f"{DATAPLANE_ENV} / dataplane must be auto, c or python, got {want!r}")
-    if want == "python":
-        return "python"
-    if _fastpath is None:
-        if want == "c":
-            raise DataplaneUnavailable(f"the C dataplane is not built (innet._fastpath: {_IMPORT_ERROR}); "
-                                       "reinstall with a C compiler and the Python headers, or use python")
-        return "python"
-    return "c"
+    return choose_engine(requested, DATAPLANE_ENV, _fastpath, _IMPORT_ERROR,
+                         "the C dataplane (innet._fastpath)", DataplaneUnavailable)
 
 
 def _ipv4(host: str) -> int | None:

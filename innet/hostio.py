@@ -10,11 +10,11 @@ the tests compare the C path with. Addresses are IPv4 as ``ip << 16 | port`` (``
 from __future__ import annotations
 
 import importlib
-import os
 import socket
 
 import numpy as np
 
+from .engines import choose_engine
 from .transport import UdpTransport
 
 __all__ = ["HOSTIO_ENV", "RowIO", "addr_key", "key_addr", "c_hostio_available", "datagram_truesize",
@@ -24,8 +24,10 @@ HOSTIO_ENV = "TWISTERNET_INNET_HOSTIO"
 
 try:
     _hostio = importlib.import_module(f"{__package__}._hostio")
-except ImportError:  # not built: the Python loops below
+    _IMPORT_ERROR: str | None = None
+except ImportError as _e:  # not built: the Python loops below
     _hostio = None  # type: ignore[assignment]
+    _IMPORT_ERROR = str(_e)
 
 def datagram_truesize(packet_bytes: int) -> int:
     """What the kernel charges a receive buffer for one queued datagram of ``packet_bytes`` (measured on
@@ -67,14 +69,8 @@ class RowIO:
         None reads ``TWISTERNET_INNET_HOSTIO`` (default ``auto``). ``compiled`` (tests) overrides both."""
         self.transport = transport
         if compiled is None:
-            mode = os.environ.get(HOSTIO_ENV, "auto") if mode is None else mode
-            if mode not in ("auto", "c", "python"):
-                raise ValueError(f"host I/O mode must be auto, c or python, got {mode!r}")
-            if mode == "c" and _hostio is None:
-                raise RuntimeError("innet_hostio (TWISTERNET_INNET_HOSTIO) is c but the compiled helper "
-                                   "innet._hostio is not built (python setup.py build_ext --inplace, or pip "
-                                   "install .)")
-            compiled = mode != "python"
+            compiled = choose_engine(mode, HOSTIO_ENV, _hostio, _IMPORT_ERROR,
+                                     "innet_hostio: the compiled helper (innet._hostio)", RuntimeError) == "c"
         self.compiled = bool(compiled and _hostio is not None and not transport.loss.active)
         self.gso = True
 

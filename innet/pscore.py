@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import importlib
 import logging
-import os
 import socket
 from collections.abc import Sequence
 from typing import Any
@@ -33,6 +32,7 @@ import numpy as np
 
 from twisternet.errors import TwisternetError
 
+from .engines import choose_engine
 from .hostio import addr_key, key_addr
 
 __all__ = ["PS_CORE_ENV", "NAME_KEYS", "PSCoreUnavailable", "CPSCore", "c_available", "c_unavailable_reason",
@@ -71,17 +71,8 @@ def c_unavailable_reason() -> str | None:
 def choose_ps_core(requested: str | None = None) -> str:
     """``"c"`` or ``"python"``: ``requested`` (or the ``TWISTERNET_INNET_PS_CORE`` environment variable;
     ``auto`` by default) resolved against what is built. Asking for ``c`` without the extension raises."""
-    want = (requested if requested is not None else os.environ.get(PS_CORE_ENV, "auto")).strip().lower()
-    if want not in ("auto", "c", "python"):
-        raise ValueError(f"{PS_CORE_ENV} / PS core must be auto, c or python, got {want!r}")
-    if want == "python":
-        return "python"
-    if _pscore is None:
-        if want == "c":
-            raise PSCoreUnavailable(f"the compiled PS core is not built (innet._pscore: {_IMPORT_ERROR}); "
-                                    "reinstall with a C compiler and the Python headers, or use python")
-        return "python"
-    return "c"
+    return choose_engine(requested, PS_CORE_ENV, _pscore, _IMPORT_ERROR, "the compiled PS core (innet._pscore)",
+                         PSCoreUnavailable)
 
 
 def _level(log: logging.Logger) -> int:

@@ -356,7 +356,7 @@ def test_a_worker_asked_for_compiled_io_that_is_not_built_says_so(monkeypatch) -
     with pytest.raises(ValueError, match="auto, c or python"):
         AtpWorker(1, 0, 2, None, ("127.0.0.1", 9), hostio="fast")
     monkeypatch.setattr(hostio, "_hostio", None)
-    with pytest.raises(RuntimeError, match="innet_hostio .* is c but the compiled helper"):
+    with pytest.raises(RuntimeError, match="innet_hostio: the compiled helper .* is not built"):
         AtpWorker(1, 0, 2, None, ("127.0.0.1", 9), hostio="c")
     w = AtpWorker(1, 0, 2, None, ("127.0.0.1", 9), hostio="auto")      # falls back to Python
     try:
