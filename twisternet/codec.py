@@ -56,9 +56,6 @@ _EXT_PICKLE_OOB = 8     # [pickle, [index, ...]]: a pickle whose large buffers t
 _EXT_ARROW = 9          # a pyarrow Table/RecordBatch: schema in band, buffers out of band (arrowcodec)
 
 _U64 = struct.Struct("<Q")
-#: msgpack's ext markers: of a fixed payload length, and with a length field (its struct)
-_EXT_FIX = {0xD4: 1, 0xD5: 2, 0xD6: 4, 0xD7: 8, 0xD8: 16}
-_EXT_VAR = {0xC7: struct.Struct(">B"), 0xC8: struct.Struct(">H"), 0xC9: struct.Struct(">I")}
 _OOB_HEAD = struct.Struct("<BIQ")
 KIND_PLAIN = 0
 KIND_OOB = 1
@@ -377,31 +374,9 @@ class _Decoder:
             raise CodecError(f"out-of-band buffer {idx} missing (record has {len(self.oob)})")
         return self.oob[idx]
 
-    def _unpack(self, data: bytes | memoryview) -> Any:
+    def _unpack(self, data: bytes) -> Any:
         return msgpack.unpackb(data, ext_hook=self.ext_hook, raw=False, strict_map_key=False,
                                max_bin_len=1 << 62, max_str_len=1 << 62)
-
-
-def _tuple_body(mv: memoryview) -> memoryview | None:
-    """The payload of a plain record that is one tuple extension value filling it (its items, packed
-    as a msgpack array), or None. Unpacking it directly gives what the extension hook would, one
-    nested unpack call fewer."""
-    if len(mv) < 3:
-        return None
-    n = _EXT_FIX.get(mv[1])
-    if n is not None:
-        at = 2
-    else:
-        field = _EXT_VAR.get(mv[1])
-        if field is None:
-            return None
-        at = 2 + field.size
-        if len(mv) <= at:
-            return None
-        n = field.unpack_from(mv, 2)[0]
-    if mv[at] != _EXT_TUPLE or at + 1 + n != len(mv):
-        return None
-    return mv[at + 1:]
 
 
 def _dtype(spec: Any) -> np.dtype:
@@ -511,9 +486,6 @@ class Codec:
                 if small is not None:
                     return small, False
                 dec = _Decoder(self.allow_pickle, (), copy, self._bodies)
-                body = _tuple_body(mv)
-                if body is not None:     # a tuple (the collectives' records): its items in one call
-                    return tuple(dec._unpack(body)), False
                 plain = msgpack.unpackb(mv[1:], ext_hook=dec.ext_hook, raw=False, strict_map_key=False,
                                         max_bin_len=1 << 62, max_str_len=1 << 62)
                 if type(plain) is np.ndarray:

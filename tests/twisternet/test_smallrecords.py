@@ -10,7 +10,6 @@ from hypothesis.extra import numpy as hnp
 
 from tests.twisternet.test_codec import same as _same
 from twisternet.codec import Codec, _Encoder
-from twisternet.errors import CodecError
 from twisternet.smallrecords import ext_header
 
 
@@ -90,30 +89,3 @@ def test_a_remembered_array_body_of_another_kind_takes_the_general_way() -> None
 
 def join_parts(parts) -> bytes:
     return b"".join(bytes(memoryview(p)) for p in parts)
-
-
-@pytest.mark.parametrize("size", [None, 0, 2, 6, 14, 15, 200, 70_000],
-                         ids=["empty", "fixext2", "fixext4", "fixext8", "fixext16", "ext8", "ext16", "ext32"])
-def test_a_record_of_one_tuple_is_unpacked_without_the_tuple_hook(size, monkeypatch) -> None:
-    """Every form of msgpack's extension header before a tuple's items: the decoder unpacks the items
-    directly (the tuple hook is never called for the outer tuple), with the general decoder's result;
-    a nested tuple still goes through the hook."""
-    from twisternet import codec as codec_mod
-
-    c = Codec()
-    value = () if size is None else ("x" * size, (1, 2))
-    rec = join_parts(c.encode(value))
-    assert rec[1] in (0xD4, 0xD5, 0xD6, 0xD7, 0xD8, 0xC7, 0xC8, 0xC9)
-    hooked: list[int] = []
-    real = codec_mod._Decoder.ext_hook
-
-    def counting(self, code, data):
-        hooked.append(code)
-        return real(self, code, data)
-
-    monkeypatch.setattr(codec_mod._Decoder, "ext_hook", counting)
-    assert c.decode(rec) == value
-    assert hooked == ([] if size is None else [codec_mod._EXT_TUPLE])    # the nested one only
-    for bad in (rec[:-1], rec + b"\x00"):               # a record that is not exactly one tuple
-        with pytest.raises(CodecError):
-            c.decode(bad)
