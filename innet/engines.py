@@ -8,11 +8,22 @@ mode, from a config key or an environment variable: ``auto`` (compiled when buil
 
 from __future__ import annotations
 
+import importlib
 import os
+from typing import Any
 
-__all__ = ["MODES", "choose_engine"]
+__all__ = ["MODES", "choose_engine", "import_extension"]
 
 MODES = ("auto", "c", "python")
+
+
+def import_extension(name: str) -> tuple[Any, str | None]:
+    """``(module, None)`` for the extension ``innet.<name>``, or ``(None, why)`` when it does not import
+    (not built: no compiler at install time; or stale)."""
+    try:
+        return importlib.import_module(f"innet.{name}"), None
+    except ImportError as e:
+        return None, str(e)
 
 
 def choose_engine(requested: str | None, env: str, built: object | None, import_error: str | None, what: str,

@@ -11,7 +11,6 @@ the extension is built, else Python), ``c`` (an error if it is not built) or ``p
 
 from __future__ import annotations
 
-import importlib
 import logging
 import socket
 from collections.abc import Sequence
@@ -21,7 +20,7 @@ import numpy as np
 
 from twisternet.errors import TwisternetError
 
-from .engines import choose_engine
+from .engines import choose_engine, import_extension
 
 if TYPE_CHECKING:  # pragma: no cover
     from .switch import SoftwareSwitch
@@ -38,12 +37,7 @@ COUNTER_SLOTS = ("aggregated", "forwarded", "collisions", "resends", "acks", "dr
 _EXTRA = frozenset({"emitted", "flushed", "reclaimed", "saturated"})
 _JOB_FIELDS = 7
 
-try:
-    _fastpath = importlib.import_module(f"{__package__}._fastpath")
-    _IMPORT_ERROR: str | None = None
-except ImportError as _e:  # the extension was not built (no compiler at install time) or is stale
-    _fastpath = None  # type: ignore[assignment]
-    _IMPORT_ERROR = str(_e)
+_fastpath, _IMPORT_ERROR = import_extension("_fastpath")
 
 
 class DataplaneUnavailable(TwisternetError, RuntimeError):

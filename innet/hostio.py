@@ -9,12 +9,11 @@ the tests compare the C path with. Addresses are IPv4 as ``ip << 16 | port`` (``
 
 from __future__ import annotations
 
-import importlib
 import socket
 
 import numpy as np
 
-from .engines import choose_engine
+from .engines import choose_engine, import_extension
 from .transport import UdpTransport
 
 __all__ = ["HOSTIO_ENV", "RowIO", "addr_key", "key_addr", "c_hostio_available", "datagram_truesize",
@@ -22,12 +21,7 @@ __all__ = ["HOSTIO_ENV", "RowIO", "addr_key", "key_addr", "c_hostio_available", 
 
 HOSTIO_ENV = "TWISTERNET_INNET_HOSTIO"
 
-try:
-    _hostio = importlib.import_module(f"{__package__}._hostio")
-    _IMPORT_ERROR: str | None = None
-except ImportError as _e:  # not built: the Python loops below
-    _hostio = None  # type: ignore[assignment]
-    _IMPORT_ERROR = str(_e)
+_hostio, _IMPORT_ERROR = import_extension("_hostio")    # (None when not built: the Python loops below)
 
 def datagram_truesize(packet_bytes: int) -> int:
     """What the kernel charges a receive buffer for one queued datagram of ``packet_bytes`` (measured on

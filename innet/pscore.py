@@ -22,7 +22,6 @@ taken: it is the config key ``innet_ps``, the address of a standing PS.)
 
 from __future__ import annotations
 
-import importlib
 import logging
 import socket
 from collections.abc import Sequence
@@ -32,7 +31,7 @@ import numpy as np
 
 from twisternet.errors import TwisternetError
 
-from .engines import choose_engine
+from .engines import choose_engine, import_extension
 from .hostio import addr_key, key_addr
 
 __all__ = ["PS_CORE_ENV", "NAME_KEYS", "PSCoreUnavailable", "CPSCore", "c_available", "c_unavailable_reason",
@@ -46,12 +45,7 @@ NAME_KEYS = 1 << 48
 (_E_LENGTH, _E_GARBLED, _E_UNREGISTERED, _E_BITMAPS, _E_WORKER, _E_DIRECT, _E_OVERLAP, _E_EXPIRED) = range(8)
 _MAX_EVENTS = 4096
 
-try:
-    _pscore = importlib.import_module(f"{__package__}._pscore")
-    _IMPORT_ERROR: str | None = None
-except ImportError as _e:  # the extension was not built (no compiler at install time) or is stale
-    _pscore = None  # type: ignore[assignment]
-    _IMPORT_ERROR = str(_e)
+_pscore, _IMPORT_ERROR = import_extension("_pscore")
 
 
 class PSCoreUnavailable(TwisternetError, RuntimeError):
