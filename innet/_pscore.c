@@ -242,6 +242,15 @@ static void job_free(Job *j) {
     free(j);
 }
 
+/* put job j (NULL: none) at job_id under the core's lock; the one it replaces is freed after */
+static void swap_job(Core *c, int job_id, Job *j) {
+    lock_core(c);
+    Job *old = c->jobs[job_id];
+    c->jobs[job_id] = j;
+    unlock_core(c);
+    job_free(old);
+}
+
 static int rank_lookup(const Job *j, uint64_t key) {
     Py_ssize_t lo = 0, hi = j->nranks;
     while (lo < hi) {
@@ -597,24 +606,14 @@ static PyObject *Core_add_job(Core *c, PyObject *args) {
         j->nranks++;
     }
     PyBuffer_Release(&wb);
-    lock_core(c);
-    Job *old = c->jobs[job_id];
-    c->jobs[job_id] = j;
-    unlock_core(c);
-    job_free(old);
+    swap_job(c, job_id, j);
     Py_RETURN_NONE;
 }
 
 static PyObject *Core_remove_job(Core *c, PyObject *args) {
     int job_id;
     if (!PyArg_ParseTuple(args, "i", &job_id)) return NULL;
-    if (job_id >= 0 && job_id < 256) {
-        lock_core(c);
-        Job *old = c->jobs[job_id];
-        c->jobs[job_id] = NULL;
-        unlock_core(c);
-        job_free(old);
-    }
+    if (job_id >= 0 && job_id < 256) swap_job(c, job_id, NULL);
     Py_RETURN_NONE;
 }
 
