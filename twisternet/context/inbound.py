@@ -114,11 +114,8 @@ class Inbound(ContextState):
         progress.views = views
         try:
             ok = handler(ins.src, obj)
-        except BaseException as e:  # a failing handler fails the waiters (as in _deliver)
-            log.exception("rank %d: handler of edge %d raised", self.rank, ins.edge)
-            with self._lock:
-                if self._failure is None:
-                    self._failure = e
+        except BaseException as e:  # noqa: BLE001 - a failing handler fails the waiters
+            self._handler_failed(ins.edge, e)
             self._seen = True
             return
         finally:
@@ -134,6 +131,13 @@ class Inbound(ContextState):
             ins.pending.append((obj, ref))
             self._refused[(ins.src, ins.edge)] = time.monotonic()
 
+    def _handler_failed(self, edge: int, e: BaseException) -> None:
+        """The handler of ``edge`` raised ``e`` (logged here): the context's failure, unless it has one."""
+        log.exception("rank %d: handler of edge %d raised", self.rank, edge)
+        with self._lock:
+            if self._failure is None:
+                self._failure = e
+
     def on_sent(self, token: object) -> None:
         self._seen = True
         msg = token
@@ -144,8 +148,7 @@ class Inbound(ContextState):
         if msg.done is not None:
             msg.done.set()
 
-    # Complexity accepted: delivery in order, per stream, with epochs.
-    def _deliver(self) -> bool:  # noqa: C901
+    def _deliver(self) -> bool:
         """Offer pending records to their handlers (outside the Context lock)."""
         did = False
         with self._lock:
@@ -204,11 +207,8 @@ class Inbound(ContextState):
                             break
                         ref.done_one()
                         i += 1
-                except BaseException as e:  # a failing handler fails the waiters
-                    log.exception("rank %d: handler of edge %d raised", self.rank, key[1])
-                    with self._lock:
-                        if self._failure is None:
-                            self._failure = e
+                except BaseException as e:  # noqa: BLE001 - a failing handler fails the waiters
+                    self._handler_failed(key[1], e)
                     return True
                 finally:
                     progress.views = True     # outside a handler, record_views() gives the safe answer
