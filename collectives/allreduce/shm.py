@@ -80,9 +80,9 @@ _DESC = 3
 _SLEEPS_ON = 8
 _NONCE = 32                    # bytes of nonce after the headers
 _ALIGN = 4096
-_SPIN = 200                    # polls before yielding the CPU
+_SPIN = 200                    # polls before yielding the CPU (where busy polling is on)
+_SPIN_SHORT = 10               # the same where it is off (ranks outnumber cores): then sleep at once
 _YIELD = 0.002                 # seconds of yield-polling before sleeping (where busy polling is on)
-_YIELD_SHORT = 2e-4            # the same where busy polling is off (ranks outnumber cores), in rounds
 _SLEEP_SLICE = 0.05            # longest futex wait before the liveness and deadline checks
 
 
@@ -151,6 +151,7 @@ class ShmAllReduce:
         # publication wakes them if one said it sleeps there (see _publish). The address is read once
         # (no buffer export stays behind).
         self._futex = futex.available()
+        self._spin = _SPIN if self.op.ctx.busy_poll > 0 else _SPIN_SHORT
         self._seq_addr = np.frombuffer(self.seq, np.int64).ctypes.data if self._futex else 0
         self._sleep_words = [j * self.stride + _SLEEPS_ON for j in range(self.n) if j != self.i]
         self._in_base = _round_up(self.n * _HDR + _NONCE)
@@ -409,16 +410,13 @@ class ShmAllReduce:
         polls, start, nap = 0, 0.0, 20e-6
         while seq[field] < k:
             polls += 1
-            if polls < _SPIN:
+            if polls < self._spin:
                 continue
             now = time.monotonic()
             if not start:
                 start = now
             if self._futex:
-                # (no yielding where busy polling is off: the first member of a hierarchical
-                # allreduce may be busy between the hosts for a while, and needs the cores)
-                self._sleep_on(field, k, deadline, t, "broadcast chunk", now, start, only_first=True,
-                               yield_for=0.0)
+                self._sleep_on(field, k, deadline, t, "broadcast chunk", now, start, only_first=True)
                 continue
             if now - start < _YIELD:
                 os.sched_yield()
@@ -440,13 +438,17 @@ class ShmAllReduce:
                     return
 
     def _sleep_on(self, field: int, k: int, deadline: float, t: float, what: str, now: float, start: float,
-                  only_first: bool = False, yield_for: float = _YIELD_SHORT) -> None:
+                  only_first: bool = False) -> None:
         """One wait in the kernel for the first member still short of ``k`` in ``field`` (a slice of
         :data:`_SLEEP_SLICE` at most, then the checks of :meth:`_check`). Before that, yield the core
-        for up to :data:`_YIELD` seconds where busy polling is on (``busy_poll_us``), else ``yield_for``
-        (a round of the members' ranks ends soon; on 2 cores with 4 ranks of one host, yielding
-        200 us before sleeping gave 79-94 us per 1 KB allreduce against 107-116 us without)."""
-        if now - start < (_YIELD if self.op.ctx.busy_poll > 0 else yield_for):
+        for up to :data:`_YIELD` seconds where busy polling is on (``busy_poll_us``).
+
+        Where it is off (more ranks than cores) the wait sleeps at once, after :data:`_SPIN_SHORT`
+        polls: every poll or yield takes a core from a rank that has work. On 2 cores, 1 KB per call
+        (benchmarks/_allreduce_worker.py), 4 ranks of one host: 44-50 us against 63-80 us with
+        200 polls and 200 us of yielding first; 4 hosts x 2 ranks of the emulated cluster
+        (benchmarks/_cluster_worker.py): 0.70-0.79 ms against 0.84-0.90 ms."""
+        if now - start < _YIELD and self.op.ctx.busy_poll > 0:
             os.sched_yield()
             return
         seq, stride = self.seq, self.stride
@@ -592,7 +594,7 @@ class ShmAllReduce:
             else:
                 return
             polls += 1
-            if polls < _SPIN:
+            if polls < self._spin:
                 continue
             now = time.monotonic()
             if not start:
