@@ -370,8 +370,9 @@ class ShmAllReduce:
         """The first member's ``buf`` (flat, C-contiguous) into every member's ``buf``, chunk by chunk
         through the output slots. Every member passes a buffer of the same size and dtype.
 
-        Rounds continue the operation's count. A first round with no data makes every member finish the
-        rounds before (a reduce reads the input slots until it ends); then in round ``k`` the first
+        Rounds continue the operation's count. In a first round with no data every member says it has
+        finished the rounds before (a reduce reads the input slots until it ends), and the first member
+        waits until all have; then in round ``k`` the first
         member writes output slot ``k % 2`` once every member has started round ``k - 1`` (so finished
         reading round ``k - 2`` from that slot) and publishes ``out_seq = k``; the others copy the chunk
         out and publish ``in_seq = k``."""
@@ -381,7 +382,10 @@ class ShmAllReduce:
         try:
             k = self.round + 1
             self._publish(me * stride + _IN_SEQ, k)
-            self._await(_IN_SEQ, k, deadline, t, "start of the broadcast")
+            if me == 0:
+                # only the first member waits here: the others wait for its first chunk, which it
+                # writes only once all of them have started round k (one wake-up each, not two)
+                self._await(_IN_SEQ, k, deadline, t, "start of the broadcast")
             self.round = k
             flat = buf.reshape(-1)
             _, outs = self._slot_views(flat.dtype)
