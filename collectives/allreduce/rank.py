@@ -182,7 +182,8 @@ class RankAllReduce(TreePath, HierarchicalPath):
             topo = self._topology(call, t)
             algo = choose(op.via, nranks=n, array_ok=shm_ok, ring_ok=ring_ok, nbytes=value.nbytes if is_array else 0,
                           ring_threshold=op.ring_threshold, topology=topo,
-                          shm_offered=op.via == "auto" and shm_ok and self._auto_shm())
+                          shm_offered=op.via == "auto" and shm_ok and (topo is None or topo.nhosts <= 1)
+                          and self._auto_shm())     # (several hosts: "hier", whatever shm offers)
         else:
             topo, algo = None, op.via          # (what choose() returns for a forced algorithm)
         if algo == "hier":
