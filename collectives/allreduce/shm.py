@@ -83,6 +83,7 @@ _ALIGN = 4096
 _SPIN = 200                    # polls before yielding the CPU (where busy polling is on)
 _SPIN_SHORT = 10               # the same where it is off (ranks outnumber cores): then sleep at once
 _YIELD = 0.002                 # seconds of yield-polling before sleeping (where busy polling is on)
+_YIELD_SHORT = 2e-4            # the same where it is off but the engine thread polls (MPI), see _sleep_on
 _SLEEP_SLICE = 0.05            # longest futex wait before the liveness and deadline checks
 
 
@@ -151,7 +152,9 @@ class ShmAllReduce:
         # publication wakes them if one said it sleeps there (see _publish). The address is read once
         # (no buffer export stays behind).
         self._futex = futex.available()
-        self._spin = _SPIN if self.op.ctx.busy_poll > 0 else _SPIN_SHORT
+        # (over MPI the engine thread polls the channel instead of sleeping in the kernel: see _sleep_on)
+        self._engine_polls = not self.op.ctx.channel.can_wait_unlocked
+        self._spin = _SPIN if self.op.ctx.busy_poll > 0 or self._engine_polls else _SPIN_SHORT
         self._seq_addr = np.frombuffer(self.seq, np.int64).ctypes.data if self._futex else 0
         self._sleep_words = [j * self.stride + _SLEEPS_ON for j in range(self.n) if j != self.i]
         self._in_base = _round_up(self.n * _HDR + _NONCE)
@@ -420,7 +423,10 @@ class ShmAllReduce:
             if not start:
                 start = now
             if self._futex:
-                self._sleep_on(field, k, deadline, t, "broadcast chunk", now, start, only_first=True)
+                # (no yielding where busy polling is off: the first member of a hierarchical
+                # allreduce may be busy between the hosts for a while, and needs the cores)
+                self._sleep_on(field, k, deadline, t, "broadcast chunk", now, start, only_first=True,
+                               may_yield=False)
                 continue
             if now - start < _YIELD:
                 os.sched_yield()
@@ -442,17 +448,23 @@ class ShmAllReduce:
                     return
 
     def _sleep_on(self, field: int, k: int, deadline: float, t: float, what: str, now: float, start: float,
-                  only_first: bool = False) -> None:
+                  only_first: bool = False, may_yield: bool = True) -> None:
         """One wait in the kernel for the first member still short of ``k`` in ``field`` (a slice of
         :data:`_SLEEP_SLICE` at most, then the checks of :meth:`_check`). Before that, yield the core
         for up to :data:`_YIELD` seconds where busy polling is on (``busy_poll_us``).
 
         Where it is off (more ranks than cores) the wait sleeps at once, after :data:`_SPIN_SHORT`
         polls: every poll or yield takes a core from a rank that has work. On 2 cores, 1 KB per call
-        (benchmarks/_allreduce_worker.py), 4 ranks of one host: 44-50 us against 63-80 us with
-        200 polls and 200 us of yielding first; 4 hosts x 2 ranks of the emulated cluster
-        (benchmarks/_cluster_worker.py): 0.70-0.79 ms against 0.84-0.90 ms."""
-        if now - start < _YIELD and self.op.ctx.busy_poll > 0:
+        (benchmarks/_allreduce_worker.py), 4 ranks of one host under ``twisternet run``: 44-50 us
+        against 63-80 us with 200 polls and 200 us of yielding first; 4 hosts x 2 ranks of the
+        emulated cluster (benchmarks/_cluster_worker.py): 0.70-0.79 ms against 0.84-0.90 ms.
+
+        Not over MPI, whose engine thread polls the channel every few hundred microseconds instead of
+        sleeping in the kernel: there the 200 polls and :data:`_YIELD_SHORT` of yielding (when
+        ``may_yield``) stay. Sleeping at once gave 67-87 us (median 83) for the same 4 ranks under
+        ``mpiexec``, against 69-73 us with them."""
+        if now - start < (_YIELD if self.op.ctx.busy_poll > 0 else _YIELD_SHORT if self._engine_polls and may_yield
+                          else 0.0):
             os.sched_yield()
             return
         seq, stride = self.seq, self.stride
