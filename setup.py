@@ -41,10 +41,11 @@ class OptionalBuildExt(build_ext):
 
 ext_modules = []
 if sys.platform.startswith("linux"):   # recvmmsg / sendmmsg
-    ext_modules.append(Extension("innet._fastpath", ["innet/_fastpath.c"], extra_compile_args=["-O2"]))
+    shared = ["innet/_atp_udp.h"]     # the ATP header's constants and batched UDP sending, for all three
+    ext_modules.append(Extension("innet._fastpath", ["innet/_fastpath.c"], depends=shared, extra_compile_args=["-O2"]))
     # batched datagram I/O of workers and PS (innet/hostio.py falls back to Python loops without it)
-    ext_modules.append(Extension("innet._hostio", ["innet/_hostio.c"], extra_compile_args=["-O2"]))
+    ext_modules.append(Extension("innet._hostio", ["innet/_hostio.c"], depends=shared, extra_compile_args=["-O2"]))
     # the parameter server's packet path (innet/pscore.py falls back to ParameterServer.handle without it)
-    ext_modules.append(Extension("innet._pscore", ["innet/_pscore.c"], extra_compile_args=["-O2"]))
+    ext_modules.append(Extension("innet._pscore", ["innet/_pscore.c"], depends=shared, extra_compile_args=["-O2"]))
 
 setup(ext_modules=ext_modules, cmdclass={"build_ext": OptionalBuildExt})

@@ -22,27 +22,14 @@
 
 #include <errno.h>
 #include <netinet/in.h>
-#include <netinet/udp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <time.h>
 
-#define HEADER_SIZE 16
-#define SEQ_BITS 24
-#define FLAG_OVERFLOW (1u << 5)
-#define FLAG_RESEND (1u << 4)
-#define FLAG_COLLISION (1u << 3)
-#define FLAG_ECN (1u << 2)
-#define FLAG_EDGE (1u << 1)
-#define FLAG_ACK (1u << 0)
+#include "_atp_udp.h"
+
 #define FLAG_BYTE 9
-#ifndef UDP_SEGMENT
-#define UDP_SEGMENT 103
-#endif
-#define GSO_MAX_SEGMENTS 64      /* the kernel's UDP_MAX_SEGMENTS on every kernel with UDP_SEGMENT */
-#define GSO_MAX_BYTES 65000      /* below the 65507-byte UDP payload limit */
 
 /* counters array layout (innet/fastpath.py COUNTER_SLOTS) */
 enum { C_AGGREGATED, C_FORWARDED, C_COLLISIONS, C_RESENDS, C_ACKS, C_DROPPED, C_ECN_MARKED, C_REJECTED,
@@ -128,15 +115,6 @@ static Py_ssize_t port_index(const Core *c, uint32_t port) {
     }
     return (lo < c->nports && c->port_nos[lo] == port) ? lo : -1;
 }
-
-static inline uint32_t rd32(const uint8_t *p) {
-    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | (uint32_t)p[3];
-}
-static inline uint16_t rd16(const uint8_t *p) { return (uint16_t)(((unsigned)p[0] << 8) | p[1]); }
-static inline void wr32(uint8_t *p, uint32_t v) {
-    p[0] = (uint8_t)(v >> 24); p[1] = (uint8_t)(v >> 16); p[2] = (uint8_t)(v >> 8); p[3] = (uint8_t)v;
-}
-static inline void wr16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)(v >> 8); p[1] = (uint8_t)v; }
 
 /* room for one more output and `bytes` more arena bytes; -1 on allocation failure */
 static int reserve_out(Core *c, Py_ssize_t bytes) {
@@ -595,8 +573,6 @@ static int receive(Core *c, int fd, Py_ssize_t batch) {
     }
 }
 
-#define CTRL_SPACE CMSG_SPACE(sizeof(uint16_t))
-
 static int ensure_tx(Core *c, Py_ssize_t n) {
     if (c->tx_count_cap < c->nports + 1) {
         Py_ssize_t *t = realloc(c->tx_count, (size_t)(c->nports + 1) * sizeof *t);
@@ -620,33 +596,6 @@ static int ensure_tx(Core *c, Py_ssize_t n) {
     return 0;
 }
 
-/* sendmmsg messages [0, nmsg); a datagram (train) the kernel will not take now (buffer full, refused,
- * unreachable) is dropped as the Python loop drops it. Returns 0, 1 when a GSO train was refused as
- * unsupported (messages from *first_failed on are unsent), -1 (errno) on any other error. */
-static int send_msgs(Core *c, int fd, Py_ssize_t nmsg, Py_ssize_t *first_failed) {
-    Py_ssize_t i = 0;
-    while (i < nmsg) {
-        int k = sendmmsg(fd, c->tx_msgs + i, (unsigned)(nmsg - i > 1024 ? 1024 : nmsg - i), 0);
-        if (k > 0) {
-            for (int j = 0; j < k; j++) c->counters[C_SENT] += (int64_t)(c->tx_msgs[i + j].msg_hdr.msg_iovlen);
-            i += k;
-            continue;
-        }
-        if (k == 0) { i++; continue; }
-        if (errno == EINTR) continue;
-        if (c->tx_msgs[i].msg_hdr.msg_controllen
-            && (errno == EINVAL || errno == EOPNOTSUPP || errno == EIO || errno == EMSGSIZE || errno == ENOPROTOOPT)) {
-            *first_failed = i;
-            return 1;
-        }
-        if (errno == ECONNREFUSED) { c->counters[C_REFUSED]++; i++; continue; }
-        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == ENOBUFS || errno == EHOSTUNREACH
-            || errno == ENETUNREACH) { i++; continue; }
-        return -1;
-    }
-    return 0;
-}
-
 /* Send every output. Outputs are grouped by destination (order kept per destination, which is all a
  * receiver can observe) and each destination's run goes out as trains of up to 64 datagrams in one
  * UDP GSO message (the kernel cuts them back into the same datagrams); without GSO support, one
@@ -662,9 +611,7 @@ static int send_outputs(Core *c, int fd) {
     Py_ssize_t run = 0;
     for (Py_ssize_t d = 0; d < np_; d++) { Py_ssize_t k = c->tx_count[d]; c->tx_count[d] = run; run += k; }
     for (Py_ssize_t i = 0; i < n; i++) c->tx_order[c->tx_count[c->tx_pidx[i]]++] = i;
-    Py_ssize_t per_train = c->gso ? GSO_MAX_BYTES / c->size : 1;
-    if (per_train > GSO_MAX_SEGMENTS) per_train = GSO_MAX_SEGMENTS;
-    if (per_train < 2) per_train = 1;
+    Py_ssize_t per_train = gso_per_train(c->gso, c->size);
     for (;;) {
         Py_ssize_t nmsg = 0, i = 0;
         while (i < n) {
@@ -680,23 +627,12 @@ static int send_outputs(Core *c, int fd) {
                 k++;
             }
             h->msg_iovlen = (size_t)k;
-            if (k > 1) {
-                uint8_t *ctl = c->tx_ctrl + nmsg * CTRL_SPACE;
-                memset(ctl, 0, CTRL_SPACE);
-                h->msg_control = ctl;
-                h->msg_controllen = CTRL_SPACE;
-                struct cmsghdr *cm = CMSG_FIRSTHDR(h);
-                cm->cmsg_level = SOL_UDP;
-                cm->cmsg_type = UDP_SEGMENT;
-                cm->cmsg_len = CMSG_LEN(sizeof(uint16_t));
-                uint16_t seg = (uint16_t)c->size;
-                memcpy(CMSG_DATA(cm), &seg, sizeof seg);
-            }
+            if (k > 1) gso_option(h, c->tx_ctrl + nmsg * CTRL_SPACE, (uint16_t)c->size);
             nmsg++;
             i += k;
         }
         Py_ssize_t failed = 0;
-        int r = send_msgs(c, fd, nmsg, &failed);
+        int r = udp_send_all(fd, c->tx_msgs, nmsg, &c->counters[C_SENT], &c->counters[C_REFUSED], &failed);
         if (r <= 0) return r;
         /* GSO refused (an old kernel, or trains too big for the route's MTU): plain datagrams from
          * the refused train on, and for good */
@@ -707,12 +643,6 @@ static int send_outputs(Core *c, int fd) {
         memmove(c->tx_order, c->tx_order + done, (size_t)rest * sizeof *c->tx_order);
         n = rest;
     }
-}
-
-static double monotonic_now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
 /* serve(fd, max_batch): one receive batch through the dataplane; the number of datagrams received */

@@ -21,18 +21,13 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
-#include <netinet/udp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 
-#ifndef UDP_SEGMENT
-#define UDP_SEGMENT 103
-#endif
-#define GSO_MAX_BYTES 65000
-#define GSO_MAX_SEGMENTS 64
-#define CTRL_SPACE CMSG_SPACE(sizeof(uint16_t))
+#include "_atp_udp.h"
+
 #define CHUNK 256
 
 static int get_buffer(PyObject *o, Py_buffer *b, int writable, Py_ssize_t need, const char *name) {
@@ -106,31 +101,6 @@ static PyObject *recv_rows(PyObject *self, PyObject *args) {
     return Py_BuildValue("nn", got, refused);
 }
 
-/* sendmmsg msgs[0, n): returns the index of the first message refused as GSO-unsupported, or n */
-static Py_ssize_t send_all(int fd, struct mmsghdr *msgs, Py_ssize_t n, Py_ssize_t *sent, Py_ssize_t *refused,
-                           int *err) {
-    Py_ssize_t i = 0;
-    while (i < n) {
-        int k = sendmmsg(fd, msgs + i, (unsigned)(n - i), 0);
-        if (k > 0) {
-            for (int j = 0; j < k; j++) *sent += (Py_ssize_t)msgs[i + j].msg_hdr.msg_iovlen;
-            i += k;
-            continue;
-        }
-        if (k == 0) { i++; continue; }
-        if (errno == EINTR) continue;
-        if (msgs[i].msg_hdr.msg_controllen
-            && (errno == EINVAL || errno == EOPNOTSUPP || errno == EIO || errno == EMSGSIZE || errno == ENOPROTOOPT))
-            return i;
-        if (errno == ECONNREFUSED) { (*refused)++; i++; continue; }
-        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == ENOBUFS || errno == EHOSTUNREACH
-            || errno == ENETUNREACH) { i++; continue; }
-        *err = errno;
-        return n;
-    }
-    return n;
-}
-
 static PyObject *send_rows(PyObject *self, PyObject *args) {
     int fd, gso;
     Py_ssize_t row_size, length;
@@ -173,13 +143,12 @@ static PyObject *send_rows(PyObject *self, PyObject *args) {
     }
     const uint64_t *addrs = have_addr ? a.buf : NULL;
     const uint8_t *buf = b.buf;
-    Py_ssize_t sent = 0, refused = 0, start = 0;
+    int64_t sent = 0, refused = 0;
+    Py_ssize_t start = 0;
     int err = 0;
     Py_BEGIN_ALLOW_THREADS
     for (;;) {
-        Py_ssize_t per_train = gso ? GSO_MAX_BYTES / length : 1;
-        if (per_train > GSO_MAX_SEGMENTS) per_train = GSO_MAX_SEGMENTS;
-        if (per_train < 2) per_train = 1;
+        Py_ssize_t per_train = gso_per_train(gso, length);
         Py_ssize_t nmsg = 0, i = start;
         while (i < n) {
             Py_ssize_t k = 0;
@@ -199,23 +168,14 @@ static PyObject *send_rows(PyObject *self, PyObject *args) {
                 k++;
             }
             h->msg_iovlen = (size_t)k;
-            if (k > 1) {
-                uint8_t *ctl = ctrl + nmsg * CTRL_SPACE;
-                memset(ctl, 0, CTRL_SPACE);
-                h->msg_control = ctl;
-                h->msg_controllen = CTRL_SPACE;
-                struct cmsghdr *cm = CMSG_FIRSTHDR(h);
-                cm->cmsg_level = SOL_UDP;
-                cm->cmsg_type = UDP_SEGMENT;
-                cm->cmsg_len = CMSG_LEN(sizeof(uint16_t));
-                uint16_t seg = (uint16_t)length;
-                memcpy(CMSG_DATA(cm), &seg, sizeof seg);
-            }
+            if (k > 1) gso_option(h, ctrl + nmsg * CTRL_SPACE, (uint16_t)length);
             nmsg++;
             i += k;
         }
-        Py_ssize_t failed = send_all(fd, msgs, nmsg, &sent, &refused, &err);
-        if (failed >= nmsg || !gso) break;
+        Py_ssize_t failed = 0;
+        int r = udp_send_all(fd, msgs, nmsg, &sent, &refused, &failed);
+        if (r < 0) err = errno;
+        if (r <= 0 || !gso) break;
         gso = 0;     /* GSO refused: plain datagrams from the refused train on */
         start = (Py_ssize_t)(msgs[failed].msg_hdr.msg_iov - iov);
     }
@@ -225,7 +185,7 @@ static PyObject *send_rows(PyObject *self, PyObject *args) {
     PyBuffer_Release(&r);
     if (have_addr) PyBuffer_Release(&a);
     if (err) { errno = err; return PyErr_SetFromErrno(PyExc_OSError); }
-    return Py_BuildValue("nnO", sent, refused, gso ? Py_True : Py_False);
+    return Py_BuildValue("LLO", (long long)sent, (long long)refused, gso ? Py_True : Py_False);
 }
 
 static PyMethodDef methods[] = {

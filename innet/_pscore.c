@@ -36,30 +36,15 @@
 #include <errno.h>
 #include <poll.h>
 #include <netinet/in.h>
-#include <netinet/udp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <time.h>
 
-#define HEADER_SIZE 16
-#define SEQ_BITS 24
-#define SEQ_MASK ((1u << SEQ_BITS) - 1)
-#define FLAG_OVERFLOW (1u << 5)
-#define FLAG_RESEND (1u << 4)
-#define FLAG_COLLISION (1u << 3)
-#define FLAG_ECN (1u << 2)
-#define FLAG_EDGE (1u << 1)
-#define FLAG_ACK (1u << 0)
+#include "_atp_udp.h"
+
 #define MAX_RACKS 32
 #define NAME_KEYS (1ull << 48)  /* keys from here on stand for non-IPv4 addresses: never sent to */
-#ifndef UDP_SEGMENT
-#define UDP_SEGMENT 103
-#endif
-#define GSO_MAX_SEGMENTS 64
-#define GSO_MAX_BYTES 65000
-#define CTRL_SPACE CMSG_SPACE(sizeof(uint16_t))
 #define MAX_EVENTS 4096
 
 /* events, as innet/pscore.py logs them; log level of each in ev_level */
@@ -151,15 +136,6 @@ static void lock_core(Core *c) {
 }
 
 static inline void unlock_core(Core *c) { PyThread_release_lock(c->mu); }
-
-static inline uint32_t rd32(const uint8_t *p) {
-    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | (uint32_t)p[3];
-}
-static inline uint16_t rd16(const uint8_t *p) { return (uint16_t)(((unsigned)p[0] << 8) | p[1]); }
-static inline void wr32(uint8_t *p, uint32_t v) {
-    p[0] = (uint8_t)(v >> 24); p[1] = (uint8_t)(v >> 16); p[2] = (uint8_t)(v >> 8); p[3] = (uint8_t)v;
-}
-static inline void wr16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)(v >> 8); p[1] = (uint8_t)v; }
 
 /* ------------------------------------------------------------------ seq -> pointer map */
 
@@ -834,33 +810,6 @@ static int ensure_tx(Core *c, Py_ssize_t n) {
     return 0;
 }
 
-/* sendmmsg messages [0, nmsg) (as _hostio.c send_all): 0, 1 when a GSO train was refused as unsupported
- * (messages from *first_failed on unsent), -1 (errno) on any other error. A datagram the kernel will
- * not take now (buffer full, refused, unreachable) is dropped, as UdpTransport.send drops it. */
-static int send_msgs(Core *c, int fd, Py_ssize_t nmsg, Py_ssize_t *first_failed) {
-    Py_ssize_t i = 0;
-    while (i < nmsg) {
-        int k = sendmmsg(fd, c->tx_msgs + i, (unsigned)(nmsg - i > 1024 ? 1024 : nmsg - i), 0);
-        if (k > 0) {
-            for (int q = 0; q < k; q++) c->counters[N_SENT] += (int64_t)c->tx_msgs[i + q].msg_hdr.msg_iovlen;
-            i += k;
-            continue;
-        }
-        if (k == 0) { i++; continue; }
-        if (errno == EINTR) continue;
-        if (c->tx_msgs[i].msg_hdr.msg_controllen
-            && (errno == EINVAL || errno == EOPNOTSUPP || errno == EIO || errno == EMSGSIZE || errno == ENOPROTOOPT)) {
-            *first_failed = i;
-            return 1;
-        }
-        if (errno == ECONNREFUSED) { c->counters[N_REFUSED]++; i++; continue; }
-        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == ENOBUFS || errno == EHOSTUNREACH
-            || errno == ENETUNREACH) { i++; continue; }
-        return -1;
-    }
-    return 0;
-}
-
 /* Send the outputs in order (as RowIO.send of the Python loop): runs of consecutive outputs to one
  * destination go as UDP GSO trains. Outputs to non-IPv4 keys are skipped. -1 (errno) on a socket error. */
 static int send_outputs(Core *c, int fd) {
@@ -869,9 +818,7 @@ static int send_outputs(Core *c, int fd) {
         if (c->outs[i].key < NAME_KEYS) c->outs[n++] = c->outs[i];
     Py_ssize_t start = 0;
     for (;;) {
-        Py_ssize_t per_train = c->gso ? GSO_MAX_BYTES / c->size : 1;
-        if (per_train > GSO_MAX_SEGMENTS) per_train = GSO_MAX_SEGMENTS;
-        if (per_train < 2) per_train = 1;
+        Py_ssize_t per_train = gso_per_train(c->gso, c->size);
         Py_ssize_t nmsg = 0, i = start;
         while (i < n) {
             Py_ssize_t k = 0;
@@ -892,33 +839,16 @@ static int send_outputs(Core *c, int fd) {
                 k++;
             }
             h->msg_iovlen = (size_t)k;
-            if (k > 1) {
-                uint8_t *ctl = c->tx_ctrl + nmsg * CTRL_SPACE;
-                memset(ctl, 0, CTRL_SPACE);
-                h->msg_control = ctl;
-                h->msg_controllen = CTRL_SPACE;
-                struct cmsghdr *cm = CMSG_FIRSTHDR(h);
-                cm->cmsg_level = SOL_UDP;
-                cm->cmsg_type = UDP_SEGMENT;
-                cm->cmsg_len = CMSG_LEN(sizeof(uint16_t));
-                uint16_t seg = (uint16_t)c->size;
-                memcpy(CMSG_DATA(cm), &seg, sizeof seg);
-            }
+            if (k > 1) gso_option(h, c->tx_ctrl + nmsg * CTRL_SPACE, (uint16_t)c->size);
             nmsg++;
             i += k;
         }
         Py_ssize_t failed = 0;
-        int r = send_msgs(c, fd, nmsg, &failed);
+        int r = udp_send_all(fd, c->tx_msgs, nmsg, &c->counters[N_SENT], &c->counters[N_REFUSED], &failed);
         if (r <= 0) return r;
         c->gso = 0;      /* GSO refused: plain datagrams from the refused train on, and for good */
         start = (Py_ssize_t)(c->tx_msgs[failed].msg_hdr.msg_iov - c->tx_iov);
     }
-}
-
-static double monotonic_now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
 #define SERVE_ROUNDS 64      /* batches per wake-up, as the Python loop */
