@@ -1,7 +1,7 @@
 /* What the compiled innet extensions (_fastpath.c, _pscore.c, _hostio.c) share: the ATP header's
- * constants and byte order, and batched UDP sending with GSO trains. Every function is static (each
- * extension gets its own copy; nothing is exported). Uses only libc; include it after Python.h (it
- * uses Py_ssize_t). setup.py lists it in each extension's depends.
+ * constants and byte order, batched UDP receiving, and batched sending with GSO trains. Every function
+ * is static (each extension gets its own copy; nothing is exported). Uses only libc; include it after
+ * Python.h (it uses Py_ssize_t). setup.py lists it in each extension's depends.
  *
  * The wire format itself is defined in innet/wire.py; the constants here must match it
  * (tests/innet/test_fastpath.py and tests/innet/test_ps_core.py compare the compiled paths with the
@@ -10,9 +10,12 @@
 #ifndef TWISTERNET_INNET_ATP_UDP_H
 #define TWISTERNET_INNET_ATP_UDP_H
 
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
 #include <netinet/udp.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -77,8 +80,8 @@ static inline void gso_option(struct msghdr *h, uint8_t *ctl, uint16_t seg) {
  * dropped, as UdpTransport.send drops it. Returns 0; 1 when a GSO train was refused as unsupported
  * (an old kernel, or a train too big for the route's MTU: messages from *first_failed on are unsent);
  * -1 (errno set) on any other error. */
-static int udp_send_all(int fd, struct mmsghdr *msgs, Py_ssize_t nmsg, int64_t *sent, int64_t *refused,
-                        Py_ssize_t *first_failed) {
+static inline int udp_send_all(int fd, struct mmsghdr *msgs, Py_ssize_t nmsg, int64_t *sent, int64_t *refused,
+                               Py_ssize_t *first_failed) {
     Py_ssize_t i = 0;
     while (i < nmsg) {
         int k = sendmmsg(fd, msgs + i, (unsigned)(nmsg - i > 1024 ? 1024 : nmsg - i), 0);
@@ -100,6 +103,71 @@ static int udp_send_all(int fd, struct mmsghdr *msgs, Py_ssize_t nmsg, int64_t *
         return -1;
     }
     return 0;
+}
+
+/* ------------------------------------------------------------------ batched receiving */
+/* Memory for up to `cap` datagrams of `width` bytes (a core passes its packet size + 1: a datagram
+ * longer than a packet then shows as too long) and their IPv4 senders. Zero-initialised before use. */
+typedef struct {
+    uint8_t *buf;               /* datagram i at buf + i * width */
+    struct mmsghdr *msgs;
+    struct iovec *iov;
+    struct sockaddr_in *addr;
+    Py_ssize_t cap, width;
+} RxBatch;
+
+/* Room for `batch` datagrams of `width` bytes: 0, or -1 out of memory (what was had is kept). */
+static inline int rx_reserve(RxBatch *b, Py_ssize_t batch, Py_ssize_t width) {
+    if (batch <= b->cap && width == b->width) return 0;
+    uint8_t *buf = realloc(b->buf, (size_t)(batch * width));
+    if (buf) b->buf = buf;
+    struct mmsghdr *m = realloc(b->msgs, (size_t)batch * sizeof *m);
+    if (m) b->msgs = m;
+    struct iovec *v = realloc(b->iov, (size_t)batch * sizeof *v);
+    if (v) b->iov = v;
+    struct sockaddr_in *a = realloc(b->addr, (size_t)batch * sizeof *a);
+    if (a) b->addr = a;
+    if (!buf || !m || !v || !a) return -1;
+    b->cap = batch;
+    b->width = width;
+    return 0;
+}
+
+static inline void rx_free(RxBatch *b) {
+    free(b->buf); free(b->msgs); free(b->iov); free(b->addr);
+    memset(b, 0, sizeof *b);
+}
+
+/* recvmmsg up to `batch` (<= cap) datagrams without blocking: the count, 0 when none, -1 (errno) on
+ * error; ECONNREFUSED (an ICMP error queued on the socket) is counted in *refused and skipped. */
+static inline int rx_receive(RxBatch *b, int fd, Py_ssize_t batch, int64_t *refused) {
+    for (Py_ssize_t i = 0; i < batch; i++) {
+        b->iov[i].iov_base = b->buf + i * b->width;
+        b->iov[i].iov_len = (size_t)b->width;
+        memset(&b->msgs[i].msg_hdr, 0, sizeof(struct msghdr));
+        b->msgs[i].msg_hdr.msg_iov = &b->iov[i];
+        b->msgs[i].msg_hdr.msg_iovlen = 1;
+        b->msgs[i].msg_hdr.msg_name = &b->addr[i];
+        b->msgs[i].msg_hdr.msg_namelen = sizeof(struct sockaddr_in);
+    }
+    for (;;) {
+        int k = recvmmsg(fd, b->msgs, (unsigned)batch, MSG_DONTWAIT, NULL);
+        if (k >= 0) return k;
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
+        if (errno == ECONNREFUSED) { (*refused)++; continue; }
+        return -1;
+    }
+}
+
+static inline uint8_t *rx_data(const RxBatch *b, Py_ssize_t i) { return b->buf + i * b->width; }
+static inline Py_ssize_t rx_length(const RxBatch *b, Py_ssize_t i) { return (Py_ssize_t)b->msgs[i].msg_len; }
+
+/* Datagram i's sender as ip << 16 | port (innet.hostio.addr_key) in *key: 1, or 0 if not IPv4. */
+static inline int rx_sender(const RxBatch *b, Py_ssize_t i, uint64_t *key) {
+    const struct sockaddr_in *a = &b->addr[i];
+    if (b->msgs[i].msg_hdr.msg_namelen < sizeof(struct sockaddr_in) || a->sin_family != AF_INET) return 0;
+    *key = ((uint64_t)ntohl(a->sin_addr.s_addr) << 16) | ntohs(a->sin_port);
+    return 1;
 }
 
 #endif

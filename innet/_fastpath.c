@@ -81,12 +81,7 @@ typedef struct {
     uint8_t *arena;
     Py_ssize_t arena_len, arena_cap;
     /* receive / send memory */
-    Py_ssize_t rx_cap;
-    uint8_t *rx;
-    struct mmsghdr *rx_msgs;
-    struct iovec *rx_iov;
-    struct sockaddr_in *rx_addr;
-    uint32_t *rx_port;
+    RxBatch rxb;
     struct mmsghdr *tx_msgs;
     struct iovec *tx_iov;
     Py_ssize_t *tx_order;     /* outputs grouped by destination (stable) */
@@ -341,7 +336,7 @@ static void Core_dealloc(Core *c) {
     release_all(c);
     free(c->port_nos); free(c->port_addr); free(c->in_keys); free(c->in_ports); free(c->members);
     free(c->group_ports); free(c->outs); free(c->arena);
-    free(c->rx); free(c->rx_msgs); free(c->rx_iov); free(c->rx_addr); free(c->rx_port);
+    rx_free(&c->rxb);
     free(c->tx_msgs); free(c->tx_iov); free(c->tx_order); free(c->tx_pidx); free(c->tx_count); free(c->tx_ctrl);
     Py_TYPE(c)->tp_free((PyObject *)c);
 }
@@ -534,44 +529,8 @@ done:
     return res;
 }
 
-static int ensure_rx(Core *c, Py_ssize_t batch) {
-    if (batch <= c->rx_cap) return 0;
-    Py_ssize_t w = c->size + 1;
-    uint8_t *rx = realloc(c->rx, (size_t)(batch * w));
-    if (rx) c->rx = rx;
-    struct mmsghdr *m = realloc(c->rx_msgs, (size_t)batch * sizeof *m);
-    if (m) c->rx_msgs = m;
-    struct iovec *v = realloc(c->rx_iov, (size_t)batch * sizeof *v);
-    if (v) c->rx_iov = v;
-    struct sockaddr_in *a = realloc(c->rx_addr, (size_t)batch * sizeof *a);
-    if (a) c->rx_addr = a;
-    uint32_t *p = realloc(c->rx_port, (size_t)batch * sizeof *p);
-    if (p) c->rx_port = p;
-    if (!rx || !m || !v || !a || !p) return -1;
-    c->rx_cap = batch;
-    return 0;
-}
-
-/* recvmmsg up to batch datagrams without blocking; the count, 0 when none, -1 (errno) on error */
-static int receive(Core *c, int fd, Py_ssize_t batch) {
-    Py_ssize_t w = c->size + 1;     /* one byte more: an oversize datagram shows as too long */
-    for (Py_ssize_t i = 0; i < batch; i++) {
-        c->rx_iov[i].iov_base = c->rx + i * w;
-        c->rx_iov[i].iov_len = (size_t)w;
-        memset(&c->rx_msgs[i].msg_hdr, 0, sizeof(struct msghdr));
-        c->rx_msgs[i].msg_hdr.msg_iov = &c->rx_iov[i];
-        c->rx_msgs[i].msg_hdr.msg_iovlen = 1;
-        c->rx_msgs[i].msg_hdr.msg_name = &c->rx_addr[i];
-        c->rx_msgs[i].msg_hdr.msg_namelen = sizeof(struct sockaddr_in);
-    }
-    for (;;) {
-        int k = recvmmsg(fd, c->rx_msgs, (unsigned)batch, MSG_DONTWAIT, NULL);
-        if (k >= 0) return k;
-        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
-        if (errno == ECONNREFUSED) { c->counters[C_REFUSED]++; continue; }
-        return -1;
-    }
-}
+/* room for a batch of datagrams one byte longer than a packet (an oversize one shows as too long) */
+static int ensure_rx(Core *c, Py_ssize_t batch) { return rx_reserve(&c->rxb, batch, c->size + 1); }
 
 static int ensure_tx(Core *c, Py_ssize_t n) {
     if (c->tx_count_cap < c->nports + 1) {
@@ -654,24 +613,19 @@ static PyObject *Core_serve(Core *c, PyObject *args) {
     if (ensure_rx(c, batch) < 0) return PyErr_NoMemory();
     int k, err = 0, nomem = 0;
     Py_BEGIN_ALLOW_THREADS
-    k = receive(c, fd, batch);
+    k = rx_receive(&c->rxb, fd, batch, &c->counters[C_REFUSED]);
     if (k < 0) {
         err = errno;
     } else if (k > 0) {
         double now = monotonic_now();
-        Py_ssize_t w = c->size + 1;
         c->nouts = 0;
         c->arena_len = 0;
         for (int i = 0; i < k; i++) {
             uint32_t port = 0xFFFFFFFFu;   /* UNKNOWN_PORT */
-            const struct sockaddr_in *a = &c->rx_addr[i];
-            if (c->rx_msgs[i].msg_hdr.msg_namelen >= sizeof(struct sockaddr_in) && a->sin_family == AF_INET) {
-                Py_ssize_t pos;
-                uint64_t key = ((uint64_t)ntohl(a->sin_addr.s_addr) << 16) | ntohs(a->sin_port);
-                if (u64_find(c->in_keys, c->nin, key, &pos)) port = c->in_ports[pos];
-            }
-            if (process_one(c, c->rx + i * w, (Py_ssize_t)c->rx_msgs[i].msg_len, port, (int64_t)(k - 1 - i),
-                            now) < 0) {
+            uint64_t key;
+            Py_ssize_t pos;
+            if (rx_sender(&c->rxb, i, &key) && u64_find(c->in_keys, c->nin, key, &pos)) port = c->in_ports[pos];
+            if (process_one(c, rx_data(&c->rxb, i), rx_length(&c->rxb, i), port, (int64_t)(k - 1 - i), now) < 0) {
                 nomem = 1;
                 break;
             }
@@ -696,7 +650,7 @@ static PyObject *Core_drain(Core *c, PyObject *args) {
     if (ensure_rx(c, batch) < 0) return PyErr_NoMemory();
     int k, err = 0;
     Py_BEGIN_ALLOW_THREADS
-    k = receive(c, fd, batch);
+    k = rx_receive(&c->rxb, fd, batch, &c->counters[C_REFUSED]);
     if (k < 0) err = errno;
     Py_END_ALLOW_THREADS
     if (err) { errno = err; return PyErr_SetFromErrno(PyExc_OSError); }

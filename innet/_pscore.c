@@ -114,11 +114,7 @@ typedef struct {
     uint8_t *arena;
     Py_ssize_t arena_len, arena_cap;
     /* receive / send memory */
-    Py_ssize_t rx_cap;
-    uint8_t *rx;
-    struct mmsghdr *rx_msgs;
-    struct iovec *rx_iov;
-    struct sockaddr_in *rx_addr;
+    RxBatch rxb;
     struct mmsghdr *tx_msgs;
     struct iovec *tx_iov;
     struct sockaddr_in *tx_addr;
@@ -502,7 +498,7 @@ static void Core_dealloc(Core *c) {
     for (int i = 0; i < 256; i++) job_free(c->jobs[i]);
     if (c->mu) PyThread_free_lock(c->mu);
     free(c->outs); free(c->arena);
-    free(c->rx); free(c->rx_msgs); free(c->rx_iov); free(c->rx_addr);
+    rx_free(&c->rxb);
     free(c->tx_msgs); free(c->tx_iov); free(c->tx_addr); free(c->tx_ctrl);
     Py_TYPE(c)->tp_free((PyObject *)c);
 }
@@ -758,42 +754,8 @@ done:
     return res;
 }
 
-static int ensure_rx(Core *c, Py_ssize_t batch) {
-    if (batch <= c->rx_cap) return 0;
-    Py_ssize_t w = c->size + 1;
-    uint8_t *rx = realloc(c->rx, (size_t)(batch * w));
-    if (rx) c->rx = rx;
-    struct mmsghdr *m = realloc(c->rx_msgs, (size_t)batch * sizeof *m);
-    if (m) c->rx_msgs = m;
-    struct iovec *v = realloc(c->rx_iov, (size_t)batch * sizeof *v);
-    if (v) c->rx_iov = v;
-    struct sockaddr_in *a = realloc(c->rx_addr, (size_t)batch * sizeof *a);
-    if (a) c->rx_addr = a;
-    if (!rx || !m || !v || !a) return -1;
-    c->rx_cap = batch;
-    return 0;
-}
-
-/* recvmmsg up to batch datagrams without blocking; the count, 0 when none, -1 (errno) on error */
-static int receive(Core *c, int fd, Py_ssize_t batch) {
-    Py_ssize_t w = c->size + 1;     /* one byte more: an oversize datagram shows as too long */
-    for (Py_ssize_t i = 0; i < batch; i++) {
-        c->rx_iov[i].iov_base = c->rx + i * w;
-        c->rx_iov[i].iov_len = (size_t)w;
-        memset(&c->rx_msgs[i].msg_hdr, 0, sizeof(struct msghdr));
-        c->rx_msgs[i].msg_hdr.msg_iov = &c->rx_iov[i];
-        c->rx_msgs[i].msg_hdr.msg_iovlen = 1;
-        c->rx_msgs[i].msg_hdr.msg_name = &c->rx_addr[i];
-        c->rx_msgs[i].msg_hdr.msg_namelen = sizeof(struct sockaddr_in);
-    }
-    for (;;) {
-        int k = recvmmsg(fd, c->rx_msgs, (unsigned)batch, MSG_DONTWAIT, NULL);
-        if (k >= 0) return k;
-        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
-        if (errno == ECONNREFUSED) { c->counters[N_REFUSED]++; continue; }
-        return -1;
-    }
-}
+/* room for a batch of datagrams one byte longer than a packet (an oversize one shows as too long) */
+static int ensure_rx(Core *c, Py_ssize_t batch) { return rx_reserve(&c->rxb, batch, c->size + 1); }
 
 static int ensure_tx(Core *c, Py_ssize_t n) {
     if (n <= c->tx_cap) return 0;
@@ -878,19 +840,17 @@ static PyObject *Core_serve(Core *c, PyObject *args) {
         PyThread_acquire_lock(c->mu, WAIT_LOCK);
         c->log_level = level;
         for (int round = 0; round < SERVE_ROUNDS; round++) {
-            int k = receive(c, fd, batch);
+            int k = rx_receive(&c->rxb, fd, batch, &c->counters[N_REFUSED]);
             if (k < 0) { err = errno; break; }
             if (k == 0) break;
             total += k;
             double now = monotonic_now();
-            Py_ssize_t w = c->size + 1;
             c->nouts = 0;
             c->arena_len = 0;
             for (int i = 0; i < k; i++) {
-                const struct sockaddr_in *a = &c->rx_addr[i];
-                uint64_t key = c->rx_msgs[i].msg_hdr.msg_namelen >= sizeof(struct sockaddr_in)
-                    ? ((uint64_t)ntohl(a->sin_addr.s_addr) << 16) | ntohs(a->sin_port) : 0;
-                if (process_one(c, c->rx + i * w, (Py_ssize_t)c->rx_msgs[i].msg_len, key, now) < 0) {
+                uint64_t key = 0;       /* (0: no IPv4 sender; no job's switch or worker has that key) */
+                rx_sender(&c->rxb, i, &key);
+                if (process_one(c, rx_data(&c->rxb, i), rx_length(&c->rxb, i), key, now) < 0) {
                     nomem = 1;
                     break;
                 }
