@@ -152,9 +152,13 @@ class ShmAllReduce:
         # publication wakes them if one said it sleeps there (see _publish). The address is read once
         # (no buffer export stays behind).
         self._futex = futex.available()
-        # (over MPI the engine thread polls the channel instead of sleeping in the kernel: see _sleep_on)
-        self._engine_polls = not self.op.ctx.channel.can_wait_unlocked
-        self._spin = _SPIN if self.op.ctx.busy_poll > 0 or self._engine_polls else _SPIN_SHORT
+        # How long a wait polls, then yields, before it sleeps (see _sleep_on): busy polling on, over MPI
+        # (whose engine thread polls the channel instead of sleeping in the kernel), or neither
+        busy = self.op.ctx.busy_poll > 0
+        engine_polls = not self.op.ctx.channel.can_wait_unlocked
+        self._spin = _SPIN if busy or engine_polls else _SPIN_SHORT
+        self._yield = _YIELD if busy else _YIELD_SHORT if engine_polls else 0.0
+        self._yield_first = _YIELD if busy else 0.0     # (a broadcast member's wait, see _await_first)
         self._seq_addr = np.frombuffer(self.seq, np.int64).ctypes.data if self._futex else 0
         self._sleep_words = [j * self.stride + _SLEEPS_ON for j in range(self.n) if j != self.i]
         self._in_base = _round_up(self.n * _HDR + _NONCE)
@@ -463,8 +467,7 @@ class ShmAllReduce:
         sleeping in the kernel: there the 200 polls and :data:`_YIELD_SHORT` of yielding (when
         ``may_yield``) stay. Sleeping at once gave 67-87 us (median 83) for the same 4 ranks under
         ``mpiexec``, against 69-73 us with them."""
-        if now - start < (_YIELD if self.op.ctx.busy_poll > 0 else _YIELD_SHORT if self._engine_polls and may_yield
-                          else 0.0):
+        if now - start < (self._yield if may_yield else self._yield_first):
             os.sched_yield()
             return
         seq, stride = self.seq, self.stride
