@@ -81,6 +81,7 @@ class RankAllReduce(TreePath, HierarchicalPath):
         self.innet: Any = None               # the in-network path, set up on the first via="innet" call
         self.shm: Any = None                 # the shared-memory path, once set up (see _shm_path)
         self.shm_tried = False
+        self.shm_machine: bool | None = None  # whether this machine offers the path at all (probed once)
         self.deferred: tuple[int, BaseException] | None = None   # another rank's failure in a later call
         self.current: tuple[int, str] | None = None   # (call, algorithm) of the call in progress
         self.mine_desc = "-"                          # describe_value of this rank's value in that call
@@ -182,8 +183,7 @@ class RankAllReduce(TreePath, HierarchicalPath):
             topo = self._topology(call, t)
             algo = choose(op.via, nranks=n, array_ok=shm_ok, ring_ok=ring_ok, nbytes=value.nbytes if is_array else 0,
                           ring_threshold=op.ring_threshold, topology=topo,
-                          shm_offered=op.via == "auto" and shm_ok and (topo is None or topo.nhosts <= 1)
-                          and self._auto_shm())     # (several hosts: "hier", whatever shm offers)
+                          shm_offered=op.via == "auto" and shm_ok and self._auto_shm())
         else:
             topo, algo = None, op.via          # (what choose() returns for a forced algorithm)
         if algo == "hier":
@@ -223,15 +223,23 @@ class RankAllReduce(TreePath, HierarchicalPath):
         threads of the local test channel, which share memory anyway)."""
         if self.shm is not None:
             return True
-        from .shm import supported
-        return not self.shm_tried and self.op.ctx.channel.spans_processes and supported()
+        return not self.shm_tried and self.op.ctx.channel.spans_processes and self._shm_machine()
+
+    def _shm_machine(self) -> bool:
+        """:func:`.shm.supported`, asked once per operation: its answer does not change, and an operation
+        that never sets the path up (ranks on several hosts) would otherwise ask on every call (a stat of
+        /dev/shm, 1.75 us)."""
+        if self.shm_machine is None:
+            from .shm import supported
+            self.shm_machine = supported()
+        return self.shm_machine
 
     def _shm_path(self, call: int, t: float) -> Any:
         """The shared-memory state, setting it up (collectively, in this call) the first time."""
         if not self.shm_tried:
-            from .shm import ShmAllReduce, supported
+            from .shm import ShmAllReduce
             self.shm_tried = True
-            if supported():
+            if self._shm_machine():
                 self.shm = ShmAllReduce.setup(self, call, self.op.shm_chunk_bytes, t)
         if self.shm is None and self.op.via == "shm":
             raise ConfigError("via", "via='shm': the ranks of this operation cannot share memory (not all on "
