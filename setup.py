@@ -41,7 +41,7 @@ class OptionalBuildExt(build_ext):
 
 ext_modules = []
 if sys.platform.startswith("linux"):   # recvmmsg / sendmmsg
-    shared = ["innet/_atp_udp.h"]     # the ATP header's constants and batched UDP sending, for all three
+    shared = ["innet/_atp_udp.h"]     # what the three share: the ATP header, batched UDP receive and send
     ext_modules.append(Extension("innet._fastpath", ["innet/_fastpath.c"], depends=shared, extra_compile_args=["-O2"]))
     # batched datagram I/O of workers and PS (innet/hostio.py falls back to Python loops without it)
     ext_modules.append(Extension("innet._hostio", ["innet/_hostio.c"], depends=shared, extra_compile_args=["-O2"]))
