@@ -1,10 +1,12 @@
-"""Optional compiled switch dataplane (innet._fastpath), host I/O (innet._hostio) and parameter-server
-packet path (innet._pscore); the rest is in pyproject.toml.
+"""Optional compiled parts: the codec's short-tuple records (twisternet._smallcodec), the switch dataplane
+(innet._fastpath), host I/O (innet._hostio) and the parameter-server packet path (innet._pscore); the rest
+is in pyproject.toml.
 
-The extension needs only a C compiler and the Python headers (no third-party build dependencies). When
-it cannot be built (no compiler, no headers, a non-Linux libc without recvmmsg), the install still
-succeeds: the failure is logged and the switch runs its Python dataplane (innet.fastpath.choose_dataplane),
-the PS its Python packet path (innet.pscore.choose_ps_core).
+The extensions need only a C compiler and the Python headers (no third-party build dependencies). When
+one cannot be built (no compiler, no headers, a non-Linux libc without recvmmsg), the install still
+succeeds: the failure is logged and its Python reference runs instead (the codec's
+twisternet.smallrecords, the switch's Python dataplane: innet.fastpath.choose_dataplane, the PS's Python
+packet path: innet.pscore.choose_ps_core).
 """
 
 import logging
@@ -33,13 +35,15 @@ class OptionalBuildExt(build_ext):
 
     @staticmethod
     def _skip(e: BaseException) -> None:
-        msg = ("twisternet: building an optional C extension (innet._fastpath, innet._hostio, innet._pscore) "
+        msg = ("twisternet: building an optional C extension (twisternet._smallcodec, innet._fastpath, "
+               "innet._hostio, innet._pscore) "
                f"failed: {e}; the pure-Python code will be used")
         log.warning(msg)
         sys.stderr.write(f"WARNING: {msg}\n")
 
 
-ext_modules = []
+# the codec's short-tuple records, both ways (twisternet/smallrecords.py is the reference)
+ext_modules = [Extension("twisternet._smallcodec", ["twisternet/_smallcodec.c"], extra_compile_args=["-O2"])]
 if sys.platform.startswith("linux"):   # recvmmsg / sendmmsg
     shared = ["innet/_atp_udp.h"]     # what the three share: the ATP header, batched UDP receive and send
     ext_modules.append(Extension("innet._fastpath", ["innet/_fastpath.c"], depends=shared, extra_compile_args=["-O2"]))

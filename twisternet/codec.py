@@ -43,7 +43,7 @@ from . import arrowcodec, pickling
 from .channel import Buffer
 from .errors import CodecError
 from .smallarrays import SmallArrays
-from .smallrecords import ArrayBodies, SmallRecords
+from .smallrecords import DECLINE, ArrayBodies, SmallRecords, decode_plain
 
 _EXT_TUPLE = 1
 _EXT_NDARRAY = 2        # inline: [dtype, shape, bytes]
@@ -485,6 +485,11 @@ class Codec:
                 small = self._small.decode(mv)
                 if small is not None:
                     return small, False
+                plain = decode_plain(mv, _EXT_TUPLE, _EXT_NDARRAY, self._bodies)
+                if plain is not DECLINE:
+                    if type(plain) is np.ndarray:
+                        self._small.remember(mv, plain)
+                    return plain, False
                 dec = _Decoder(self.allow_pickle, (), copy, self._bodies)
                 plain = msgpack.unpackb(mv[1:], ext_hook=dec.ext_hook, raw=False, strict_map_key=False,
                                         max_bin_len=1 << 62, max_str_len=1 << 62)

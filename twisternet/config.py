@@ -27,10 +27,11 @@ ENV_PREFIX = "TWISTERNET_"
 #: Environment variable naming a TOML file to read (not itself a config key).
 ENV_CONFIG_FILE = "TWISTERNET_CONFIG"
 #: ``TWISTERNET_*`` variables that are not configuration keys: how a job was launched (read by
-#: :mod:`twisternet.launch_env` and :mod:`twisternet.rendezvous`) and where tools find their inputs
-#: (the published coflow trace, :mod:`twisternet.coflow.trace`).
+#: :mod:`twisternet.launch_env` and :mod:`twisternet.rendezvous`), where tools find their inputs
+#: (the published coflow trace, :mod:`twisternet.coflow.trace`), and a choice made when the process
+#: imports the codec (the compiled short-tuple records, :mod:`twisternet.smallrecords`).
 ENV_LAUNCH_VARS = frozenset({"TWISTERNET_TOKEN_FILE", "TWISTERNET_TOKEN_DIR", "TWISTERNET_MASTER_PORT",
-                             "TWISTERNET_K8S_SERVICE", "TWISTERNET_COFLOW_TRACE"})
+                             "TWISTERNET_K8S_SERVICE", "TWISTERNET_COFLOW_TRACE", "TWISTERNET_SMALLCODEC"})
 
 _UNITS = {
     "": 1, "b": 1,

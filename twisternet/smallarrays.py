@@ -26,14 +26,16 @@ class KindsByLength:
     record here, an array's extension body in :mod:`twisternet.smallrecords`), remembered by their
     length, so one seen again is read with a comparison and a copy."""
 
-    __slots__ = ("_by_len",)
+    __slots__ = ("by_len",)
 
     def __init__(self) -> None:
-        self._by_len: dict[int, list[tuple[bytes, np.dtype, tuple[int, ...]]]] = {}
+        #: Length of the string -> [(head, dtype, shape)]: the kinds of that length, in the order
+        #: learned (one dict for the object's life: twisternet._smallcodec reads it directly).
+        self.by_len: dict[int, list[tuple[bytes, np.dtype, tuple[int, ...]]]] = {}
 
     def find(self, mv: memoryview) -> np.ndarray | None:
         """A writable copy of the array ``mv`` holds after a remembered head, or None."""
-        kinds = self._by_len.get(len(mv))
+        kinds = self.by_len.get(len(mv))
         if kinds is None:
             return None
         for head, dtype, shape in kinds:
@@ -49,9 +51,9 @@ class KindsByLength:
 
     def add(self, length: int, head: bytes, value: np.ndarray) -> None:
         """Strings of ``length`` bytes starting with ``head`` hold an array of ``value``'s kind."""
-        if len(self._by_len) >= _KINDS:
-            self._by_len.clear()
-        kinds = self._by_len.setdefault(length, [])
+        if len(self.by_len) >= _KINDS:
+            self.by_len.clear()
+        kinds = self.by_len.setdefault(length, [])
         if len(kinds) < _PER_LENGTH and all(h != head for h, _, _ in kinds):
             kinds.append((head, value.dtype, value.shape))
 

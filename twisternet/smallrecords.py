@@ -12,10 +12,19 @@ of band, an object) makes it decline, and the general encoder takes the record.
 Decoding an array inside such a record, the extension body ``[dtype, shape, bytes]`` has the same bytes
 before the data for a given dtype and shape: :class:`ArrayBodies` remembers them, so the decoder reads
 such an array with a comparison and one copy instead of a nested msgpack call and a dtype parse.
+
+Both directions have a compiled form, ``twisternet._smallcodec`` (built by ``setup.py`` when a C compiler
+is there; see :data:`COMPILED`): :meth:`SmallRecords.encode` writes the whole record in one C call, and
+:func:`decode_plain` reads a plain record of such values without msgpack's callbacks into Python. The
+Python code here is the reference: both give the same bytes and the same values
+(``tests/twisternet/test_smallcodec.py``), and the environment variable ``TWISTERNET_SMALLCODEC=python``
+keeps the compiled form out.
 """
 
 from __future__ import annotations
 
+import importlib
+import os
 import struct
 import threading
 from typing import Any
@@ -32,6 +41,23 @@ _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
 #: msgpack's fixext markers, by payload length.
 _FIXEXT = {1: 0xD4, 2: 0xD5, 4: 0xD6, 8: 0xD7, 16: 0xD8}
+
+
+def _compiled() -> Any:
+    """The compiled form, unless it is not built or ``TWISTERNET_SMALLCODEC=python`` asks for the reference."""
+    if os.environ.get("TWISTERNET_SMALLCODEC", "auto").strip().lower() == "python":
+        return None
+    try:
+        return importlib.import_module("twisternet._smallcodec")
+    except ImportError:
+        return None
+
+
+_C = _compiled()
+#: Whether the compiled form (``twisternet._smallcodec``) is in use.
+COMPILED = _C is not None
+#: What :func:`decode_plain` returns for a record it leaves to the general decoder.
+DECLINE: Any = _C.DECLINE if _C is not None else object()
 
 
 def ext_header(code: int, length: int) -> bytes:
@@ -60,6 +86,13 @@ class SmallRecords:
 
     def encode(self, t: tuple[Any, ...]) -> list[Buffer] | None:
         """The parts of the plain record of ``t`` (a copy of every value), or None to decline."""
+        if _C is not None:
+            rec = _C.encode(t, np.ndarray, self._arrays.head, self._limit, self._tuple_code)
+            return None if rec is None else [rec]
+        return self.encode_py(t)
+
+    def encode_py(self, t: tuple[Any, ...]) -> list[Buffer] | None:
+        """:meth:`encode` in Python (the reference of the compiled form)."""
         n = len(t)
         if n > _MAX_ITEMS:
             return None
@@ -107,6 +140,11 @@ class ArrayBodies:
     def __init__(self) -> None:
         self._kinds = KindsByLength()
 
+    @property
+    def table(self) -> dict[int, list[tuple[bytes, np.dtype, tuple[int, ...]]]]:
+        """The remembered kinds by body length (what the compiled decoder reads; see KindsByLength)."""
+        return self._kinds.by_len
+
     def decode(self, body: bytes) -> np.ndarray | None:
         """A writable copy of the array ``body`` holds, if it is of a remembered kind, else None."""
         return self._kinds.find(memoryview(body))
@@ -120,3 +158,13 @@ class ArrayBodies:
         if body[len(head):] != value.tobytes():
             return
         self._kinds.add(len(body), head, value)
+
+
+def decode_plain(record: memoryview, tuple_code: int, ndarray_code: int, bodies: ArrayBodies) -> Any:
+    """The value of the plain record ``record`` (kind byte 0, then msgpack) read by the compiled form, or
+    :data:`DECLINE`: the form is not built, or the record holds anything but nil, booleans, integers,
+    floats, str, bin, lists, dicts, tuples (extension ``tuple_code``) and arrays of kinds ``bodies``
+    remembers (extension ``ndarray_code``), or it is malformed."""
+    if _C is None:
+        return DECLINE
+    return _C.decode(record, tuple_code, ndarray_code, bodies.table, np.empty)
