@@ -79,9 +79,7 @@ class DoublingPath(RecordPlumbing):
                 self.send_record(peer, offset, (kind, call, step, 0, acc, groups), t)
             if not recv:
                 return None
-            got = self.take_record((kind, call, step, 0, peer), t)
-            with op._state_lock():
-                theirs = self.groups.pop((kind, call, peer), None)
+            got, theirs = self.take_record_groups((kind, call, step, 0, peer), t)
             if step == _FOLD_OUT and isinstance(theirs, dict):
                 groups = {str(d): [int(r) for r in rs] for d, rs in theirs.items()}   # they cover this rank too
             else:

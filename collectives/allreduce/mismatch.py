@@ -54,5 +54,5 @@ def merge_groups(mine: dict[str, list[int]], theirs: Any) -> dict[str, list[int]
     """``mine`` with the ``{descriptor: [ranks]}`` of a received record added (in place)."""
     if isinstance(theirs, dict):
         for d, rs in theirs.items():
-            mine.setdefault(str(d), []).extend(int(r) for r in rs)
+            mine.setdefault(d if type(d) is str else str(d), []).extend(map(int, rs))
     return mine

@@ -70,8 +70,16 @@ class RecordPlumbing:
 
     def take_record(self, key: tuple, timeout: float) -> Any:
         """The payload of the record ``(kind, call, step, chunk, src)``, once it has arrived (removed)."""
+        return self._take_record(key, timeout, False)
+
+    def take_record_groups(self, key: tuple, timeout: float) -> tuple[Any, Any]:
+        """:meth:`take_record`, and the ``{descriptor: [ranks]}`` the record carried (None if it carried
+        none), both taken under one lock."""
+        got: tuple[Any, Any] = self._take_record(key, timeout, True)
+        return got
+
+    def _take_record(self, key: tuple, timeout: float, groups: bool) -> Any:
         op = self.op
-        op._raise_if_failed()
 
         def ready() -> bool:
             return key in self.stash or op._over()
@@ -80,11 +88,14 @@ class RecordPlumbing:
             return OperationTimeout(f"allreduce() call {key[1]}: no data from rank {key[-1]} "
                                     f"(step {key[2]}, chunk {key[3]})", edge=op.edge, operation=op.operation,
                                     timeout=timeout)
+        # (an operation that failed or closed before makes ready() true at once: it raises below)
         op.ctx.wait_until(ready, timeout=timeout, on_timeout=on_timeout)
         op._raise_if_failed()
         with op._state_lock():
             if key not in self.stash:
                 raise ClosedError(f"{op.describe()} was closed during allreduce()")
+            if groups:
+                return self.stash.pop(key), self.groups.pop((key[0], key[1], key[4]), None)
             return self.stash.pop(key)
 
     _send = send_record

@@ -52,7 +52,8 @@ class EdgePlumbing(OperationState):
                 self._active = self._active or activates
                 self._tls.in_handler = True
                 try:
-                    self._forward_backlog()
+                    if self._backlog:
+                        self._forward_backlog()
                     ok = fn(src, obj)
                 except Exception as e:  # noqa: BLE001 - reported to every waiter of this operation
                     self._fail(e, f"while handling a record from rank {src}")
