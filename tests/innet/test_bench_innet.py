@@ -38,3 +38,12 @@ def test_quick_run_reports_ps_bytes_per_worker_count() -> None:
     assert [row[1] for row in tenancy.rows] == [96, 48, 10]
     collisions = [row[4] for row in tenancy.rows]
     assert collisions[2] > collisions[0]
+
+
+@pytest.mark.timeout(300)
+def test_the_allreduce_worker_reports_the_cpu_of_the_ranks_and_of_the_switch_and_ps() -> None:
+    """The loopback comparison's CPU columns: innet's switch and PS are the job's helpers, the ring has none."""
+    innet = bench.allreduce_vs_ring(2, 1 << 18, "innet", 2, 2048)
+    ring = bench.allreduce_vs_ring(2, 1 << 18, "ring", 2)
+    assert innet["cpu_s"]["ranks"] > 0 and innet["cpu_s"]["helpers"] > 0
+    assert ring["cpu_s"]["ranks"] > 0 and ring["cpu_s"]["helpers"] == 0
