@@ -44,8 +44,8 @@ settings.load_profile("twisternet-ci" if os.environ.get("CI", "").lower() in ("1
 
 def _build_fastpath_in_place() -> None:
     """Build the optional C extensions (``innet._fastpath``, the switch dataplane, ``innet._hostio``, the
-    end hosts' batched I/O, and ``innet._pscore``, the PS's packet path) next to their sources when one is
-    missing.
+    end hosts' batched I/O, ``innet._pscore``, the PS's packet path, and ``twisternet._smallcodec``, the
+    codec's short-tuple records) next to their sources when one is missing.
 
     The tests import this checkout's packages, not the installed copies, and ``pip install .`` puts the
     compiled module in site-packages only: without this the C dataplane would go untested after the
@@ -57,9 +57,11 @@ def _build_fastpath_in_place() -> None:
     import tempfile
 
     # by file, not by import: importing innet here would fix innet.fastpath's answer before the build
+    # (and twisternet.smallrecords decides at import whether the compiled codec is there)
     root = Path(__file__).resolve().parents[1]
-    if all(any((root / "innet" / f"{name}{suffix}").exists() for suffix in importlib.machinery.EXTENSION_SUFFIXES)
-           for name in ("_fastpath", "_hostio", "_pscore")):
+    wanted = [("innet", "_fastpath"), ("innet", "_hostio"), ("innet", "_pscore"), ("twisternet", "_smallcodec")]
+    if all(any((root / package / f"{name}{suffix}").exists() for suffix in importlib.machinery.EXTENSION_SUFFIXES)
+           for package, name in wanted):
         return
     with tempfile.TemporaryDirectory(prefix="twisternet-build-") as tmp:
         subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace", "--build-temp", tmp],
