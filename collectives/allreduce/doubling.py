@@ -47,13 +47,12 @@ class DoublingPath(RecordPlumbing):
     def _flat_doubling(self, value: np.ndarray, call: int, t: float, out: np.ndarray | None) -> np.ndarray:
         """``via="doubling"``: every rank of the operation, the result in ``out`` when given (after
         ``_start``, which notes the value's descriptor)."""
-        src = np.ascontiguousarray(value).reshape(-1)
         if out is None:
-            acc = src.copy()
+            acc = np.ascontiguousarray(value).reshape(-1).copy()
         else:
+            if out is not value:    # (another array: run() made sure it does not overlap the value)
+                out[...] = value
             acc = out.reshape(-1)
-            if not np.shares_memory(acc, src):
-                acc[...] = src
         self._doubling(acc, self.mine_desc, call, t, self.ranks, kind="d")   # (set by _start)
         return acc.reshape(value.shape) if out is None else out
 

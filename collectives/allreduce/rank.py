@@ -130,7 +130,8 @@ class RankAllReduce(TreePath, HierarchicalPath):
             if out.shape != value.shape or out.dtype != value.dtype:
                 raise ValueError(f"allreduce(out=...): out is {out.dtype}{list(out.shape)}, the value is "
                                  f"{value.dtype}{list(value.shape)}; they must match")
-            if not out.flags.c_contiguous or not out.flags.writeable:
+            flags = out.flags
+            if not flags.c_contiguous or not flags.writeable:
                 raise ValueError("allreduce(out=...): out must be a writeable C-contiguous array")
             if out is not value and np.shares_memory(out, value):
                 raise ValueError("allreduce(out=...): out overlaps the value without being the same array")
