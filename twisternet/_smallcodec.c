@@ -346,8 +346,11 @@ static PyObject *known_array(In *in, const unsigned char *body, Py_ssize_t n) {
         Py_ssize_t hl = PyBytes_GET_SIZE(head);
         if (hl > n || memcmp(body, PyBytes_AS_STRING(head), hl) != 0)
             continue;
+        /* (held: the table is not ours, and the call may run other threads that change it) */
+        Py_INCREF(kind);
         PyObject *arr = PyObject_CallFunctionObjArgs(in->empty, PyTuple_GET_ITEM(kind, 2),
                                                      PyTuple_GET_ITEM(kind, 1), NULL);
+        Py_DECREF(kind);
         if (arr == NULL)
             return NULL;
         Py_buffer view;
