@@ -22,6 +22,7 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirna
 import numpy as np  # noqa: E402
 
 import twisternet as tn  # noqa: E402
+from twisternet.procfs import children_by_parent, cpu_seconds  # noqa: E402
 from collectives import AllReduce  # noqa: E402
 
 
@@ -30,33 +31,13 @@ def _cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def _first_int(path: str) -> int:
-    with open(path, encoding="ascii") as f:
-        return int(f.read().split()[0])
-
-
 def _children_cpu() -> dict[int, float]:
-    """CPU seconds of each running child process of this one, all its threads (Linux /proc: the
-    nanoseconds of ``task/*/schedstat``, else the clock ticks of ``stat``; elsewhere empty)."""
-    me = os.getpid()
-    out: dict[int, float] = {}
-    try:
-        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
-    except OSError:
-        return out
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-                fields = f.read().rsplit(")", 1)[1].split()    # from field 3 (state) on
-            if int(fields[1]) != me:
-                continue
-            try:
-                tasks = os.listdir(f"/proc/{pid}/task")
-                out[pid] = sum(_first_int(f"/proc/{pid}/task/{t}/schedstat") for t in tasks) / 1e9
-            except (OSError, ValueError, IndexError):
-                out[pid] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        except (OSError, ValueError, IndexError):
-            continue
+    """CPU seconds of each running child process of this one (Linux /proc; elsewhere empty)."""
+    out = {}
+    for pid in children_by_parent().get(os.getpid(), []):
+        cpu = cpu_seconds(pid)
+        if cpu is not None:
+            out[pid] = cpu
     return out
 
 

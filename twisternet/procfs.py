@@ -41,6 +41,23 @@ def children_by_parent() -> dict[int, list[int]]:
     return children
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """CPU time ``pid`` has used, all its threads: the nanoseconds of ``task/*/schedstat``, else the
+    clock ticks (user + system) of ``stat``; None once it is gone (or off Linux)."""
+    try:
+        total = 0
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as f:
+                total += int(f.read().split()[0])
+        return total / 1e9
+    except (OSError, ValueError, IndexError):
+        pass
+    fields = _stat_fields(f"/proc/{pid}/stat")
+    if fields is None or len(fields) < 13:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def runnable_threads(pid: int) -> int:
     """Threads of ``pid`` running or waiting for a CPU (state R); 0 once it is gone."""
     return len(_runnable_tids(pid))

@@ -250,6 +250,22 @@ def test_runnable_elsewhere_sees_a_program_that_keeps_a_core_busy() -> None:
     procfs._RUNNABLE_CACHE.clear()
 
 
+def test_cpu_seconds_of_a_child_grow_while_it_runs_and_end_with_it() -> None:
+    """What the benchmarks read of their helper processes: a child under this process in the tree,
+    whose CPU time grows while it spins, and None once it has exited."""
+    from twisternet import procfs
+    with _spinning_program() as hog:
+        assert hog.pid in procfs.children_by_parent().get(os.getpid(), [])
+        first = procfs.cpu_seconds(hog.pid)
+        assert first is not None
+        deadline = time.monotonic() + 60
+        while (procfs.cpu_seconds(hog.pid) or 0.0) <= first:
+            assert time.monotonic() < deadline, "a spinning child used no CPU in 60 s"
+            time.sleep(0.01)
+        pid = hog.pid
+    assert procfs.cpu_seconds(pid) is None
+
+
 def test_a_reading_counts_other_programs_never_this_jobs_ranks() -> None:
     """One reading names the runnable threads outside this job: a spinning program started beside it
     is counted, the same program is not once its pid is part of the job, and the job is this process,
