@@ -179,40 +179,26 @@ static int pack_value(Out *o, PyObject *x, int depth) {
         int r = put_len(o, n, 0, 0, 0xc4, 0xc5, 0xc6);
         return r ? r : put_bytes(o, PyBytes_AS_STRING(x), n);
     }
+    /* (no Python code runs while a value is packed: its lists and dicts cannot change meanwhile) */
     if (depth >= MAX_DEPTH)
         return 1;
     if (PyList_CheckExact(x)) {
         Py_ssize_t n = PyList_GET_SIZE(x);
         int r = put_len(o, n, 0x90, 16, 0, 0xdc, 0xdd);
-        if (r)
-            return r;
-        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(x); i++) {
-            if (i >= n)
-                return 1;   /* the list grew under us (a __hash__ or __del__ elsewhere): decline */
+        for (Py_ssize_t i = 0; i < n && !r; i++)
             r = pack_value(o, PyList_GET_ITEM(x, i), depth + 1);
-            if (r)
-                return r;
-        }
-        return PyList_GET_SIZE(x) == n ? 0 : 1;
+        return r;
     }
     if (PyDict_CheckExact(x)) {
-        Py_ssize_t n = PyDict_GET_SIZE(x);
-        int r = put_len(o, n, 0x80, 16, 0, 0xde, 0xdf);
-        if (r)
-            return r;
-        Py_ssize_t pos = 0, seen = 0;
+        int r = put_len(o, PyDict_GET_SIZE(x), 0x80, 16, 0, 0xde, 0xdf);
+        Py_ssize_t pos = 0;
         PyObject *k, *v;
-        while (PyDict_Next(x, &pos, &k, &v)) {
-            if (++seen > n)
-                return 1;
+        while (!r && PyDict_Next(x, &pos, &k, &v)) {
             r = pack_value(o, k, depth + 1);
-            if (r)
-                return r;
-            r = pack_value(o, v, depth + 1);
-            if (r)
-                return r;
+            if (!r)
+                r = pack_value(o, v, depth + 1);
         }
-        return seen == n ? 0 : 1;
+        return r;
     }
     return 1;
 }
@@ -432,30 +418,15 @@ static PyObject *unpack_ext(In *in, int code, Py_ssize_t n, int depth) {
     const unsigned char *body = in->p;
     in->p += n;
     if (code == in->tuple_code) {
+        /* the body is one msgpack value, a list, filling it exactly */
         In sub = *in;
         sub.p = body;
         sub.end = body + n;
-        if (n < 1 || depth >= MAX_DEPTH)
-            return NULL;
-        unsigned char b = body[0];
-        Py_ssize_t len;
-        sub.p++;
-        if ((b & 0xf0) == 0x90) {
-            len = b & 0x0f;
-        } else if (b == 0xdc && n >= 3) {
-            len = (Py_ssize_t)get_be(sub.p, 2);
-            sub.p += 2;
-        } else if (b == 0xdd && n >= 5) {
-            len = (Py_ssize_t)get_be(sub.p, 4);
-            sub.p += 4;
-        } else {
-            return NULL;        /* a tuple whose body is not a list: the general decoder's business */
-        }
-        PyObject *list = unpack_seq(&sub, len, depth + 1);
+        PyObject *list = unpack(&sub, depth + 1);
         if (list == NULL)
             return NULL;
-        if (sub.p != sub.end) {
-            Py_DECREF(list);
+        if (!PyList_CheckExact(list) || sub.p != sub.end) {
+            Py_DECREF(list);    /* (a tuple whose body is not a list: the general decoder's business) */
             return NULL;
         }
         PyObject *t = PyList_AsTuple(list);
