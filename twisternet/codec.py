@@ -43,7 +43,7 @@ from . import arrowcodec, pickling
 from .channel import Buffer
 from .errors import CodecError
 from .smallarrays import SmallArrays
-from .smallrecords import DECLINE, ArrayBodies, SmallRecords, decode_plain
+from .smallrecords import COMPILED_ENCODE, DECLINE, PLAIN_DECODE, ArrayBodies, SmallRecords
 
 _EXT_TUPLE = 1
 _EXT_NDARRAY = 2        # inline: [dtype, shape, bytes]
@@ -405,19 +405,28 @@ class Codec:
         #: small arrays inside records, decoded without msgpack (twisternet.smallrecords).
         self._records = SmallRecords(_EXT_TUPLE, self._small, oob_threshold)
         self._bodies = ArrayBodies()
+        # The hot paths below call the compiled short-record forms directly when they are built (the
+        # same calls SmallRecords.encode and decode_plain make, one Python call fewer per record),
+        # and look a lone small array's record length up before asking SmallArrays for its kind.
+        self._small_head = self._small.head
+        self._small_lengths = self._small.lengths
+        self._bodies_table = self._bodies.table
 
     def encode(self, obj: Any) -> list[Buffer]:
         """Buffers whose concatenation is the record for ``obj``; large arrays/bytes are not copied."""
         if type(obj) is np.ndarray:
-            parts = self._large_array(obj)
-            if parts is None:
-                parts = self._small.encode(obj)
+            parts = self._large_array(obj) if obj.nbytes >= self.oob_threshold else self._small.encode(obj)
             if parts is not None:
                 return parts
         elif type(obj) is tuple:
-            parts = self._records.encode(obj)
-            if parts is not None:
-                return parts
+            if COMPILED_ENCODE is not None:
+                rec = COMPILED_ENCODE(obj, np.ndarray, self._small_head, self.oob_threshold, _EXT_TUPLE)
+                if rec is not None:
+                    return [rec]
+            else:
+                parts = self._records.encode(obj)
+                if parts is not None:
+                    return parts
         elif _is_torch_tensor(obj):
             parts = self._large_array(_torch_view(obj))
             if parts is not None:
@@ -482,10 +491,11 @@ class Codec:
         kind = mv[0]
         try:
             if kind == KIND_PLAIN:   # no out-of-band buffers: nothing can be a view of the record
-                small = self._small.decode(mv)
-                if small is not None:
-                    return small, False
-                plain = decode_plain(mv, _EXT_TUPLE, _EXT_NDARRAY, self._bodies)
+                if len(mv) in self._small_lengths:
+                    small = self._small.decode(mv)
+                    if small is not None:
+                        return small, False
+                plain = PLAIN_DECODE(mv, _EXT_TUPLE, _EXT_NDARRAY, self._bodies_table, np.empty)
                 if plain is not DECLINE:
                     if type(plain) is np.ndarray:
                         self._small.remember(mv, plain)

@@ -94,6 +94,12 @@ class SmallArrays:
         head = self.head(a)
         return None if head is None else [head, a.tobytes()]
 
+    @property
+    def lengths(self) -> dict[int, list[tuple[bytes, np.dtype, tuple[int, ...]]]]:
+        """The remembered kinds by record length (a record of a length not in it is not one of them);
+        the same dict for the life of this object."""
+        return self._kinds.by_len
+
     def decode(self, mv: memoryview) -> np.ndarray | None:
         """A copy of the array a remembered kind of record holds, or None if ``mv`` is not one."""
         return self._kinds.find(mv)

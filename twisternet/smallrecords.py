@@ -28,6 +28,7 @@ import os
 import struct
 import threading
 from typing import Any
+from collections.abc import Callable
 
 import msgpack
 import numpy as np
@@ -158,6 +159,18 @@ class ArrayBodies:
         if body[len(head):] != value.tobytes():
             return
         self._kinds.add(len(body), head, value)
+
+
+def _declined(record: Any, tuple_code: int, ndarray_code: int, kinds: Any, empty: Any) -> Any:
+    return DECLINE
+
+
+#: ``PLAIN_DECODE(record, tuple_code, ndarray_code, bodies.table, numpy.empty)``: what
+#: :func:`decode_plain` does, for a hot caller that holds ``bodies.table`` (one Python call fewer
+#: per record): the compiled decoder, or one that declines every record when it is not built.
+PLAIN_DECODE: Callable[..., Any] = _C.decode if _C is not None else _declined
+#: The compiled short-tuple encoder (what :meth:`SmallRecords.encode` calls), or None.
+COMPILED_ENCODE: Callable[..., Any] | None = _C.encode if _C is not None else None
 
 
 def decode_plain(record: memoryview, tuple_code: int, ndarray_code: int, bodies: ArrayBodies) -> Any:
