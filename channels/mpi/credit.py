@@ -59,37 +59,39 @@ class CreditReturns:
     """Receiver side: bytes released per peer and edge, not yet returned, and since when each peer
     has some waiting. ``batch``: an edge with this much pending is returned at the next poll."""
 
-    __slots__ = ("batch", "_out", "_since")
+    __slots__ = ("batch", "pending", "_since")
 
     def __init__(self, batch: int) -> None:
         self.batch = batch
-        self._out: dict[int, dict[int, int]] = {}
+        #: Bytes released and not returned yet: peer -> {edge: bytes}. Read-only outside this class;
+        #: non-empty when there are any (what every poll checks, without a call).
+        self.pending: dict[int, dict[int, int]] = {}
         self._since: dict[int, float] = {}
 
     def __bool__(self) -> bool:
-        return bool(self._out)
+        return bool(self.pending)
 
     def add(self, peer: int, edge: int, nbytes: int) -> None:
         """``nbytes`` of a message from ``peer`` on ``edge`` were released."""
-        per_edge = self._out.get(peer)
+        per_edge = self.pending.get(peer)
         if per_edge is None:
-            per_edge = self._out[peer] = {}
+            per_edge = self.pending[peer] = {}
             self._since[peer] = time.monotonic()
         per_edge[edge] = per_edge.get(edge, 0) + nbytes
 
     def drop(self, peer: int) -> None:
         """``peer`` left or was lost: nothing goes back to it any more."""
-        self._out.pop(peer, None)
+        self.pending.pop(peer, None)
         self._since.pop(peer, None)
 
     def take(self, peer: int, most: int) -> list[tuple[int, int]]:
         """Take up to ``most`` of ``peer``'s pending returns, ``[(edge, bytes), ...]``, to send now
         along with a message to it (piggybacked); [] if it has none."""
-        per_edge = self._out.get(peer)
+        per_edge = self.pending.get(peer)
         if per_edge is None:
             return []
         if len(per_edge) <= most:
-            del self._out[peer]
+            del self.pending[peer]
             del self._since[peer]
             return list(per_edge.items())
         items = []
@@ -103,12 +105,12 @@ class CreditReturns:
         now = time.monotonic()
         batch = self.batch
         out = []
-        for peer in list(self._out):
-            per_edge = self._out[peer]
+        for peer in list(self.pending):
+            per_edge = self.pending[peer]
             if not (quiet or now - self._since[peer] >= _CREDIT_MAX_DELAY
                     or max(per_edge.values()) >= batch):
                 continue
-            del self._out[peer]
+            del self.pending[peer]
             del self._since[peer]
             out.append((peer, list(per_edge.items())))
         return out

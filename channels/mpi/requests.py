@@ -345,7 +345,8 @@ class RequestsMixin(MPIChannelState):
         """One pass: returned buffers and credit, request completions, credit flush, callbacks."""
         if self._in_poll:
             raise TwisternetError("MPIChannel.progress was called from inside a handler callback")
-        self._check_thread()
+        if self._owner_thread is not None:
+            self._check_thread()
         self._in_poll = True
         try:
             did = False
@@ -354,7 +355,9 @@ class RequestsMixin(MPIChannelState):
                 did = True
             completed = False
             if self._requests.active:
-                completed = self._test_requests()
+                completed = self._test_once()
+                if completed and self._pre_early:
+                    self._await_pre_headers()
             if self._slot_deferred:         # messages waiting for a slot: wait no longer?
                 now = time.monotonic()
                 for peer in [p for p in self._slot_deferred if self._slot_wait_until[p] <= now]:
@@ -364,7 +367,7 @@ class RequestsMixin(MPIChannelState):
                 self._dispatch()
                 if self._released:  # consumers that release inside on_message: return it now
                     self._drain_released()
-            if self._credit_returns:
+            if self._credit_returns.pending:
                 self._flush_credit(quiet=not completed)
             now = time.monotonic()
             if now >= self._next_liveness:
@@ -373,21 +376,17 @@ class RequestsMixin(MPIChannelState):
                     did = True
                     self._dispatch()
             if did:
-                self._last_activity = time.monotonic()
+                self._last_activity = now
             return did
         finally:
             self._in_poll = False
 
-    def _test_requests(self) -> bool:
-        if not self._test_once():
-            return False
-        if self._pre_early:
-            # A payload landed in a pre-posted receive before its header was read. The header left
-            # right behind it, so look again now instead of after a round through the caller.
-            limit = time.monotonic() + _PRE_HEADER_WAIT
-            while self._pre_early and time.monotonic() < limit:
-                self._test_once()
-        return True
+    def _await_pre_headers(self) -> None:
+        """A payload landed in a pre-posted receive before its header was read. The header left right
+        behind it, so look again now instead of after a round through the caller."""
+        limit = time.monotonic() + _PRE_HEADER_WAIT
+        while self._pre_early and time.monotonic() < limit:
+            self._test_once()
 
     def _test_once(self) -> bool:
         done, failed = self._requests.testsome()

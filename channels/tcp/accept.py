@@ -42,16 +42,13 @@ class LateConnections:
         self._poller = poller
         self._vetting = threading.BoundedSemaphore(MAX_PENDING_HANDSHAKES)
         self._backoff = 0.0
-        self._paused: dict[int, tuple[socket.socket, float]] = {}   # fd -> (listener, resume at)
+        #: Listeners resting after a failed ``accept``: fd -> (listener, resume at). Non-empty: some
+        #: rest (a dict, so checking it on every progress round costs no call).
+        self.paused: dict[int, tuple[socket.socket, float]] = {}
         self._noise = LogThrottle(log)
         self._closed = False
         #: Late connections closed unread because MAX_PENDING_HANDSHAKES were already running.
         self.dropped = 0
-
-    @property
-    def paused(self) -> bool:
-        """Whether a listener rests after a failed ``accept``."""
-        return bool(self._paused)
 
     def accept(self, ls: socket.socket) -> None:
         """Take the connections waiting on ``ls``: each gets a bounded handshake (and is then refused:
@@ -87,16 +84,16 @@ class LateConnections:
         self._noise.warning("accept", "rank %d: accept failed (%s); not accepting for %.2fs",
                             self.rank, error, self._backoff)
         fd = ls.fileno()
-        if fd >= 0 and fd not in self._paused:
+        if fd >= 0 and fd not in self.paused:
             self._poller.unregister(fd)
-            self._paused[fd] = (ls, time.monotonic() + self._backoff)
+            self.paused[fd] = (ls, time.monotonic() + self._backoff)
 
     def resume(self, timeout: float) -> float:
         """Watch paused listeners again once their rest is over; ``timeout`` cut to the next resume."""
         now = time.monotonic()
-        for fd, (ls, at) in list(self._paused.items()):
+        for fd, (ls, at) in list(self.paused.items()):
             if at <= now:
-                del self._paused[fd]
+                del self.paused[fd]
                 if ls.fileno() >= 0 and not self._closed:
                     self._poller.register(fd, IN, ls)
             else:
@@ -124,4 +121,4 @@ class LateConnections:
     def close(self) -> None:
         """Stop resuming paused listeners (the channel closes them)."""
         self._closed = True
-        self._paused.clear()
+        self.paused.clear()

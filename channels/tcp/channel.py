@@ -196,8 +196,8 @@ class TCPChannel(TCPReceive, Channel):
             self._sent(p.written(n))
 
     def progress(self, timeout: float = 0.0) -> bool:
-        did = self._flush_writes()
-        if self._ledger.owes:
+        did = self._flush_writes() if self._writers else False
+        if timeout > 0 and self._ledger.owes:   # (a round that does not wait returns it below)
             did = self._send_credit_returns() or did
         if did:
             timeout = 0.0
@@ -224,7 +224,7 @@ class TCPChannel(TCPReceive, Channel):
                 did = self._write(p) or did
         if self._ledger.owes:
             did = self._send_credit_returns() or did
-        if did or events:
+        if (did or events) and self._writers:
             did = self._flush_writes() or did
         if self._events:
             did = self._session_events() or did

@@ -327,7 +327,8 @@ class Context(Outbound, OwnSend, ProgressEngine, Inbound, PeerLoss, Lifecycle):
                 flushed = True
                 if self._out_partial or self._deferred:
                     self.flush()
-            self._raise_failures()
+            if self._failure is not None or self._lost:     # (unlocked peek: see _raise_failures)
+                self._raise_failures()
             now = time.monotonic()
             remaining = deadline - now
             if remaining <= 0:
