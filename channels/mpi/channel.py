@@ -376,7 +376,14 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Requ
         if (not 0 <= peer < self.world or peer == self.rank or nbytes > self._eager_limit - _PIGGY_ROOM
                 or (self._owner_thread is not None and me != self._owner_thread)):
             return False
-        return self._as_poll_owner(me, self._send_small, peer, edge, parts, nbytes)
+        if self._poll_owner == me:
+            return self._send_small(peer, edge, parts, nbytes)
+        with self._poll_lock:       # (what _as_poll_owner does, without its call)
+            self._poll_owner = me
+            try:
+                return self._send_small(peer, edge, parts, nbytes)
+            finally:
+                self._poll_owner = 0
 
     def _send_small(self, peer: int, edge: int, parts: Sequence[Buffer], nbytes: int) -> bool:
         """:meth:`send_small` once it holds the poll lock (the state it tests cannot change meanwhile:
@@ -394,7 +401,11 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Requ
             raise ValueError(f"send_small: the parts hold {sum(memoryview(p).nbytes for p in parts)} bytes, "
                              f"not the {nbytes} given")
         try:
-            self._submit(wire, TAG_DATA, _Send(peer, wire, nbytes=nbytes))
+            # (what _submit does, for a peer whose send queue is empty and below its limit of posted
+            # sends, as tested above: no bookkeeping object unless MPI did not finish it at once)
+            req = self._comm.Isend(wire, peer, TAG_DATA)
+            if not req.Test():
+                self._track_send(req, _Send(peer, wire, nbytes=nbytes))
         except self._MPI.Exception as e:
             self._lose(peer, f"MPI error sending to it: {e.Get_error_string()}")
             raise PeerLostError(peer, self._lost[peer]) from e

@@ -235,9 +235,13 @@ class RequestsMixin(MPIChannelState):
             # never pending: no slot in the request table, no Testsome completion, no "pending" that
             # keeps the next progress calls busy-polling for it.
             return
+        self._track_send(req, op)
+
+    def _track_send(self, req: Any, op: _Send) -> None:
+        """The send ``op`` describes was posted as ``req``: pending until the request completes."""
         self._account_send(op)
         self._post(req, op)
-        self._posted_sends[peer] += 1
+        self._posted_sends[op.peer] += 1
 
     def _account_send(self, op: _Send) -> None:
         """``op`` is pending (queued or posted) until :meth:`_unaccount_send`."""
