@@ -88,17 +88,14 @@ class Packer:
     def __init__(self, pool: BufferPool) -> None:
         self.pool = pool
         self._buf: bytearray | None = None
-        self._used = 0
-
-    @property
-    def pending_bytes(self) -> int:
-        """Bytes in the partly filled buffer."""
-        return self._used
+        #: Bytes in the partly filled buffer (read-only outside the class; an attribute, since every
+        #: send looks at it).
+        self.pending_bytes = 0
 
     def space_needed(self, record_len: int) -> int:
         """How many new buffers ``add`` of a record of ``record_len`` bytes would take from the pool."""
         size = self.pool.buffer_size
-        total = self._used + LENGTH_HEADER + record_len
+        total = self.pending_bytes + LENGTH_HEADER + record_len
         have = 1 if self._buf is not None else 0
         return max(0, -(-total // size) - have)
 
@@ -114,7 +111,7 @@ class Packer:
             n = 0
             for p in parts:
                 n += len(p) if type(p) is bytes else memoryview(p).nbytes
-            used = self._used
+            used = self.pending_bytes
             end = used + LENGTH_HEADER + n
             if end < len(buf):
                 _U64.pack_into(buf, used, n)
@@ -123,7 +120,7 @@ class Packer:
                     k = len(p) if type(p) is bytes else memoryview(p).nbytes
                     buf[pos:pos + k] = p if type(p) is bytes else memoryview(p).cast("B")
                     pos += k
-                self._used = end
+                self.pending_bytes = end
                 return []
         views = [memoryview(p).cast("B") if memoryview(p).format != "B" or memoryview(p).ndim != 1
                  else memoryview(p) for p in parts]
@@ -145,15 +142,15 @@ class Packer:
             while pos < len(src):
                 if self._buf is None:
                     self._buf = next(fresh)
-                    self._used = 0
-                k = min(len(src) - pos, len(self._buf) - self._used)
-                self._buf[self._used:self._used + k] = src[pos:pos + k]
-                self._used += k
+                    self.pending_bytes = 0
+                k = min(len(src) - pos, len(self._buf) - self.pending_bytes)
+                self._buf[self.pending_bytes:self.pending_bytes + k] = src[pos:pos + k]
+                self.pending_bytes += k
                 pos += k
-                if self._used == len(self._buf):
+                if self.pending_bytes == len(self._buf):
                     full.append(self._buf)
                     self._buf = None
-                    self._used = 0
+                    self.pending_bytes = 0
 
         write(memoryview(_U64.pack(n)))
         for v in views:
@@ -162,17 +159,17 @@ class Packer:
 
     def flush(self) -> tuple[bytearray, memoryview] | None:
         """The partly filled buffer and a view of its used bytes, or None if there is none."""
-        if self._buf is None or self._used == 0:
+        if self._buf is None or self.pending_bytes == 0:
             return None
-        buf, used = self._buf, self._used
-        self._buf, self._used = None, 0
+        buf, used = self._buf, self.pending_bytes
+        self._buf, self.pending_bytes = None, 0
         return buf, memoryview(buf)[:used]
 
     def discard(self) -> None:
         """Return the partly filled buffer to the pool (on close)."""
         if self._buf is not None:
             self.pool.release(self._buf)
-            self._buf, self._used = None, 0
+            self._buf, self.pending_bytes = None, 0
 
 
 class Unpacker:

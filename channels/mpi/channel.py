@@ -358,7 +358,7 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Requ
         return b"".join((_HDR.pack(_KIND_EAGER, 0, 0, edge, size), *parts)), None
 
     def idle(self, peer: int, edge: int) -> bool:
-        return (0 <= peer < self.world and not self._sendq[peer] and not self._credit_ledger.inflight((peer, edge))
+        return (0 <= peer < self.world and not self._sendq[peer] and not self._credit_ledger.in_flight.get((peer, edge))
                 and peer not in self._slot_deferred)
 
     #: On. It was off for a while: with the core writing small records through send_small, a partial
@@ -390,7 +390,7 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Requ
         a send queued for the peer since, say, must not be overtaken): the header (with the credit
         owed to ``peer``) and the parts joined in one buffer, one ``Isend``; in the request table only
         if MPI did not finish it at once."""
-        if (self._sendq[peer] or peer in self._slot_deferred or self._credit_ledger.inflight((peer, edge))
+        if (self._sendq[peer] or peer in self._slot_deferred or self._credit_ledger.in_flight.get((peer, edge))
                 or self._posted_sends[peer] >= _MAX_POSTED_SENDS or peer in self._lost or peer in self._bye_from
                 or self._bye_sent or self._closed or not self._started):
             return False

@@ -17,34 +17,36 @@ class CreditLedger:
     :func:`twisternet.channel.fits_credit`), and the (peer, edge) pairs refused for lack of it,
     which get ``on_credit`` when returns come."""
 
-    __slots__ = ("credit", "_inflight", "_blocked")
+    __slots__ = ("credit", "in_flight", "_blocked")
 
     def __init__(self, credit: int) -> None:
         self.credit = credit
-        self._inflight: dict[tuple[int, int], int] = {}
+        #: Bytes in flight per (peer, edge), none: not in it. Read-only outside this class (the idle
+        #: test of every small send reads it without a call).
+        self.in_flight: dict[tuple[int, int], int] = {}
         self._blocked: set[tuple[int, int]] = set()
 
     def fits(self, key: tuple[int, int], cost: int) -> bool:
         """Whether a message of ``cost`` bytes may go on ``key`` now; if not, ``key`` is remembered
         as blocked."""
-        if fits_credit(self._inflight.get(key, 0), cost, self.credit):
+        if fits_credit(self.in_flight.get(key, 0), cost, self.credit):
             return True
         self._blocked.add(key)
         return False
 
     def charge(self, key: tuple[int, int], cost: int) -> None:
         """A message of ``cost`` bytes went on ``key``."""
-        self._inflight[key] = self._inflight.get(key, 0) + cost
+        self.in_flight[key] = self.in_flight.get(key, 0) + cost
 
     def returned(self, key: tuple[int, int], nbytes: int) -> tuple[bool, bool]:
         """The receiver returned ``nbytes`` on ``key``: ``(unblocked, excess)``, whether ``key`` had
         been refused (and may send again) and whether more came back than was in flight."""
-        left = self._inflight.get(key, 0) - nbytes
+        left = self.in_flight.get(key, 0) - nbytes
         excess = left < 0
         if left > 0:
-            self._inflight[key] = left
+            self.in_flight[key] = left
         else:
-            self._inflight.pop(key, None)
+            self.in_flight.pop(key, None)
         if key in self._blocked:
             self._blocked.discard(key)
             return True, excess
@@ -52,7 +54,7 @@ class CreditLedger:
 
     def inflight(self, key: tuple[int, int]) -> int:
         """Bytes in flight on ``key``."""
-        return self._inflight.get(key, 0)
+        return self.in_flight.get(key, 0)
 
 
 class CreditReturns:

@@ -61,7 +61,7 @@ class ReceiveMixin(MPIChannelState):
                 self._credit_back(peer, items)
             if size <= self._copy_limit:
                 data = memoryview(bytes(memoryview(buf)[off:off + size]))
-                self._post_data_recv(peer, buf)
+                self._post_data_recv(peer, buf, op)
                 rel = _Release(self, peer, edge, cost, None, True)
             else:
                 data = memoryview(buf)[off:off + size]

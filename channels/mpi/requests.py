@@ -37,6 +37,8 @@ _BUSY_SPIN = 0.05
 _COMPACT_MIN = 8
 #: Seconds a poll keeps testing for the header of a payload that arrived in a pre-posted receive.
 _PRE_HEADER_WAIT = 5e-5
+#: What RequestTable.testsome reports as failed when nothing failed (shared: never appended to).
+_NO_FAILURES: list[tuple[Any, int]] = []
 
 
 class RequestTable:
@@ -66,22 +68,23 @@ class RequestTable:
             self._ops.append(op)
         self.active += 1
 
-    def testsome(self) -> tuple[list[Any], list[tuple[Any, int]]]:
+    def testsome(self) -> tuple[list[Any], list[tuple[Any, int]]] | None:
         """``(done, failed)``: the ops of the requests that completed since the last call, and (only
         when MPI reports errors, MPI_ERR_IN_STATUS) ``(op, error code)`` of those that failed.
-        Both leave the table."""
+        Both leave the table. None (the common answer of a waiting poll) if neither has any."""
         MPI = self._MPI
         reqs = self._reqs
         statuses = self._statuses
         if len(statuses) < len(reqs):
             statuses.extend(MPI.Status() for _ in range(len(reqs) - len(statuses)))
-        failed: list[tuple[Any, int]] = []
+        failed: list[tuple[Any, int]] = _NO_FAILURES
         try:
             idx = MPI.Request.Testsome(reqs, statuses)
         except MPI.Exception:
+            failed = []
             idx = self._sort_failed(failed)
         if not idx:
-            return [], failed
+            return ([], failed) if failed else None
         ops = self._ops
         free = self._free
         done = []
@@ -280,8 +283,15 @@ class RequestsMixin(MPIChannelState):
         if op.datatype is not None:
             op.datatype.Free()
 
-    def _post_data_recv(self, peer: int, buf: bytearray) -> None:
-        op = _DataRecv(peer, buf)
+    def _post_data_recv(self, peer: int, buf: bytearray, op: _DataRecv | None = None) -> None:
+        """Post a TAG_DATA receive from ``peer`` into ``buf``; ``op``: a completed receive of that peer,
+        already out of its queue, whose record is reused (saves making one per message)."""
+        if op is None:
+            op = _DataRecv(peer, buf)
+        else:
+            op.buf = buf
+            op.done = False
+            op.tracked = False
         op.req = self._comm.Irecv(buf, peer, TAG_DATA)
         q = self._data_recvs[peer]
         q.append(op)
@@ -393,11 +403,21 @@ class RequestsMixin(MPIChannelState):
             self._test_once()
 
     def _test_once(self) -> bool:
-        done, failed = self._requests.testsome()
+        got = self._requests.testsome()
+        if got is None:
+            return False
+        done, failed = got
         if failed:
             self._requests_failed(failed)
         if not done:
             return False
+        if len(done) == 1 and type(done[0]) is _DataRecv:
+            # (the common case, a message from one peer, without the sets and loops below)
+            op = done[0]
+            op.done = True
+            self._heard[op.peer] = time.monotonic()
+            self._advance_recvs(self._data_recvs[op.peer], self._data_received)
+            return True
         data_peers: set[int] = set()
         ctrl_peers: set[int] = set()
         for op in done:
