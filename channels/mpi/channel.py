@@ -40,7 +40,9 @@ from .wire import (
     _CTRL_BUF_SIZE,
     _FLAG_CREDIT,
     _PIGGY_MAX,
+    _PIGGY_ONE_END,
     _HDR,
+    _HDR_PIGGY_ONE,
     _KIND_BYE,
     _KIND_EAGER,
     _U32,
@@ -351,11 +353,15 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Requ
                     piggy: bool) -> tuple[bytes, list[tuple[int, int]] | None]:
         """An eager message's wire bytes: its header, the credit owed to ``peer`` if ``piggy`` (taken
         from what is owed, and returned as the second item), then the ``size`` bytes of ``parts``."""
-        items = self._credit_returns.take(peer, _PIGGY_MAX) if piggy and self._credit_returns else None
-        if items:
-            self.stats["credit_piggybacked"] += 1
-            return b"".join((_HDR.pack(_KIND_EAGER, _FLAG_CREDIT, 0, edge, size), _encode_piggy(items), *parts)), items
-        return b"".join((_HDR.pack(_KIND_EAGER, 0, 0, edge, size), *parts)), None
+        returns = self._credit_returns
+        if not piggy or peer not in returns.pending:
+            return b"".join((_HDR.pack(_KIND_EAGER, 0, 0, edge, size), *parts)), None
+        items = returns.take(peer, _PIGGY_MAX)
+        self.stats["credit_piggybacked"] += 1
+        if len(items) == 1:     # (the common case: one edge's credit, packed with the header)
+            ((e, n),) = items
+            return b"".join((_HDR_PIGGY_ONE.pack(_KIND_EAGER, _FLAG_CREDIT, 0, edge, size, 1, e, n), *parts)), items
+        return b"".join((_HDR.pack(_KIND_EAGER, _FLAG_CREDIT, 0, edge, size), _encode_piggy(items), *parts)), items
 
     def idle(self, peer: int, edge: int) -> bool:
         return (0 <= peer < self.world and not self._sendq[peer] and not self._credit_ledger.in_flight.get((peer, edge))
@@ -395,7 +401,8 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Requ
                 or self._bye_sent or self._closed or not self._started):
             return False
         wire, items = self._eager_wire(peer, edge, nbytes, parts, piggy=True)
-        if len(wire) - _HDR.size - (_U32.size + len(items) * _CREDIT_ENTRY.size if items else 0) != nbytes:
+        if len(wire) - nbytes != (_HDR.size if items is None else _PIGGY_ONE_END if len(items) == 1
+                                  else _HDR.size + _U32.size + len(items) * _CREDIT_ENTRY.size):
             for e, n in items or ():
                 self._credit_returns.add(peer, e, n)    # still owed
             raise ValueError(f"send_small: the parts hold {sum(memoryview(p).nbytes for p in parts)} bytes, "

@@ -61,13 +61,18 @@ class CreditReturns:
     """Receiver side: bytes released per peer and edge, not yet returned, and since when each peer
     has some waiting. ``batch``: an edge with this much pending is returned at the next poll."""
 
-    __slots__ = ("batch", "pending", "_since")
+    __slots__ = ("batch", "pending", "oldest", "full", "_since")
 
     def __init__(self, batch: int) -> None:
         self.batch = batch
         #: Bytes released and not returned yet: peer -> {edge: bytes}. Read-only outside this class;
         #: non-empty when there are any (what every poll checks, without a call).
         self.pending: dict[int, dict[int, int]] = {}
+        #: No later than when the oldest of them was released, and whether an edge may have a full
+        #: batch: :meth:`due` can have nothing to return while ``not full`` and the oldest is younger
+        #: than the delay (a poll that just received a message skips it then).
+        self.oldest = float("inf")
+        self.full = False
         self._since: dict[int, float] = {}
 
     def __bool__(self) -> bool:
@@ -77,9 +82,14 @@ class CreditReturns:
         """``nbytes`` of a message from ``peer`` on ``edge`` were released."""
         per_edge = self.pending.get(peer)
         if per_edge is None:
+            now = time.monotonic()
+            if not self.pending:
+                self.oldest = now
             per_edge = self.pending[peer] = {}
-            self._since[peer] = time.monotonic()
-        per_edge[edge] = per_edge.get(edge, 0) + nbytes
+            self._since[peer] = now
+        total = per_edge[edge] = per_edge.get(edge, 0) + nbytes
+        if total >= self.batch:
+            self.full = True
 
     def drop(self, peer: int) -> None:
         """``peer`` left or was lost: nothing goes back to it any more."""
@@ -115,4 +125,6 @@ class CreditReturns:
             del self.pending[peer]
             del self._since[peer]
             out.append((peer, list(per_edge.items())))
+        self.full = False       # (what is left is below the batch)
+        self.oldest = min(self._since.values(), default=float("inf"))
         return out

@@ -381,9 +381,12 @@ class RequestsMixin(MPIChannelState):
                 self._dispatch()
                 if self._released:  # consumers that release inside on_message: return it now
                     self._drain_released()
-            if self._credit_returns.pending:
-                self._flush_credit(quiet=not completed)
             now = time.monotonic()
+            returns = self._credit_returns
+            if returns.pending and (not completed or returns.full or now - returns.oldest >= _CREDIT_MAX_DELAY):
+                # (a poll that received a message returns only full or old batches: see CreditReturns)
+                self._flush_credit(quiet=not completed)
+                now = time.monotonic()
             if now >= self._next_liveness:
                 self._liveness(now)
                 if self._events:

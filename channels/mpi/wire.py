@@ -58,6 +58,9 @@ _CREDIT_ENTRY = struct.Struct("<IQ")
 #: where its payload starts.
 _PIGGY_ONE = struct.Struct("<IIQ")
 _PIGGY_ONE_END = _HDR.size + _PIGGY_ONE.size
+#: A header and that one entry, packed at once.
+_HDR_PIGGY_ONE = struct.Struct("<BBHIQIIQ")
+assert _HDR_PIGGY_ONE.size == _PIGGY_ONE_END
 _KIND_CREDIT = 4
 _KIND_ABORT = 5
 #: Control message: the receiver's offer of pre-posted payload receives (see MPIChannel._pre_offer).
