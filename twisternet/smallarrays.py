@@ -64,7 +64,9 @@ class SmallArrays:
     def __init__(self, generic: Callable[[np.ndarray], Sequence[Buffer]], limit: int) -> None:
         self._generic = generic          # the general encoder's record of an array, as parts
         self._limit = limit              # arrays of at least this many bytes are not small
-        self._heads: dict[tuple[np.dtype, tuple[int, ...]], bytes | None] = {}
+        #: Record heads by (dtype, shape), None for arrays this path does not take (read-only
+        #: outside; the same dict for the life of this object).
+        self.heads: dict[tuple[np.dtype, tuple[int, ...]], bytes | None] = {}
         self._kinds = KindsByLength()
 
     def head(self, a: np.ndarray) -> bytes | None:
@@ -73,7 +75,7 @@ class SmallArrays:
         writes them (an array inside a short tuple is that extension value: twisternet.smallrecords)."""
         key = (a.dtype, a.shape)
         try:
-            return self._heads[key]
+            return self.heads[key]
         except KeyError:
             pass
         head = None
@@ -82,9 +84,9 @@ class SmallArrays:
             data = a.tobytes()
             if record[:1] == b"\x00" and record.endswith(data):
                 head = record[:len(record) - len(data)]
-        if len(self._heads) >= _KINDS:
-            self._heads.clear()
-        self._heads[key] = head
+        if len(self.heads) >= _KINDS:
+            self.heads.clear()
+        self.heads[key] = head
         return head
 
     def encode(self, a: np.ndarray) -> list[Buffer] | None:
