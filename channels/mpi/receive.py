@@ -27,6 +27,8 @@ from .wire import (
     _KIND_SLOT_GRANT,
     _KIND_SLOT_OFFER,
     _KIND_SLOT_RETIRE,
+    _PIGGY_ONE,
+    _PIGGY_ONE_END,
     _decode_ctrl,
     _decode_piggy,
 )
@@ -57,8 +59,18 @@ class ReceiveMixin(MPIChannelState):
             cost = size or 1
             off = _HDR.size
             if flags & _FLAG_CREDIT:
-                off, items = _decode_piggy(buf, size, peer)
-                self._credit_back(peer, items)
+                n = c_edge = c_bytes = 0
+                if _PIGGY_ONE_END + size <= len(buf):
+                    n, c_edge, c_bytes = _PIGGY_ONE.unpack_from(buf, off)
+                if n == 1:
+                    # (what _decode_piggy and _credit_back do with one entry, the common case)
+                    off = _PIGGY_ONE_END
+                    unblocked, excess = self._credit_ledger.returned((peer, c_edge), c_bytes)
+                    if excess or unblocked:
+                        self._credit_checked(peer, c_edge, c_bytes, unblocked, excess)
+                else:
+                    off, items = _decode_piggy(buf, size, peer)
+                    self._credit_back(peer, items)
             if size <= self._copy_limit:
                 data = memoryview(bytes(memoryview(buf)[off:off + size]))
                 self._post_data_recv(peer, buf, op)
@@ -128,16 +140,20 @@ class ReceiveMixin(MPIChannelState):
 
     def _credit_back(self, peer: int, items: Any) -> None:
         """``peer`` returned credit ``[(edge, bytes), ...]`` (in a control message or piggybacked)."""
-        on_credit = self._handler.on_credit  # type: ignore[union-attr]
         ledger = self._credit_ledger
         for edge, nbytes in items:
-            key = (peer, edge)
-            unblocked, excess = ledger.returned(key, nbytes)
-            if excess:
-                log.error("rank %d: rank %d returned %d bytes of credit on edge %d, more than in flight",
-                          self.rank, peer, nbytes, edge)
-            if unblocked:
-                self._events.append((on_credit, (peer, edge)))
+            unblocked, excess = ledger.returned((peer, edge), nbytes)
+            if excess or unblocked:
+                self._credit_checked(peer, edge, nbytes, unblocked, excess)
+
+    def _credit_checked(self, peer: int, edge: int, nbytes: int, unblocked: bool, excess: bool) -> None:
+        """What the ledger said of ``nbytes`` returned by ``peer`` on ``edge``: more than was in flight
+        (``excess``: logged), or a refused send may now go (``unblocked``: the handler hears of it)."""
+        if excess:
+            log.error("rank %d: rank %d returned %d bytes of credit on edge %d, more than in flight",
+                      self.rank, peer, nbytes, edge)
+        if unblocked:
+            self._events.append((self._handler.on_credit, (peer, edge)))  # type: ignore[union-attr]
 
     def _drain_released(self) -> None:
         released = self._released
