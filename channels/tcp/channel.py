@@ -154,12 +154,13 @@ class TCPChannel(TCPReceive, Channel):
         # The fast path of a small message to an idle link: one frame (with the credit owed to the peer
         # in front) built in one bytes object and written with one send(), no queue, no token.
         p = self._peers.get(peer)
-        if (p is None or p.wq or p.want_write or p.pushing or p.lost or p.left or p.closed
+        if (p is None or p.wq or p.want_write or p.pushing or p.lost or p.left or p.sock.fileno() < 0
                 or self._inflight.get((peer, edge))):
-            return False
-        self._ledger.charge((peer, edge), nbytes)
+            return False    # (p.sock.fileno() < 0: p.closed, without the property's call)
+        ledger = self._ledger
+        ledger.charge((peer, edge), nbytes)
         frames: list[Buffer]
-        owed = self._ledger.take_owed(peer) if self._ledger.owes else None
+        owed = ledger.take_owed(peer) if ledger.returns or ledger.owed else None
         if owed and len(owed) == 1:
             ((e, m),) = owed        # (the common case: the frame carries it, see DATA_CREDIT)
             frames = [HDR_CREDIT.pack(DATA_CREDIT, edge, nbytes + CREDIT_ENTRY.size, e, m), *parts]
@@ -222,7 +223,8 @@ class TCPChannel(TCPReceive, Channel):
                 did = self._read(p) or did
             if mask & OUT and not p.lost:
                 did = self._write(p) or did
-        if self._ledger.owes:
+        ledger = self._ledger
+        if ledger.returns or ledger.owed:       # (ledger.owes, without the property's call)
             did = self._send_credit_returns() or did
         if (did or events) and self._writers:
             did = self._flush_writes() or did

@@ -27,8 +27,12 @@ class CreditLedger:
         self._wake = wake
         #: Bytes sent per (peer, edge) whose credit has not come back yet.
         self.inflight: dict[Key, int] = {}
-        self._returns: deque[tuple[int, int, int]] = deque()   # (peer, edge, nbytes) from release()
-        self._owed: dict[Key, int] = {}                         # released bytes not yet returned
+        #: Releases reported (from any thread), not yet folded into ``owed``: (peer, edge, nbytes).
+        #: Read-only outside this class, as ``owed``.
+        self.returns: deque[tuple[int, int, int]] = deque()
+        #: Released bytes not yet returned, per (peer, edge). ``returns or owed``: :attr:`owes`,
+        #: without the property's call (every small send looks).
+        self.owed: dict[Key, int] = {}
         self._owed_since = float("inf")                         # when the oldest of them was released
         self._owed_peak = 0     # at least the largest value in _owed (0 when it is empty): see due()
         #: Threads blocked in a poll of this channel (:meth:`sleeping`): only they need a wake-up when
@@ -52,7 +56,7 @@ class CreditLedger:
     # ---------------------------------------------------------------- receiving side
     def releaser(self, peer: int, edge: int, n: int) -> Callable[[], None]:
         """The release callback of a received message of ``n`` bytes: callable from any thread, once."""
-        returns = self._returns
+        returns = self.returns
         wake = self._wake
         used = [False]
 
@@ -81,12 +85,12 @@ class CreditLedger:
     @property
     def owes(self) -> bool:
         """Whether released credit waits to be returned (cheap: checked on every progress round)."""
-        return bool(self._returns or self._owed)
+        return bool(self.returns or self.owed)
 
     def take_owed(self, peer: int) -> list[tuple[int, int]]:
         """``(edge, nbytes)`` of all credit owed to ``peer``, now (it rides with a message to it)."""
         self._fold()
-        owed = self._owed
+        owed = self.owed
         if len(owed) == 1:      # (the common case: one edge of one peer owed)
             ((key, n),) = owed.items()
             if key[0] != peer:
@@ -109,7 +113,7 @@ class CreditLedger:
         what is owed if its next message is larger than about three quarters of the credit, and then
         for ``CREDIT_DELAY``."""
         self._fold()
-        owed = self._owed
+        owed = self.owed
         if not owed:
             return []
         due = time.monotonic() - self._owed_since >= CREDIT_DELAY
@@ -124,13 +128,13 @@ class CreditLedger:
 
     def _fold(self) -> None:
         """Move the releases reported (from any thread) into what is owed per (peer, edge)."""
-        if self._returns:
-            owed = self._owed
+        if self.returns:
+            owed = self.owed
             if not owed:
                 self._owed_since = time.monotonic()
             peak = self._owed_peak
-            while self._returns:
-                peer, edge, n = self._returns.popleft()
+            while self.returns:
+                peer, edge, n = self.returns.popleft()
                 total = owed[(peer, edge)] = owed.get((peer, edge), 0) + n
                 if total > peak:
                     peak = total
@@ -138,8 +142,8 @@ class CreditLedger:
 
     def wait(self, timeout: float) -> float:
         """``timeout`` cut short so that owed credit is returned on time."""
-        if self._returns:       # released, not yet counted (it is, by the next round): soon
+        if self.returns:       # released, not yet counted (it is, by the next round): soon
             return min(timeout, CREDIT_DELAY)
-        if self._owed:
+        if self.owed:
             return max(0.0, min(timeout, self._owed_since + CREDIT_DELAY - time.monotonic()))
         return timeout
