@@ -225,7 +225,9 @@ class TCPChannel(TCPReceive, Channel):
                 did = self._write(p) or did
         ledger = self._ledger
         if ledger.returns or ledger.owed:       # (ledger.owes, without the property's call)
-            did = self._send_credit_returns() or did
+            due = ledger.due()
+            if due:
+                did = self._send_credit_returns(due) or did
         if (did or events) and self._writers:
             did = self._flush_writes() or did
         if self._events:
@@ -455,10 +457,11 @@ class TCPChannel(TCPReceive, Channel):
             for token in tokens:
                 h.on_sent(token)
 
-    def _send_credit_returns(self) -> bool:
-        """Queue CREDIT frames for the released credit that is due (see CreditLedger.due)."""
+    def _send_credit_returns(self, due: list[tuple[int, int, int]] | None = None) -> bool:
+        """Queue CREDIT frames for the released credit that is due (see CreditLedger.due), or for
+        ``due``, what the caller just took from it."""
         sent = False
-        for peer, edge, n in self._ledger.due():
+        for peer, edge, n in self._ledger.due() if due is None else due:
             p = self._peers.get(peer)
             if p is not None and not p.lost and not p.left:
                 self._enqueue(p, header(CREDIT, edge, n), [], None)

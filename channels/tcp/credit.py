@@ -89,7 +89,8 @@ class CreditLedger:
 
     def take_owed(self, peer: int) -> list[tuple[int, int]]:
         """``(edge, nbytes)`` of all credit owed to ``peer``, now (it rides with a message to it)."""
-        self._fold()
+        if self.returns:
+            self._fold()
         owed = self.owed
         if len(owed) == 1:      # (the common case: one edge of one peer owed)
             ((key, n),) = owed.items()
@@ -112,7 +113,8 @@ class CreditLedger:
         engine) per quarter of the credit instead of one per message. A sender can only be held up by
         what is owed if its next message is larger than about three quarters of the credit, and then
         for ``CREDIT_DELAY``."""
-        self._fold()
+        if self.returns:
+            self._fold()
         owed = self.owed
         if not owed:
             return []
