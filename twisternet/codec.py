@@ -409,20 +409,13 @@ class Codec:
         # same calls SmallRecords.encode and decode_plain make, one Python call fewer per record),
         # and look a lone small array's record length up before asking SmallArrays for its kind.
         self._small_head = self._small.head
-        self._small_heads = self._small.heads
         self._small_lengths = self._small.lengths
         self._bodies_table = self._bodies.table
 
     def encode(self, obj: Any) -> list[Buffer]:
         """Buffers whose concatenation is the record for ``obj``; large arrays/bytes are not copied."""
         if type(obj) is np.ndarray:
-            if obj.nbytes < self.oob_threshold:
-                head = self._small_heads.get((obj.dtype, obj.shape))
-                if head is not None and obj.flags.c_contiguous:   # (SmallArrays.encode, without its calls)
-                    return [head, obj.tobytes()]
-                parts = self._small.encode(obj)
-            else:
-                parts = self._large_array(obj)
+            parts = self._large_array(obj) if obj.nbytes >= self.oob_threshold else self._small.encode(obj)
             if parts is not None:
                 return parts
         elif type(obj) is tuple:

@@ -64,9 +64,7 @@ class SmallArrays:
     def __init__(self, generic: Callable[[np.ndarray], Sequence[Buffer]], limit: int) -> None:
         self._generic = generic          # the general encoder's record of an array, as parts
         self._limit = limit              # arrays of at least this many bytes are not small
-        #: Record heads by (dtype, shape), None for arrays this path does not take (read-only
-        #: outside; the same dict for the life of this object).
-        self.heads: dict[tuple[np.dtype, tuple[int, ...]], bytes | None] = {}
+        self._heads: dict[tuple[np.dtype, tuple[int, ...]], bytes | None] = {}
         self._kinds = KindsByLength()
 
     def head(self, a: np.ndarray) -> bytes | None:
@@ -75,7 +73,7 @@ class SmallArrays:
         writes them (an array inside a short tuple is that extension value: twisternet.smallrecords)."""
         key = (a.dtype, a.shape)
         try:
-            return self.heads[key]
+            return self._heads[key]
         except KeyError:
             pass
         head = None
@@ -84,16 +82,18 @@ class SmallArrays:
             data = a.tobytes()
             if record[:1] == b"\x00" and record.endswith(data):
                 head = record[:len(record) - len(data)]
-        if len(self.heads) >= _KINDS:
-            self.heads.clear()
-        self.heads[key] = head
+        if len(self._heads) >= _KINDS:
+            self._heads.clear()
+        self._heads[key] = head
         return head
 
     def encode(self, a: np.ndarray) -> list[Buffer] | None:
         """The parts of ``a``'s record (its bytes copied), or None if ``a`` is not a small lone array."""
         if a.nbytes >= self._limit or not a.flags.c_contiguous:
             return None
-        head = self.head(a)
+        head = self._heads.get((a.dtype, a.shape))     # (a kind seen before, without head()'s call)
+        if head is None:
+            head = self.head(a)
         return None if head is None else [head, a.tobytes()]
 
     @property

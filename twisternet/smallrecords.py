@@ -61,6 +61,18 @@ COMPILED = _C is not None
 DECLINE: Any = _C.DECLINE if _C is not None else object()
 
 
+def _declined(record: Any, tuple_code: int, ndarray_code: int, kinds: Any, empty: Any) -> Any:
+    return DECLINE
+
+
+#: ``PLAIN_DECODE(record, tuple_code, ndarray_code, bodies.table, numpy.empty)``: what
+#: :func:`decode_plain` does, for a hot caller that holds ``bodies.table`` (one Python call fewer
+#: per record): the compiled decoder, or one that declines every record when it is not built.
+PLAIN_DECODE: Callable[..., Any] = _C.decode if _C is not None else _declined
+#: The compiled short-tuple encoder (what :meth:`SmallRecords.encode` calls), or None.
+COMPILED_ENCODE: Callable[..., Any] | None = _C.encode if _C is not None else None
+
+
 def ext_header(code: int, length: int) -> bytes:
     """The bytes msgpack writes before the ``length``-byte payload of extension type ``code``."""
     fix = _FIXEXT.get(length)
@@ -87,8 +99,8 @@ class SmallRecords:
 
     def encode(self, t: tuple[Any, ...]) -> list[Buffer] | None:
         """The parts of the plain record of ``t`` (a copy of every value), or None to decline."""
-        if _C is not None:
-            rec = _C.encode(t, np.ndarray, self._arrays.head, self._limit, self._tuple_code)
+        if COMPILED_ENCODE is not None:
+            rec = COMPILED_ENCODE(t, np.ndarray, self._arrays.head, self._limit, self._tuple_code)
             return None if rec is None else [rec]
         return self.encode_py(t)
 
@@ -161,23 +173,9 @@ class ArrayBodies:
         self._kinds.add(len(body), head, value)
 
 
-def _declined(record: Any, tuple_code: int, ndarray_code: int, kinds: Any, empty: Any) -> Any:
-    return DECLINE
-
-
-#: ``PLAIN_DECODE(record, tuple_code, ndarray_code, bodies.table, numpy.empty)``: what
-#: :func:`decode_plain` does, for a hot caller that holds ``bodies.table`` (one Python call fewer
-#: per record): the compiled decoder, or one that declines every record when it is not built.
-PLAIN_DECODE: Callable[..., Any] = _C.decode if _C is not None else _declined
-#: The compiled short-tuple encoder (what :meth:`SmallRecords.encode` calls), or None.
-COMPILED_ENCODE: Callable[..., Any] | None = _C.encode if _C is not None else None
-
-
 def decode_plain(record: memoryview, tuple_code: int, ndarray_code: int, bodies: ArrayBodies) -> Any:
     """The value of the plain record ``record`` (kind byte 0, then msgpack) read by the compiled form, or
     :data:`DECLINE`: the form is not built, or the record holds anything but nil, booleans, integers,
     floats, str, bin, lists, dicts, tuples (extension ``tuple_code``) and arrays of kinds ``bodies``
     remembers (extension ``ndarray_code``), or it is malformed."""
-    if _C is None:
-        return DECLINE
-    return _C.decode(record, tuple_code, ndarray_code, bodies.table, np.empty)
+    return PLAIN_DECODE(record, tuple_code, ndarray_code, bodies.table, np.empty)

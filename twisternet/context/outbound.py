@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from ..channel import CONTROL_EDGE_BASE, MAX_EDGE, Buffer
-from ..codec import join
+from ..codec import join, record_size
 from ..errors import BackPressureTimeout, ClosedError, TwisternetError
 from .engine import _SEND_LOCK_WAIT
 from .push import SendHandle
@@ -47,9 +47,7 @@ class Outbound(ContextState):
         if self._closed and not closing and not self._on_engine_thread():
             raise ClosedError("context is closed")
         parts = self.codec.encode(obj)
-        n = 0
-        for p in parts:     # (codec.record_size, without its call)
-            n += len(p) if type(p) is bytes else memoryview(p).nbytes
+        n = record_size(parts)
         forced = force or self._on_engine_thread()
         limit = self.config.timeout if timeout is None else timeout
         direct = n >= self._zc and n > self._slice_limit
