@@ -40,7 +40,6 @@ from .wire import (
     _CTRL_BUF_SIZE,
     _FLAG_CREDIT,
     _PIGGY_MAX,
-    _PIGGY_ONE_END,
     _HDR,
     _HDR_PIGGY_ONE,
     _KIND_BYE,
@@ -382,14 +381,7 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Requ
         if (not 0 <= peer < self.world or peer == self.rank or nbytes > self._eager_limit - _PIGGY_ROOM
                 or (self._owner_thread is not None and me != self._owner_thread)):
             return False
-        if self._poll_owner == me:
-            return self._send_small(peer, edge, parts, nbytes)
-        with self._poll_lock:       # (what _as_poll_owner does, without its call)
-            self._poll_owner = me
-            try:
-                return self._send_small(peer, edge, parts, nbytes)
-            finally:
-                self._poll_owner = 0
+        return self._as_poll_owner(me, self._send_small, peer, edge, parts, nbytes)
 
     def _send_small(self, peer: int, edge: int, parts: Sequence[Buffer], nbytes: int) -> bool:
         """:meth:`send_small` once it holds the poll lock (the state it tests cannot change meanwhile:
@@ -401,8 +393,7 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Requ
                 or self._bye_sent or self._closed or not self._started):
             return False
         wire, items = self._eager_wire(peer, edge, nbytes, parts, piggy=True)
-        if len(wire) - nbytes != (_HDR.size if items is None else _PIGGY_ONE_END if len(items) == 1
-                                  else _HDR.size + _U32.size + len(items) * _CREDIT_ENTRY.size):
+        if len(wire) - _HDR.size - (_U32.size + len(items) * _CREDIT_ENTRY.size if items else 0) != nbytes:
             for e, n in items or ():
                 self._credit_returns.add(peer, e, n)    # still owed
             raise ValueError(f"send_small: the parts hold {sum(memoryview(p).nbytes for p in parts)} bytes, "

@@ -124,21 +124,16 @@ def _encode_credit(items: Sequence[tuple[int, int]]) -> list[bytes]:
 
 
 def _encode_piggy(items: Sequence[tuple[int, int]]) -> bytes:
-    """The credit entries an eager message flagged _FLAG_CREDIT carries after its header."""
-    if len(items) == 1:
-        ((edge, nbytes),) = items
-        return _PIGGY_ONE.pack(1, edge, nbytes)
+    """The credit entries an eager message flagged _FLAG_CREDIT carries after its header (one entry,
+    the common case, is packed with the header: MPIChannel._eager_wire, _HDR_PIGGY_ONE)."""
     return b"".join([_U32.pack(len(items)), *(_CREDIT_ENTRY.pack(edge, nbytes) for edge, nbytes in items)])
 
 
 def _decode_piggy(buf: Buffer, size: int, peer: int) -> tuple[int, list[tuple[int, int]]]:
     """``(offset of the payload, [(edge, bytes), ...])`` of an eager message flagged _FLAG_CREDIT
-    whose payload has ``size`` bytes (validated: a malformed one raises ProtocolError)."""
+    whose payload has ``size`` bytes (validated: a malformed one raises ProtocolError). One entry, the
+    common case, is read with the header instead (ReceiveMixin._data_received, _PIGGY_ONE)."""
     mv = memoryview(buf)
-    if mv.nbytes >= _PIGGY_ONE_END:
-        n, edge, nbytes = _PIGGY_ONE.unpack_from(mv, _HDR.size)
-        if n == 1 and _PIGGY_ONE_END + size <= mv.nbytes:     # (the common case: one entry)
-            return _PIGGY_ONE_END, [(edge, nbytes)]
     (n,) = _U32.unpack_from(mv, _HDR.size)
     start = _HDR.size + _U32.size
     off = start + n * _CREDIT_ENTRY.size
