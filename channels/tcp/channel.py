@@ -199,7 +199,7 @@ class TCPChannel(TCPReceive, Channel):
     def progress(self, timeout: float = 0.0) -> bool:
         did = self._flush_writes() if self._writers else False
         if timeout > 0 and self._ledger.owes:   # (a round that does not wait returns it below)
-            did = self._send_credit_returns() or did
+            did = self._send_credit_returns(self._ledger.due()) or did
         if did:
             timeout = 0.0
         if self._late.paused:
@@ -226,7 +226,7 @@ class TCPChannel(TCPReceive, Channel):
         ledger = self._ledger
         if ledger.returns or ledger.owed:       # (ledger.owes, without the property's call)
             due = ledger.due()
-            if due:
+            if due:     # (the common answer after a read is none: no call then)
                 did = self._send_credit_returns(due) or did
         if (did or events) and self._writers:
             did = self._flush_writes() or did
@@ -242,7 +242,7 @@ class TCPChannel(TCPReceive, Channel):
     def flush_released(self) -> None:
         # credit the handlers released, if due, goes out now (releases by the thread in the engine
         # wake nobody: see CreditLedger.sleepers)
-        if self._ledger.owes and self._send_credit_returns():
+        if self._ledger.owes and self._send_credit_returns(self._ledger.due()):
             self._flush_writes()
 
     can_wait_unlocked = True
@@ -457,11 +457,11 @@ class TCPChannel(TCPReceive, Channel):
             for token in tokens:
                 h.on_sent(token)
 
-    def _send_credit_returns(self, due: list[tuple[int, int, int]] | None = None) -> bool:
-        """Queue CREDIT frames for the released credit that is due (see CreditLedger.due), or for
-        ``due``, what the caller just took from it."""
+    def _send_credit_returns(self, due: list[tuple[int, int, int]]) -> bool:
+        """Queue CREDIT frames for ``due``, the released credit the caller just took from the ledger
+        as due (CreditLedger.due)."""
         sent = False
-        for peer, edge, n in self._ledger.due() if due is None else due:
+        for peer, edge, n in due:
             p = self._peers.get(peer)
             if p is not None and not p.lost and not p.left:
                 self._enqueue(p, header(CREDIT, edge, n), [], None)
