@@ -133,6 +133,9 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Requ
 
         # Receive side.
         self._data_recvs: list[deque[_DataRecv]] = [deque() for _ in range(self.world)]
+        # Receives to post again once the poll that emptied them has run its handlers (copied-out
+        # small messages; see RequestsMixin._repost_recvs)
+        self._repost: list[_DataRecv] = []
         self._ctrl_recvs: list[deque[_CtrlRecv]] = [deque() for _ in range(self.world)]
         self._order: dict[tuple[int, int], deque[_Incoming]] = {}
         self._spares: list[bytearray] = []

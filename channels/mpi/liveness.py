@@ -188,6 +188,7 @@ class LivenessMixin(MPIChannelState):
                 log.warning("rank %d: %d cancelled receives did not complete", self.rank, len(cancelled))
         self._requests.clear()
         self._data_recvs = [deque() for _ in range(self.world)]
+        self._repost.clear()
         self._ctrl_recvs = [deque() for _ in range(self.world)]
         self._pre_q = [deque() for _ in range(self.world)]
         self._order.clear()

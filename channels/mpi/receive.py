@@ -73,7 +73,9 @@ class ReceiveMixin(MPIChannelState):
                     self._credit_back(peer, items)
             if size <= self._copy_limit:
                 data = memoryview(bytes(memoryview(buf)[off:off + size]))
-                self._post_data_recv(peer, buf, op)
+                # posted again by the next test of requests (see _repost_recvs): no Irecv between the
+                # message and the return of the poll that delivered it
+                self._repost.append(op)
                 rel = _Release(self, peer, edge, cost, None, True)
             else:
                 data = memoryview(buf)[off:off + size]

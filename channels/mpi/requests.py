@@ -299,6 +299,18 @@ class RequestsMixin(MPIChannelState):
             op.tracked = True
             self._requests.add(op.req, op)
 
+    def _repost_recvs(self) -> None:
+        """Post again the receives whose small messages were copied out (``_repost``). The next test of
+        requests does it, not the poll that received them: the thread that waited for such a message
+        goes on at once (to answer it, say), and MPI keeps what arrives meanwhile until a receive is
+        posted. Those of a peer lost meanwhile stay unposted."""
+        repost = self._repost
+        lost = self._lost
+        while repost:
+            op = repost.pop()
+            if op.peer not in lost:
+                self._post_data_recv(op.peer, op.buf, op)
+
     def _post_ctrl_recv(self, peer: int, buf: bytearray) -> None:
         op = _CtrlRecv(peer, buf)
         op.req = self._comm.Irecv(buf, peer, TAG_CTRL)
@@ -368,7 +380,7 @@ class RequestsMixin(MPIChannelState):
                 self._drain_released()
                 did = True
             completed = False
-            if self._requests.active:
+            if self._requests.active or self._repost:
                 completed = self._test_once()
                 if completed and self._pre_early:
                     self._await_pre_headers()
@@ -406,6 +418,8 @@ class RequestsMixin(MPIChannelState):
             self._test_once()
 
     def _test_once(self) -> bool:
+        if self._repost:
+            self._repost_recvs()
         got = self._requests.testsome()
         if got is None:
             return False

@@ -62,6 +62,7 @@ class MPIChannelState:
     _credit_returns: CreditReturns
     # receives (receive.py) and rendezvous (rendezvous.py)
     _data_recvs: list[deque[_DataRecv]]
+    _repost: list[_DataRecv]
     _ctrl_recvs: list[deque[_CtrlRecv]]
     _order: dict[tuple[int, int], deque[_Incoming]]
     _bulk_pending: list[int]

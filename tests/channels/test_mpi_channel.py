@@ -194,6 +194,12 @@ def test_small_messages_carry_credit_back_and_poll_only_the_oldest_receives() ->
 
 
 @pytest.mark.timeout(120)
+def test_a_receive_is_posted_again_by_the_poll_after_the_one_that_delivered() -> None:
+    ranks = assert_all_ok(2, "one_receive_reposted")
+    assert json.loads(ranks[1])["delivering_polls"] >= 1
+
+
+@pytest.mark.timeout(120)
 def test_two_threads_may_drive_the_channel_at_once() -> None:
     assert_all_ok(2, "two_drivers")
 

@@ -186,6 +186,43 @@ def scenario_small_pingpong() -> None:
     ok(ch.rank, piggybacked=piggy, credit_msgs=ctrl)
 
 
+def scenario_one_receive_reposted() -> None:
+    """A receive whose small message was copied out is posted again by the next poll, not by the one
+    that delivered it: with one pool receive per peer, a burst of small messages (sent while the
+    receiver does not poll) still arrives whole and in order, and the receive is back in MPI's hands
+    after every poll."""
+    ch, rec = make_channel(pool_buffers=2, buffer_count=1)
+    peer = 1 - ch.rank
+    check(ch._recvs_per_peer == 1, f"{ch._recvs_per_peer} pool receives per peer, expected 1")
+    n, size = 300, 100
+    got: list[bytes] = []
+    rec.on_message_hook = lambda p, e, d, r: (got.append(bytes(d)), r())
+    delivering_polls = 0
+    if ch.rank == 0:
+        for i in range(n):
+            spin(ch, lambda i=i: ch.send(peer, 3, [payload(0, 1, 3, i, size)]), f"credit for message {i}")
+        spin(ch, lambda: not ch.has_pending(), "the sends to complete")
+    else:
+        ch.comm.Barrier()       # the first messages wait in MPI, with one receive posted for them
+        end = time.monotonic() + 60
+        while len(got) < n:
+            before = len(got)
+            ch.progress(0.002)
+            if len(got) > before:
+                delivering_polls += 1
+                check(len(ch._data_recvs[peer]) == 0 and len(ch._repost) == 1,
+                      "the delivering poll should leave its receive to the next one")
+            check(time.monotonic() < end, f"only {len(got)} of {n} messages came")
+        check(all(got[i] == payload(0, 1, 3, i, size) for i in range(n)), "messages corrupt or out of order")
+        ch.progress(0)
+        check(len(ch._data_recvs[peer]) == 1 and not ch._repost, "the receive was not posted again")
+    if ch.rank == 0:
+        ch.comm.Barrier()
+    ch.comm.Barrier()
+    ch.close(10)
+    ok(ch.rank, delivering_polls=delivering_polls)
+
+
 def scenario_two_drivers() -> None:
     """Any thread may drive the channel: a background thread waits in ``progress(timeout)`` while
     the main thread sends and polls with ``progress(0)`` (as a caller waiting for its reply does);
