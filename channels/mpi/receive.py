@@ -157,10 +157,15 @@ class ReceiveMixin(MPIChannelState):
         if unblocked:
             self._events.append((self._handler.on_credit, (peer, edge)))  # type: ignore[union-attr]
 
+    def _owe(self, peer: int, edge: int, cost: int) -> None:
+        """``cost`` bytes of a message from ``peer`` on ``edge`` were released: credit owed to it
+        (returned with the next batch or piggybacked), unless it left or was lost."""
+        if peer not in self._bye_from and peer not in self._lost:
+            self._credit_returns.add(peer, edge, cost)
+
     def _drain_released(self) -> None:
         released = self._released
         spares = self._spares
-        returns = self._credit_returns
         slot_news: dict[int, list[tuple[str, Any]]] = {}
         while released:
             rel = released.popleft()
@@ -183,10 +188,7 @@ class ReceiveMixin(MPIChannelState):
                 del buf
                 if not rel.pool and self._pre_cap[rel.peer]:
                     self._pre_rearm(rel.peer)   # most likely into the buffer just returned
-            peer = rel.peer
-            if peer in self._bye_from or peer in self._lost:
-                continue
-            returns.add(peer, rel.edge, rel.cost)
+            self._owe(rel.peer, rel.edge, rel.cost)
         for peer, news in slot_news.items():
             self._slot_tell(peer, news)
 

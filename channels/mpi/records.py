@@ -3,6 +3,7 @@ the incoming-message record and the ``release`` callable handed out with each de
 
 from __future__ import annotations
 
+from threading import get_ident
 from typing import TYPE_CHECKING, Any
 
 from twisternet.errors import TwisternetError
@@ -133,5 +134,10 @@ class _Release:
             raise TwisternetError(f"message from rank {self.peer} on edge {self.edge} was released twice")
         self.done = True
         ch = self.channel
+        if self.buf is None and self.slot is None and ch._in_poll and ch._poll_owner == get_ident():
+            # released by its handler inside the poll that delivered it (a copied-out message: only
+            # credit to return): owed at once, as _drain_released would at the end of that poll
+            ch._owe(self.peer, self.edge, self.cost)
+            return
         ch._released.append(self)
         ch._wake.set()
