@@ -333,8 +333,12 @@ class Context(Outbound, OwnSend, ProgressEngine, Inbound, PeerLoss, Lifecycle):
             remaining = deadline - now
             if remaining <= 0:
                 raise (on_timeout() if on_timeout else OperationTimeout("wait_until timed out", timeout=limit))
-            if now < spin_until and self._spin(predicate, min(spin_until, deadline)):
-                continue
+            if now < spin_until:
+                spun = self._spin(predicate, min(spin_until, deadline))
+                if spun:
+                    return
+                if spun is not None:
+                    continue
             self._wait_change(gen, min(remaining, 0.5))
 
     def notify(self) -> None:

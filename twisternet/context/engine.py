@@ -217,10 +217,10 @@ class ProgressEngine(ContextState):
             self.channel.flush_released()   # what the handlers released goes back now
         return did
 
-    def _spin(self, predicate: Callable[[], bool], until: float) -> bool:
-        """Rounds of the engine by this waiting thread, back to back, until ``predicate()`` holds, a
-        peer fails, ``until`` passes or the engine is not free (it is given back between rounds, so a
-        thread that wants it gets it). False if not even one round could run.
+    def _spin(self, predicate: Callable[[], bool], until: float) -> bool | None:
+        """Rounds of the engine by this waiting thread, back to back, until ``predicate()`` holds (True),
+        a peer fails, ``until`` passes or the engine is not free (it is given back between rounds, so a
+        thread that wants it gets it) (False; None if not even one round could run).
 
         A round with nothing queued on this side, the usual one of a thread that waits for a reply,
         is the channel's poll, and the hand-over of what its handlers queue, if they queue anything:
@@ -229,18 +229,18 @@ class ProgressEngine(ContextState):
         the reply and its return)."""
         local = self._in_progress
         if getattr(local, "active", False):
-            return False
+            return None
         lock = self._chan_lock
         progress = self.channel.progress
         monotonic = time.monotonic
-        ran = False
+        ran: bool | None = None
         while lock.acquire(False):
-            ran = True
+            ran = False
             if (self._stop or self._deferred or self._out_ready or self._out_partial
                     or self._coflow_pump is not None or self.coflows is not None):
                 if self._stop:
                     lock.release()
-                    return True
+                    return False
                 self._progress_once(0.0, lock_held=True)
             else:
                 local.active = True
@@ -261,8 +261,10 @@ class ProgressEngine(ContextState):
                     self.notify()
             now = monotonic()
             self._driven_at = self._sleep_until = now
-            if predicate() or now >= until or self._failure is not None or self._lost:
+            if predicate():
                 return True
+            if now >= until or self._failure is not None or self._lost:
+                return False
         return ran
 
     def _take_engine(self) -> bool:
