@@ -99,6 +99,8 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Requ
                               f"(buffer_size, buffer_count) by rank: {every}")
 
         self._eager_limit = config.buffer_size
+        # the largest message send_small takes: one whose header may carry piggybacked credit
+        self._small_limit = self._eager_limit - _PIGGY_ROOM
         self._pool_buf_size = config.buffer_size + _HDR.size
         # Eager messages at most this big are copied out of the pool buffer (which is reposted at once);
         # bigger ones are handed out zero-copy and the pool slot gets a spare buffer. Either way a
@@ -381,7 +383,7 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Requ
         # valid peer and edge, ``nbytes`` the parts' size) already settle. Nothing in flight on the
         # edge, so the credit rule lets it go (twisternet.channel.fits_credit).
         me = threading.get_ident()
-        if (not 0 <= peer < self.world or peer == self.rank or nbytes > self._eager_limit - _PIGGY_ROOM
+        if (not 0 <= peer < self.world or peer == self.rank or nbytes > self._small_limit
                 or (self._owner_thread is not None and me != self._owner_thread)):
             return False
         return self._as_poll_owner(me, self._send_small, peer, edge, parts, nbytes)

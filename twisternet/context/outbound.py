@@ -49,11 +49,14 @@ class Outbound(ContextState):
         parts = self.codec.encode(obj)
         n = record_size(parts)
         forced = force or self._on_engine_thread()
-        limit = self.config.timeout if timeout is None else timeout
         direct = n >= self._zc and n > self._slice_limit
         if (not direct and block and not forced and not closing and self._small_ok and dst != self.rank
                 and self._send_small(dst, edge, parts, n)):
-            return True if wait_sent else SendHandle(self, None, dst, edge, time.monotonic() + limit, limit)
+            if wait_sent:
+                return True
+            limit = self.config.timeout if timeout is None else timeout
+            return SendHandle(self, None, dst, edge, time.monotonic() + limit, limit)
+        limit = self.config.timeout if timeout is None else timeout
         deadline = time.monotonic() + limit
         if dst == self.rank:
             sent = self._send_local(edge, parts, n, block=block, forced=forced, deadline=deadline, limit=limit)
