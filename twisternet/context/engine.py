@@ -220,7 +220,8 @@ class ProgressEngine(ContextState):
     def _spin(self, predicate: Callable[[], bool], until: float) -> bool | None:
         """Rounds of the engine by this waiting thread, back to back, until ``predicate()`` holds (True),
         a peer fails, ``until`` passes or the engine is not free (it is given back between rounds, so a
-        thread that wants it gets it) (False; None if not even one round could run).
+        thread that wants it gets it) (False). None if not even one round could run, or if the engine
+        is stopping: the caller then waits for a change instead.
 
         A round with nothing queued on this side, the usual one of a thread that waits for a reply,
         is the channel's poll, and the hand-over of what its handlers queue, if they queue anything:
@@ -240,7 +241,7 @@ class ProgressEngine(ContextState):
                     or self._coflow_pump is not None or self.coflows is not None):
                 if self._stop:
                     lock.release()
-                    return False
+                    return None
                 self._progress_once(0.0, lock_held=True)
             else:
                 local.active = True
