@@ -127,6 +127,32 @@ def test_run_in_process_with_a_setup_hook_and_custom_streams(monkeypatch: pytest
     assert signal.getsignal(signal.SIGINT) is before  # handlers restored
 
 
+def test_no_fork_handlers_run_in_workers_of_a_process_that_loaded_grpc(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With gRPC loaded in the calling process, workers are spawned without a preexec function (which
+    would make subprocess fork and run gRPC's fork handlers in them: SIGABRT while its threads are
+    busy); without gRPC they get the one that ties them to the launcher (PR_SET_PDEATHSIG, Linux)."""
+    import io
+    import types
+
+    from twisternet import launcher
+    assert launcher.spawn_preexec_for({"grpc": types.ModuleType("grpc")}) is None
+    if sys.platform.startswith("linux"):
+        assert launcher.spawn_preexec_for({}) is not None
+    seen: list[object] = []
+    popen = subprocess.Popen
+
+    def spy(*args: object, **kwargs: object) -> subprocess.Popen:
+        seen.append(kwargs.get("preexec_fn"))
+        return popen(*args, **kwargs)  # type: ignore[call-overload]
+    monkeypatch.setattr(launcher.subprocess, "Popen", spy)
+    monkeypatch.setitem(sys.modules, "grpc", types.ModuleType("grpc"))
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    out, err = io.BytesIO(), io.BytesIO()
+    rc = launcher.run(2, WORKER, ["--lines", "1"], grace=2, stdout=out, stderr=err)
+    assert rc == 0, err.getvalue()
+    assert seen == [None, None]
+
+
 def test_worker_exiting_before_joining_fails_the_others_fast() -> None:
     rc, out, err, elapsed = launch("-n", "3", WORKER, "--mode", "1=quit", "--default", "ok")
     assert rc == 1, err
