@@ -6,7 +6,7 @@ Each worker runs ``python script.py args`` with the environment contract read by
 fails while others run, the master tells the survivors at once (they raise PeerLostError), they get a
 grace period to exit, then SIGTERM, then SIGKILL. Workers run in their own process groups and, on Linux,
 die with the launcher (``PR_SET_PDEATHSIG``), so none outlives it. (Except when :func:`run` is called
-from a process that has loaded gRPC: see :func:`spawn_preexec_for`.)
+from a process that has loaded gRPC: see :func:`spawn_preexec`.)
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from .bootstrap import Master, install_job_services
 from .config import load_config
 from .errors import LaunchError
 
-__all__ = ["run", "exit_status", "describe_exit", "spawn_preexec", "spawn_preexec_for"]
+__all__ = ["run", "exit_status", "describe_exit", "spawn_preexec"]
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +70,15 @@ def spawn_preexec() -> Callable[[], None] | None:
     """A ``preexec_fn`` making the child die (SIGKILL) when the spawning thread dies (Linux), else None.
 
     Spawn from the main thread: the kernel ties PDEATHSIG to the thread that forked.
+
+    None too when this process has loaded gRPC. A ``preexec_fn`` makes ``subprocess`` fork the child and
+    run the process's fork handlers in it, and gRPC's abort the child (SIGABRT, "Epoll1Poller encountered
+    epoll error") while gRPC's threads are busy. Without one, ``subprocess`` starts the child with
+    ``vfork``, which runs no fork handlers; such workers still stop with the launcher on its own exit
+    and on the signals it forwards, but not when it is killed with SIGKILL. ``twisternet run`` never
+    loads gRPC (see ``_start_innet_switch``): this is for programs that call :func:`run` themselves.
     """
-    if _PRCTL is None:
+    if _PRCTL is None or "grpc" in sys.modules:
         return None
     parent = os.getpid()
     prctl = _PRCTL
@@ -81,19 +88,6 @@ def spawn_preexec() -> Callable[[], None] | None:
         if os.getppid() != parent:  # the launcher died before prctl took effect
             os._exit(1)
     return preexec
-
-
-def spawn_preexec_for(modules: Mapping[str, Any]) -> Callable[[], None] | None:
-    """:func:`spawn_preexec`, unless this process has loaded gRPC (``"grpc"`` in ``modules``, which is
-    ``sys.modules``): None then.
-
-    A ``preexec_fn`` makes ``subprocess`` fork the child and run the process's fork handlers in it, and
-    gRPC's abort the child (SIGABRT, "Epoll1Poller encountered epoll error") while gRPC's threads are
-    busy. Without one, ``subprocess`` starts the child with ``vfork``, which runs no fork handlers; the
-    workers then still stop with the launcher on its own exit and on the signals it forwards, but not
-    when it is killed with SIGKILL. ``twisternet run`` never loads gRPC (see ``_start_innet_switch``):
-    this is for programs that call :func:`run` themselves."""
-    return None if "grpc" in modules else spawn_preexec()
 
 
 class _Output:
@@ -238,7 +232,7 @@ def run(n: int, script: str, args: Sequence[str] = (), *, grace: float = 10.0, h
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             old_handlers[sig] = signal.signal(sig, on_signal)
     try:
-        preexec = spawn_preexec_for(sys.modules)
+        preexec = spawn_preexec()
         for rank in range(n):
             worker_env = {**base_env, "TWISTERNET_MASTER": master_addr, "TWISTERNET_TOKEN": token,
                           "TWISTERNET_RANK": str(rank), "TWISTERNET_WORLD": str(n)}

@@ -135,9 +135,11 @@ def test_no_fork_handlers_run_in_workers_of_a_process_that_loaded_grpc(monkeypat
     import types
 
     from twisternet import launcher
-    assert launcher.spawn_preexec_for({"grpc": types.ModuleType("grpc")}) is None
+    monkeypatch.delitem(sys.modules, "grpc", raising=False)    # (earlier tests of this process load it)
     if sys.platform.startswith("linux"):
-        assert launcher.spawn_preexec_for({}) is not None
+        assert launcher.spawn_preexec() is not None
+    monkeypatch.setitem(sys.modules, "grpc", types.ModuleType("grpc"))
+    assert launcher.spawn_preexec() is None
     seen: list[object] = []
     popen = subprocess.Popen
 
@@ -145,7 +147,6 @@ def test_no_fork_handlers_run_in_workers_of_a_process_that_loaded_grpc(monkeypat
         seen.append(kwargs.get("preexec_fn"))
         return popen(*args, **kwargs)  # type: ignore[call-overload]
     monkeypatch.setattr(launcher.subprocess, "Popen", spy)
-    monkeypatch.setitem(sys.modules, "grpc", types.ModuleType("grpc"))
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
     out, err = io.BytesIO(), io.BytesIO()
     rc = launcher.run(2, WORKER, ["--lines", "1"], grace=2, stdout=out, stderr=err)
