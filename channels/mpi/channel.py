@@ -102,7 +102,7 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Requ
         # the largest message send_small takes: one whose header may carry piggybacked credit
         self._small_limit = self._eager_limit - _PIGGY_ROOM
         self._pool_buf_size = config.buffer_size + _HDR.size
-        # Eager messages at most this big are copied out of the pool buffer (which is reposted at once);
+        # Eager messages at most this big are copied out of the pool buffer (posted again by the next poll);
         # bigger ones are handed out zero-copy and the pool slot gets a spare buffer. Either way a
         # held buffer carries at least half its size in credit, so memory stays within 2x the credit.
         self._copy_limit = config.buffer_size // 2
@@ -135,8 +135,8 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Requ
 
         # Receive side.
         self._data_recvs: list[deque[_DataRecv]] = [deque() for _ in range(self.world)]
-        # Receives to post again once the poll that emptied them has run its handlers (copied-out
-        # small messages; see RequestsMixin._repost_recvs)
+        # Receives whose small messages were copied out, to post again at the next test of requests
+        # (see RequestsMixin._repost_recvs)
         self._repost: list[_DataRecv] = []
         self._ctrl_recvs: list[deque[_CtrlRecv]] = [deque() for _ in range(self.world)]
         self._order: dict[tuple[int, int], deque[_Incoming]] = {}

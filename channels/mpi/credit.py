@@ -52,10 +52,6 @@ class CreditLedger:
             return True, excess
         return False, excess
 
-    def inflight(self, key: tuple[int, int]) -> int:
-        """Bytes in flight on ``key``."""
-        return self.in_flight.get(key, 0)
-
 
 class CreditReturns:
     """Receiver side: bytes released per peer and edge, not yet returned, and since when each peer
