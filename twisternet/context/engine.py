@@ -248,6 +248,7 @@ class ProgressEngine(ContextState):
                 self._inline = True
                 self._seen = False
                 try:
+                    # (_poll_channel(0.0, True), inlined: the call cost a waiter 0.2-0.3 us per message)
                     progress(0.0)
                     self._inline = False
                     # (unlocked peeks, as in _after_poll: what the handlers queued or refused)
