@@ -4,9 +4,12 @@
                                                       the operation's ring_threshold in bytes)
     _cluster_worker.py mpi4py SIZES REPS              (MPICH through mpi4py, under mpiexec)
     _cluster_worker.py gloo SIZES REPS RANK WORLD ADDR:PORT   (torch.distributed, gloo backend)
+    _cluster_worker.py rawtcp SIZES REPS RANK ADDR:PORT       (two processes, no library: a ping-pong of
+                                                      plain sendall / recv_into over one TCP connection)
 
 Every rank prints ``CLUSTER {"rank": r, "host": hostname, "median_s": {size: seconds}}``: the median
-of REPS timed calls after one checked warm-up call, each call started after a barrier.
+of REPS timed calls after one checked warm-up call, each call started after a barrier. For rawtcp a
+call is one round trip of SIZE bytes each way, which the two ranks start in turn (so each times REPS).
 """
 
 from __future__ import annotations
@@ -35,6 +38,55 @@ def timed(sizes: list[int], reps: list[int], call: Callable[[np.ndarray, np.ndar
             call(x, y)
             times.append(time.perf_counter() - t)
         out[size] = sorted(times)[len(times) // 2]
+    return out
+
+
+def _recv_exact(s: socket.socket, mv: memoryview) -> None:
+    got = 0
+    while got < len(mv):
+        n = s.recv_into(mv[got:])
+        if n == 0:
+            raise ConnectionError("peer closed")
+        got += n
+
+
+def raw_round_trips(sizes: list[int], reps: list[int], rank: int, addr: str) -> dict[int, float]:
+    """The raw baseline of a small collective: the median round trip of a TCP ping-pong between rank 0
+    (listening at ``addr``) and rank 1, started in turn by each (TCP_NODELAY, written payloads)."""
+    host, _, port = addr.rpartition(":")
+    if rank == 0:
+        with socket.create_server((host, int(port))) as ls:
+            ls.settimeout(120)
+            s, _ = ls.accept()
+    else:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                s = socket.create_connection((host, int(port)), timeout=5)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+    s.settimeout(None)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    out = {}
+    with s:
+        for size, n in zip(sizes, reps):
+            data, buf = b"\x01" * size, memoryview(bytearray(size))
+            times = []
+            for i in range(2 * n + 2):          # a warm-up round trip each, then n each, in turn
+                if i % 2 == rank:
+                    t = time.perf_counter()
+                    s.sendall(data)
+                    _recv_exact(s, buf)
+                    if i >= 2:
+                        times.append(time.perf_counter() - t)
+                else:
+                    _recv_exact(s, buf)
+                    s.sendall(buf)
+            assert bytes(buf[:1]) == b"\x01"
+            out[size] = sorted(times)[len(times) // 2]
     return out
 
 
@@ -76,6 +128,10 @@ def main() -> None:
         res = timed([int(s) for s in sizes.split(",")], [int(r) for r in reps.split(",")], call, dist.barrier,
                     world)
         dist.destroy_process_group()
+    elif kind == "rawtcp":
+        rank, addr = int(sys.argv[4]), sys.argv[5]
+        res = raw_round_trips([int(s) for s in sys.argv[2].split(",")], [int(r) for r in sys.argv[3].split(",")],
+                              rank, addr)
     else:
         raise SystemExit(f"unknown kind {kind!r}")
     print("CLUSTER " + json.dumps({"rank": rank, "host": socket.gethostname(), "median_s": res}), flush=True)

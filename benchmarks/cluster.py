@@ -3,11 +3,13 @@ host's link shaped to a rate (1 Gbit/s by default), k ranks per host. twisternet
 TCP path with via auto / ring / tree (ranks numbered host by host by the master; and the flat ring with
 ranks interleaving the hosts when k > 1, as connection order used to number them) vs MPICH
 (mpi4py Allreduce, ofi/tcp netmod over the links) vs torch.distributed gloo (when torch imports) vs
-the bandwidth bound 2(H-1)/H * S/B of an allreduce of S bytes over links of B bytes/s.
+the bandwidth bound 2(H-1)/H * S/B of an allreduce of S bytes over links of B bytes/s. With one rank per
+host, also the raw round trip: a plain Python TCP ping-pong of S bytes between hosts 0 and 1, the
+wire's price of one exchange (target: a 1 KB call on 2 hosts x 1 within 3x of it).
 
     python -m benchmarks --suite cluster [--repeat 3] [--plot DIR]
            [--set cluster.hosts=4] [--set cluster.ranks_per_host=1,2] [--set cluster.rate=1gbit]
-           [--set cluster.sizes=1K,64K,1M,16M,64M] [--set cluster.vias=auto,ring,tree]
+           [--set cluster.sizes=1K,64K,1M,16M,64M] [--set cluster.vias=auto,ring,tree] [--set cluster.raw=0]
     python benchmarks/cluster.py [--hosts 4] [--ranks-per-host 1,2] [--rate 1gbit] [--sizes ...]
                                  [--repeat 3] [--quick] [--plot DIR] [--json OUT]
 
@@ -43,6 +45,8 @@ KB, MB = 1 << 10, 1 << 20
 FULL_SIZES = [1 * KB, 64 * KB, 1 * MB, 16 * MB, 64 * MB]
 QUICK_SIZES = [1 * KB, 64 * KB]
 WORKER = ROOT / "benchmarks" / "_cluster_worker.py"
+#: The raw baseline's row (one rank per host): a plain TCP ping-pong between two hosts.
+RAW = "raw TCP round trip"
 _UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
 
 
@@ -79,6 +83,57 @@ def slowest(stdout: str, world: int) -> dict[int, float]:
         raise RuntimeError(f"expected CLUSTER lines of ranks 0..{world - 1}, got {sorted(found)}:\n{stdout[-2000:]}")
     sizes = found[0]["median_s"].keys()
     return {int(s): max(float(found[r]["median_s"][s]) for r in found) for s in sizes}
+
+
+def raw_round_trips(tb: Any, args: list[str]) -> dict[int, float]:
+    """The raw baseline: a plain TCP ping-pong between hosts 0 and 1 of ``tb`` (worker ``rawtcp``)."""
+    port = 28500 + os.getpid() % 1000
+    cmds = [(h, [sys.executable, str(WORKER), "rawtcp", *args, str(h), f"{tb.addresses[0]}:{port}"]) for h in (0, 1)]
+    return slowest(tb.start_processes(cmds).wait(900).check().stdout, 2)
+
+
+def rtt_target(m: dict[str, dict[int, float]]) -> Target:
+    """The small-message target on 2 hosts x 1 (``m``: peer -> size -> median seconds): a 1 KB call of
+    ``tn auto`` within 3x the raw TCP round trip between the two hosts."""
+    wanted = "<= 3x the raw TCP round trip"
+    tn, raw = m.get("tn auto", {}).get(KB), m.get(RAW, {}).get(KB)
+    q = ratio(tn, raw)
+    if tn is None or raw is None or q is None:
+        return Target("1 KB allreduce, 2 hosts x 1", wanted, "not measured", None)
+    return Target("1 KB allreduce, 2 hosts x 1", wanted, f"{q:.2f}x ({tn * 1e6:.0f} µs vs {raw * 1e6:.0f} µs)",
+                  q <= 3.0)
+
+
+def report(res: SuiteResult, m: dict[str, dict[int, float]], k: int, hosts: int, sizes: list[int], rate: str,
+           repeat: int) -> None:
+    """The table, chart and target of ``k`` ranks per host into ``res`` (``m``: peer -> size -> median s)."""
+    names = list(m)
+    tn_best = [n for n in names if n.startswith("tn ")]
+    rows: list[list[Any]] = []
+    for s in sizes:
+        b = bound_s(s, hosts, rate)
+        best = min((m[n][s] for n in tn_best), default=None)
+        mpich = m.get("MPICH", {}).get(s)
+        auto = m.get("tn auto", {}).get(s)
+        rows.append([fmt_size(s), *(m[n][s] * 1e3 for n in names), b * 1e3,
+                     ratio(auto, mpich), ratio(best, mpich), ratio(best, b),
+                     ratio(auto, m.get("torch gloo", {}).get(s)), ratio(auto, m.get(RAW, {}).get(s))])
+    res.tables.append(Table(
+        f"allreduce on {hosts} hosts x {k} rank(s) per host, links {rate}: ms per call, slowest rank "
+        f"(median of {repeat} launches)",
+        ["size", *names, "bound", "auto/MPICH", "best tn/MPICH", "best tn/bound", "auto/gloo", "auto/raw RTT"],
+        rows,
+        note=f"bound = 2(H-1)/H * S/B with H={hosts}, B={rate}; ratios are times (below 1: twisternet "
+             "faster); 'best tn' is the fastest twisternet variant at that size; n/a: not measured. MPICH "
+             f"(ofi/tcp over eth0) busy-polls: {hosts * k} ranks on {os.cpu_count()} cores hold the "
+             f"machine at 100 % during its runs. {RAW}: a plain TCP ping-pong of the size each way "
+             "between hosts 0 and 1 (one rank per host only), the wire's cost of one exchange"))
+    if k == 1 and hosts == 2 and KB in sizes:
+        res.targets.append(rtt_target(m))
+    series = {n: [(s, m[n][s] * 1e3) for s in sizes] for n in names}
+    series["bound"] = [(s, bound_s(s, hosts, rate) * 1e3) for s in sizes]
+    res.charts.append(Chart(f"cluster_time_vs_size_{hosts}h{k}k", f"allreduce, {hosts} hosts x {k}, {rate}",
+                            "message size (bytes)", "ms per call (slowest rank)", series, logx=True, logy=True))
 
 
 def torch_reason() -> str | None:
@@ -145,6 +200,8 @@ def run(opts: SuiteOptions) -> SuiteResult:
                 r = tb.start_processes(cmds, env={"GLOO_SOCKET_IFNAME": "eth0"}).wait(900).check()
                 return slowest(r.stdout, world)
             out["torch gloo"] = gloo
+        if k == 1 and opts.get("raw", True):
+            out[RAW] = lambda: raw_round_trips(tb, args)
         return out
 
     bar = opts.bar(NAME)
@@ -165,29 +222,7 @@ def run(opts: SuiteOptions) -> SuiteResult:
     med = {k: {name: {s: median([r[s] for r in runs]) for s in sizes} for name, runs in by.items() if runs}
            for k, by in samples.items()}
     for k in ks:
-        m = med.get(k, {})
-        names = list(m)
-        tn_best = [n for n in names if n.startswith("tn ")]
-        rows: list[list[Any]] = []
-        for s in sizes:
-            b = bound_s(s, hosts, rate)
-            best = min((m[n][s] for n in tn_best), default=None)
-            mpich = m.get("MPICH", {}).get(s)
-            rows.append([fmt_size(s), *(m[n][s] * 1e3 for n in names), b * 1e3,
-                         ratio(m.get("tn auto", {}).get(s), mpich), ratio(best, mpich), ratio(best, b),
-                         ratio(m.get("tn auto", {}).get(s), m.get("torch gloo", {}).get(s))])
-        res.tables.append(Table(
-            f"allreduce on {hosts} hosts x {k} rank(s) per host, links {rate}: ms per call, slowest rank "
-            f"(median of {repeat} launches)",
-            ["size", *names, "bound", "auto/MPICH", "best tn/MPICH", "best tn/bound", "auto/gloo"], rows,
-            note=f"bound = 2(H-1)/H * S/B with H={hosts}, B={rate}; ratios are times (below 1: twisternet "
-                 "faster); 'best tn' is the fastest twisternet variant at that size; n/a: not measured. MPICH "
-                 f"(ofi/tcp over eth0) busy-polls: {hosts * k} ranks on {os.cpu_count()} cores hold the "
-                 "machine at 100 % during its runs"))
-        series = {n: [(s, m[n][s] * 1e3) for s in sizes] for n in names}
-        series["bound"] = [(s, bound_s(s, hosts, rate) * 1e3) for s in sizes]
-        res.charts.append(Chart(f"cluster_time_vs_size_{hosts}h{k}k", f"allreduce, {hosts} hosts x {k}, {rate}",
-                                "message size (bytes)", "ms per call (slowest rank)", series, logx=True, logy=True))
+        report(res, med.get(k, {}), k, hosts, sizes, rate, repeat)
     res.raw = {"hosts": hosts, "ranks_per_host": ks, "rate": rate, "sizes": sizes, "repeat": repeat,
                "calls_per_launch": reps, "samples_s": samples, "median_s": med,
                "bound_s": {s: bound_s(s, hosts, rate) for s in sizes}}
