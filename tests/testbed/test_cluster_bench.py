@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.cluster import bound_s, rate_bits, slowest
+from benchmarks.cluster import RAW, bound_s, rate_bits, rtt_target, slowest
 from tests.jobs import job_env, require_emulated_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,6 +31,16 @@ def test_slowest_takes_the_maximum_over_ranks_even_glued() -> None:
         slowest(out, 3)
 
 
+def test_the_small_message_target_compares_auto_with_the_raw_round_trip() -> None:
+    kb = 1024
+    met = rtt_target({"tn auto": {kb: 90e-6}, RAW: {kb: 30e-6}})
+    assert met.met is True and met.measured == "3.00x (90 µs vs 30 µs)"
+    assert rtt_target({"tn auto": {kb: 91e-6}, RAW: {kb: 30e-6}}).met is False
+    for m in ({"tn auto": {kb: 90e-6}}, {RAW: {kb: 30e-6}}, {"tn ring": {kb: 1e-6}, RAW: {kb: 30e-6}}):
+        t = rtt_target(m)
+        assert t.met is None and t.measured == "not measured"
+
+
 @pytest.mark.timeout(400)
 def test_quick_cluster_suite(tmp_path) -> None:
     require_emulated_cluster()
@@ -44,6 +54,11 @@ def test_quick_cluster_suite(tmp_path) -> None:
     assert [r[0] for r in table["rows"]] == ["1 KB", "64 KB"]
     assert all(isinstance(v, float) and v > 0 for r in table["rows"] for v in r[1:4])
     assert "2 hosts x 1 rank(s) per host" in table["title"]
+    raw = table["headers"].index(RAW)       # one rank per host: the raw round trip between hosts 0 and 1
+    assert all(isinstance(r[raw], float) and r[raw] > 0 for r in table["rows"])
+    assert table["headers"][-1] == "auto/raw RTT" and all(isinstance(r[-1], float) for r in table["rows"])
+    (target,) = [t for t in suite["targets"] if t["name"] == "1 KB allreduce, 2 hosts x 1"]
+    assert target["met"] in (True, False) and "µs vs" in target["measured"]
 
 
 def test_innet_theory_counts_frames_and_headers() -> None:
