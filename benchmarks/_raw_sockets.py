@@ -47,9 +47,15 @@ def _payload(size: int) -> bytes:
     return b"\x01" * size
 
 
-def bandwidth(kind: str, size: int, budget: int) -> float:
-    """Bytes per second of one-way transfer of ``size``-byte messages (a forked receiver)."""
-    reps = max(3, min(20000, budget // size))
+def pass_reps(size: int, budget: int, passes: int) -> int:
+    """Messages of ``size`` bytes in each of ``passes`` timed passes over ``budget`` bytes (3 at least)."""
+    return max(3, min(20000, budget // size // max(passes, 1)))
+
+
+def bandwidth(kind: str, size: int, budget: int, passes: int = 1) -> float:
+    """Bytes per second of one-way transfer of ``size``-byte messages (a forked receiver): the median of
+    ``passes`` timed passes, each acknowledged by the receiver (see ``PASSES`` in benchmarks/p2p.py)."""
+    reps = pass_reps(size, budget, passes)
     a, b = _pair(kind)
     pid = os.fork()
     if pid == 0:
@@ -58,23 +64,26 @@ def bandwidth(kind: str, size: int, budget: int) -> float:
             buf = memoryview(bytearray(size))
             _recv_exact(b, buf)
             b.sendall(b"k")
-            for _ in range(reps):
-                _recv_exact(b, buf)
-            b.sendall(b"k")
+            for _ in range(passes):
+                for _ in range(reps):
+                    _recv_exact(b, buf)
+                b.sendall(b"k")
         finally:
             os._exit(0)
     b.close()
     data = _payload(size)
     a.sendall(data)
     a.recv(1)
-    t = time.perf_counter()
-    for _ in range(reps):
-        a.sendall(data)
-    a.recv(1)
-    dt = time.perf_counter() - t
+    rates = []
+    for _ in range(passes):
+        t = time.perf_counter()
+        for _ in range(reps):
+            a.sendall(data)
+        a.recv(1)
+        rates.append(reps * size / (time.perf_counter() - t))
     a.close()
     os.waitpid(pid, 0)
-    return reps * size / dt
+    return sorted(rates)[len(rates) // 2]
 
 
 def latency(kind: str, size: int) -> float:
