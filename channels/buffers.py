@@ -51,6 +51,8 @@ class BufferCache:
             # references of an idle buffer: the list slot and getrefcount's argument
             if size <= n <= 2 * size and (best < 0 or n < best_n) and sys.getrefcount(cache[i]) <= 2:
                 best, best_n = i, n
+                if n == size:
+                    break       # no better fit (the usual case: a stream of messages of one size)
         if best >= 0:
             arr = cache.pop(best)
             self._bytes -= arr.nbytes

@@ -17,7 +17,7 @@ from twisternet.errors import ClosedError, ConfigError, PeerLostError, Twisterne
 from twisternet.topology import ranks_on_this_kernel
 
 from .. import shm_slots
-from ..buffers import BufferCache
+from ..buffers import MAX_BUFFERS, BufferCache
 from .credit import CreditLedger, CreditReturns
 from .doorbell import Doorbell
 from .launch import (
@@ -215,7 +215,7 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Requ
         self.stats: dict[str, int] = {"msgs_sent": 0, "bytes_sent": 0, "msgs_received": 0,
                                       "bytes_received": 0, "eager_sent": 0, "rendezvous_sent": 0,
                                       "credit_msgs_sent": 0, "credit_piggybacked": 0, "send_refused": 0,
-                                      "rndv_buffers_reused": 0, "noncontiguous_sent": 0,
+                                      "rndv_buffers_reused": 0, "copy_buffers_reused": 0, "noncontiguous_sent": 0,
                                       "pre_sent": 0, "pre_skips": 0, "pre_received": 0,
                                       "slot_sent": 0, "slot_received": 0, "slot_offers": 0,
                                       "slots_retired": 0, "slot_waits": 0, "slot_wait_timeouts": 0,
@@ -225,6 +225,10 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Requ
         # memory_limit) is kept, so a stream of 256 MB messages does not pay 65536 page faults each.
         self._bulk_cache = BufferCache(max(4 * self._credit, 2 * config.memory_limit), stats=self.stats,
                                        stat="rndv_buffers_reused")
+        # Recycled buffers of the eager messages copied out of their pool buffers (from 64 KB, see
+        # ReceiveMixin._data_received): as many as a poll can take in one burst, the pool's receives.
+        self._copy_cache = BufferCache(self._credit, max(MAX_BUFFERS, config.pool_buffers), stats=self.stats,
+                                       stat="copy_buffers_reused")
 
     def _node_peers(self) -> set[int]:
         """The other ranks of the communicator on this host (collective: ``MPI_Comm_split_type``)."""

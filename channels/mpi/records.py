@@ -115,17 +115,19 @@ class _Release:
     """The ``release`` callable handed out with a message: returns its credit (and buffer) once.
 
     ``buf`` is the receive buffer the message was delivered in when the channel may recycle it: a
-    pool buffer (``pool``) or a rendezvous buffer; ``slot``: the shared-memory slot it was delivered in."""
-    __slots__ = ("channel", "peer", "edge", "cost", "buf", "pool", "slot", "done")
+    pool buffer (``pool``), the buffer an eager message was copied into (``copy``) or a rendezvous
+    buffer; ``slot``: the shared-memory slot it was delivered in."""
+    __slots__ = ("channel", "peer", "edge", "cost", "buf", "pool", "copy", "slot", "done")
 
     def __init__(self, channel: MPIChannelState, peer: int, edge: int, cost: int, buf: Any, pool: bool,
-                 slot: shm_slots.OwnedSlot | None = None) -> None:
+                 slot: shm_slots.OwnedSlot | None = None, *, copy: bool = False) -> None:
         self.channel = channel
         self.peer = peer
         self.edge = edge
         self.cost = cost
         self.buf = buf
         self.pool = pool
+        self.copy = copy
         self.slot = slot
         self.done = False
 

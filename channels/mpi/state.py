@@ -68,6 +68,7 @@ class MPIChannelState:
     _bulk_pending: list[int]
     _bulk_active: int
     _bulk_cache: BufferCache
+    _copy_cache: BufferCache
     # pre-posted receives (preposted.py)
     _pre_cap: list[int]
     _pre_posted: list[int]

@@ -110,10 +110,13 @@ def scenario_preposted() -> None:
 
 def scenario_keep_views() -> None:
     """A consumer may keep zero-copy views (e.g. decoded arrays) after release: the channel must not
-    recycle those buffers, while buffers nobody views any more are recycled."""
-    bs = 64 << 10
+    recycle those buffers, while buffers nobody views any more are recycled (rendezvous buffers, and
+    the buffers eager messages of 64 KB up to half a pool buffer are copied into)."""
+    bs = 256 << 10
     ch, rec = make_channel(buffer_size=bs, buffer_count=4, mpi_shared_memory=False)
-    sizes = [bs - 100, 3 * bs, 2 << 20] * 6  # zero-copy eager, rendezvous, bigger rendezvous
+    check(ch._copy_limit == 128 << 10, f"copy limit {ch._copy_limit}")
+    # zero-copy eager, rendezvous, bigger rendezvous, eager copied into a recycled buffer
+    sizes = [bs - 100, 3 * bs, 2 << 20, 100 << 10] * 6
     if ch.rank == 0:
         for i, n in enumerate(sizes):
             spin(ch, lambda i=i, n=n: ch.send(1, 1, [payload(0, 1, 1, i, n)]), f"credit for message {i}")
@@ -134,10 +137,14 @@ def scenario_keep_views() -> None:
         for i, n in enumerate(sizes):
             check(kept[i][1].tobytes() == payload(0, 1, 1, i, n), f"kept view {i} was overwritten")
         reused_before = ch.stats["rndv_buffers_reused"]
+        copies_before = ch.stats["copy_buffers_reused"]
         kept.clear()
-        rec.on_message_hook = lambda p, e, d, r: (kept.append(bytes(d[:1])), r())
+        rec.on_message_hook = lambda p, e, d, r: (kept.append(bytes(d)), r())
         check(ch.send(0, 4, [b"ready"]), "send refused")
         spin(ch, lambda: len(kept) == len(sizes), "phase 2")
+        for i, n in enumerate(sizes):
+            check(kept[i] == payload(0, 1, 3, i, n), f"phase 2 message {i} corrupt")
         check(ch.stats["rndv_buffers_reused"] > reused_before, "released, unviewed buffers were not recycled")
-        ok(1, reused=ch.stats["rndv_buffers_reused"])
+        check(ch.stats["copy_buffers_reused"] > copies_before, "released, unviewed copies were not recycled")
+        ok(1, reused=ch.stats["rndv_buffers_reused"], copies_reused=ch.stats["copy_buffers_reused"])
     ch.close(20)
