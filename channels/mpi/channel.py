@@ -10,6 +10,8 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 from collections.abc import Callable, Sequence
 
+import numpy as np
+
 from twisternet.bootstrap.addresses import host_id
 from twisternet.channel import MAX_EDGE, Buffer, Channel, ChannelHandler
 from twisternet.config import busy_poll_seconds
@@ -17,7 +19,7 @@ from twisternet.errors import ClosedError, ConfigError, PeerLostError, Twisterne
 from twisternet.topology import ranks_on_this_kernel
 
 from .. import shm_slots
-from ..buffers import MAX_BUFFERS, BufferCache
+from ..buffers import MAX_BUFFERS, MIN_KEPT, BufferCache
 from .credit import CreditLedger, CreditReturns
 from .doorbell import Doorbell
 from .launch import (
@@ -215,7 +217,8 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Requ
         self.stats: dict[str, int] = {"msgs_sent": 0, "bytes_sent": 0, "msgs_received": 0,
                                       "bytes_received": 0, "eager_sent": 0, "rendezvous_sent": 0,
                                       "credit_msgs_sent": 0, "credit_piggybacked": 0, "send_refused": 0,
-                                      "rndv_buffers_reused": 0, "copy_buffers_reused": 0, "noncontiguous_sent": 0,
+                                      "rndv_buffers_reused": 0, "copy_buffers_reused": 0, "wire_buffers_reused": 0,
+                                      "noncontiguous_sent": 0,
                                       "pre_sent": 0, "pre_skips": 0, "pre_received": 0,
                                       "slot_sent": 0, "slot_received": 0, "slot_offers": 0,
                                       "slots_retired": 0, "slot_waits": 0, "slot_wait_timeouts": 0,
@@ -227,6 +230,10 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Requ
                                        stat="rndv_buffers_reused")
         # Recycled buffers of the eager messages copied out of their pool buffers (from 64 KB, see
         # ReceiveMixin._data_received): as many as a poll can take in one burst, the pool's receives.
+        # The same for the wire buffers of eager messages of 64 KB and up (see _eager_wire), returned
+        # when MPI completes their sends: as many as may be posted and queued for one peer.
+        self._wire_cache = BufferCache(self._credit, max(MAX_BUFFERS, 2 * _MAX_POSTED_SENDS), stats=self.stats,
+                                       stat="wire_buffers_reused")
         self._copy_cache = BufferCache(self._credit, max(MAX_BUFFERS, config.pool_buffers), stats=self.stats,
                                        stat="copy_buffers_reused")
 
@@ -340,7 +347,7 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Requ
                 wire, _ = self._eager_wire(peer, edge, size, views, piggy=(
                     not self._sendq[peer] and self._posted_sends[peer] < _MAX_POSTED_SENDS
                     and size + _PIGGY_ROOM <= self._eager_limit))
-                self._submit(wire, TAG_DATA, _Send(peer, wire, nbytes=size))
+                self._submit(wire, TAG_DATA, _Send(peer, wire, nbytes=size, recycle=size >= MIN_KEPT))
                 if token is not None:  # the parts were copied: reusable now (reported by progress)
                     self._events.append((self._handler.on_sent, (token,)))  # type: ignore[union-attr]
                 self.stats["eager_sent"] += 1
@@ -358,18 +365,42 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Requ
         return True
 
     def _eager_wire(self, peer: int, edge: int, size: int, parts: Sequence[Buffer],
-                    piggy: bool) -> tuple[bytes, list[tuple[int, int]] | None]:
+                    piggy: bool) -> tuple[bytes | memoryview, list[tuple[int, int]] | None]:
         """An eager message's wire bytes: its header, the credit owed to ``peer`` if ``piggy`` (taken
-        from what is owed, and returned as the second item), then the ``size`` bytes of ``parts``."""
+        from what is owed, and returned as the second item), then the ``size`` bytes of ``parts``.
+        From ``MIN_KEPT`` bytes on, in a buffer of the wire cache (a view of it: see ``_recycle_wire``)."""
         returns = self._credit_returns
+        items = None
         if not piggy or peer not in returns.pending:
-            return b"".join((_HDR.pack(_KIND_EAGER, 0, 0, edge, size), *parts)), None
-        items = returns.take(peer, _PIGGY_MAX)
-        self.stats["credit_piggybacked"] += 1
-        if len(items) == 1:     # (the common case: one edge's credit, packed with the header)
-            ((e, n),) = items
-            return b"".join((_HDR_PIGGY_ONE.pack(_KIND_EAGER, _FLAG_CREDIT, 0, edge, size, 1, e, n), *parts)), items
-        return b"".join((_HDR.pack(_KIND_EAGER, _FLAG_CREDIT, 0, edge, size), _encode_piggy(items), *parts)), items
+            head = _HDR.pack(_KIND_EAGER, 0, 0, edge, size)
+        else:
+            items = returns.take(peer, _PIGGY_MAX)
+            self.stats["credit_piggybacked"] += 1
+            if len(items) == 1:     # (the common case: one edge's credit, packed with the header)
+                ((e, n),) = items
+                head = _HDR_PIGGY_ONE.pack(_KIND_EAGER, _FLAG_CREDIT, 0, edge, size, 1, e, n)
+            else:
+                head = _HDR.pack(_KIND_EAGER, _FLAG_CREDIT, 0, edge, size) + _encode_piggy(items)
+        if size < MIN_KEPT:
+            return b"".join((head, *parts)), items
+        # A fresh buffer this large costs a page fault per page (the freed ones go back to the system
+        # when a burst of them is released at once); the cache's are reused once MPI is done with them.
+        views = [_byte_view(p) for p in parts]
+        total = len(head) + sum(v.nbytes for v in views)
+        wire = self._wire_cache.take(total).data[:total]
+        wire[:len(head)] = head
+        pos = len(head)
+        for v in views:
+            wire[pos:pos + v.nbytes] = v
+            pos += v.nbytes
+        return wire, items
+
+    def _recycle_wire(self, op: _Send) -> None:
+        """MPI is done with the eager message ``op`` sent: its buffer back to the wire cache if it came
+        from there (handed out again only once nothing else refers to it)."""
+        wire = op.keep
+        if type(wire) is memoryview and type(wire.obj) is np.ndarray:
+            self._wire_cache.put(wire.obj)
 
     def idle(self, peer: int, edge: int) -> bool:
         return (0 <= peer < self.world and not self._sendq[peer] and not self._credit_ledger.in_flight.get((peer, edge))
@@ -411,8 +442,11 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Requ
             # (what _submit does, for a peer whose send queue is empty and below its limit of posted
             # sends, as tested above: no bookkeeping object unless MPI did not finish it at once)
             req = self._comm.Isend(wire, peer, TAG_DATA)
+            op = _Send(peer, wire, nbytes=nbytes, recycle=nbytes >= MIN_KEPT)
             if not req.Test():
-                self._track_send(req, _Send(peer, wire, nbytes=nbytes))
+                self._track_send(req, op)
+            elif op.recycle:
+                self._recycle_wire(op)
         except self._MPI.Exception as e:
             self._lose(peer, f"MPI error sending to it: {e.Get_error_string()}")
             raise PeerLostError(peer, self._lost[peer]) from e

@@ -92,17 +92,19 @@ class _PreRecv:
 class _Send:
     """An outstanding Isend: keeps the sent buffers (and datatype) alive until MPI is done with them.
     ``nbytes``: the bytes of message payload it carries (0 for headers and control messages), which
-    count in :meth:`MPIChannel.pending_bytes` until it completes."""
-    __slots__ = ("peer", "keep", "datatype", "token", "bulk", "nbytes")
+    count in :meth:`MPIChannel.pending_bytes` until it completes. ``recycle``: ``keep`` is a view of a
+    buffer of the channel's wire cache, returned to it when the send completes."""
+    __slots__ = ("peer", "keep", "datatype", "token", "bulk", "nbytes", "recycle")
 
     def __init__(self, peer: int, keep: Any, datatype: Any = None, token: object = None,
-                 bulk: bool = False, nbytes: int = 0) -> None:
+                 bulk: bool = False, nbytes: int = 0, recycle: bool = False) -> None:
         self.peer = peer
         self.keep = keep
         self.datatype = datatype
         self.token = token
         self.bulk = bulk
         self.nbytes = nbytes
+        self.recycle = recycle
 
 
 class _Heartbeat(_Send):

@@ -237,6 +237,8 @@ class RequestsMixin(MPIChannelState):
             # A small send MPI finished at once (copied into its shared-memory cell or socket): done,
             # never pending: no slot in the request table, no Testsome completion, no "pending" that
             # keeps the next progress calls busy-polling for it.
+            if op.recycle:
+                self._recycle_wire(op)
             return
         self._track_send(req, op)
 
@@ -497,6 +499,8 @@ class RequestsMixin(MPIChannelState):
 
     def _send_done(self, op: _Send) -> None:
         self._unaccount_send(op, True)
+        if op.recycle:
+            self._recycle_wire(op)
         peer = op.peer
         if self._sendq[peer] and peer not in self._lost:
             self._drain_sendq(peer)

@@ -129,7 +129,9 @@ def scenario_keep_views() -> None:
         spin(ch, lambda: bool(ready), "the receiver to be ready for phase 2")
         for i, n in enumerate(sizes):  # phase 2: the receiver keeps nothing
             spin(ch, lambda i=i, n=n: ch.send(1, 3, [payload(0, 1, 3, i, n)]), f"credit for message {i}")
-        ok(0)
+        # the wire buffers of the eager messages of 64 KB and up went back to their cache once sent
+        check(ch.stats["wire_buffers_reused"] > 0, "the wire buffers of large eager messages were not reused")
+        ok(0, wires_reused=ch.stats["wire_buffers_reused"])
     else:
         kept = []
         rec.on_message_hook = lambda p, e, d, r: (kept.append((e, np.frombuffer(d, np.uint8))), r())
