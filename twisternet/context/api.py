@@ -13,7 +13,7 @@ import time
 from typing import Any, cast
 from collections.abc import Callable
 
-from .. import leftovers
+from .. import leftovers, malloc
 from ..channel import CONTROL_EDGE_BASE, MAX_EDGE, Channel
 from ..codec import Codec
 from ..config import Config, busy_poll_seconds
@@ -44,6 +44,8 @@ class Context(Outbound, OwnSend, ProgressEngine, Inbound, PeerLoss, Lifecycle):
         if self.plan.world != self.world:
             raise TwisternetError(f"task plan is for {self.plan.world} ranks but the job has {self.world}")
         leftovers.sweep_at_start(config)     # files of killed processes (twisternet.leftovers)
+        if config.malloc_tuning:
+            malloc.tune()                    # freed memory kept for the next burst (twisternet.malloc)
         self.codec = Codec(allow_pickle=config.allow_pickle,
                            oob_threshold=min(config.zero_copy_threshold, config.buffer_size))
         self.pool = BufferPool(config.buffer_size, config.pool_buffers)
