@@ -35,7 +35,7 @@ NAME = "p2p"
 DESCRIPTION = "point-to-point bandwidth/latency, 2 ranks: twisternet UDS/TCP/MPI vs raw sockets and raw mpi4py"
 
 KB, MB = 1 << 10, 1 << 20
-DEFAULT_SIZES = [1 * KB, 16 * KB, 256 * KB, 1 * MB, 4 * MB, 16 * MB, 64 * MB, 256 * MB]
+DEFAULT_SIZES = [1 * KB, 16 * KB, 128 * KB, 256 * KB, 1 * MB, 4 * MB, 16 * MB, 64 * MB, 256 * MB]
 QUICK_SIZES = [1 * KB, 1 * MB, 4 * MB]
 LAT_SIZES = [1 * KB, 64 * KB, 1 * MB]
 BW_TARGET = 0.85          # twisternet bandwidth / raw bandwidth at >= 4 MB
