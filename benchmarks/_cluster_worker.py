@@ -41,18 +41,10 @@ def timed(sizes: list[int], reps: list[int], call: Callable[[np.ndarray, np.ndar
     return out
 
 
-def _recv_exact(s: socket.socket, mv: memoryview) -> None:
-    got = 0
-    while got < len(mv):
-        n = s.recv_into(mv[got:])
-        if n == 0:
-            raise ConnectionError("peer closed")
-        got += n
-
-
 def raw_round_trips(sizes: list[int], reps: list[int], rank: int, addr: str) -> dict[int, float]:
     """The raw baseline of a small collective: the median round trip of a TCP ping-pong between rank 0
     (listening at ``addr``) and rank 1, started in turn by each (TCP_NODELAY, written payloads)."""
+    from benchmarks._raw_sockets import _recv_exact     # (the testbed puts the repository on PYTHONPATH)
     host, _, port = addr.rpartition(":")
     if rank == 0:
         with socket.create_server((host, int(port))) as ls:
