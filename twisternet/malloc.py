@@ -21,10 +21,9 @@ from __future__ import annotations
 
 import ctypes
 import os
-import platform
 import threading
 
-__all__ = ["MMAP_THRESHOLD", "TRIM_THRESHOLD", "state", "tune"]
+__all__ = ["MMAP_THRESHOLD", "TRIM_THRESHOLD", "glibc", "state", "tune"]
 
 #: glibc's mallopt parameters (malloc.h).
 _M_TRIM_THRESHOLD = -1
@@ -37,6 +36,14 @@ _USER_ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD
 
 _lock = threading.Lock()
 _state: str | None = None
+
+
+def glibc() -> bool:
+    """Whether this process runs on glibc (whose ``mallopt`` thresholds :func:`tune` sets)."""
+    try:
+        return (os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc")
+    except (ValueError, OSError, AttributeError):     # no such name here (not glibc, not Unix)
+        return False
 
 
 def state() -> str | None:
@@ -58,7 +65,7 @@ def tune() -> bool:
 def _tune() -> str:
     if any(k in os.environ for k in _USER_ENV) or "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", ""):
         return "environment"
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+    if not glibc():
         return "not glibc"
     try:
         mallopt = ctypes.CDLL(None).mallopt

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import subprocess
 import sys
 import textwrap
@@ -15,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from twisternet.malloc import glibc
+
 ROOT = Path(__file__).resolve().parents[2]
 
-glibc_only = pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
-                                reason="mallopt thresholds are glibc's")
+glibc_only = pytest.mark.skipif(not glibc(), reason="mallopt thresholds are glibc's")
 
 #: Allocates and frees bursts of 32 records of 128 KB, as a poll's handlers do, and counts the minor
 #: page faults of the second burst before tune() and of the second one after it.
@@ -81,3 +81,8 @@ CONTEXT = textwrap.dedent("""
 def test_a_context_tunes_malloc_unless_its_configuration_says_not_to() -> None:
     assert run(CONTEXT)["state"] == "tuned"
     assert run(CONTEXT, TWISTERNET_MALLOC_TUNING="0")["state"] is None
+
+
+def test_glibc_is_recognised_or_tuning_says_why_not() -> None:
+    got = run("import json, twisternet.malloc as m; m.tune(); print(json.dumps({'state': m.state()}))")
+    assert got["state"] == ("tuned" if glibc() else "not glibc")
