@@ -10,8 +10,6 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 from collections.abc import Callable, Sequence
 
-import numpy as np
-
 from twisternet.bootstrap.addresses import host_id
 from twisternet.channel import MAX_EDGE, Buffer, Channel, ChannelHandler
 from twisternet.config import busy_poll_seconds
@@ -347,7 +345,7 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Requ
                 wire, _ = self._eager_wire(peer, edge, size, views, piggy=(
                     not self._sendq[peer] and self._posted_sends[peer] < _MAX_POSTED_SENDS
                     and size + _PIGGY_ROOM <= self._eager_limit))
-                self._submit(wire, TAG_DATA, _Send(peer, wire, nbytes=size, recycle=size >= MIN_KEPT))
+                self._submit(wire, TAG_DATA, _Send(peer, wire, nbytes=size, recycle=type(wire) is memoryview))
                 if token is not None:  # the parts were copied: reusable now (reported by progress)
                     self._events.append((self._handler.on_sent, (token,)))  # type: ignore[union-attr]
                 self.stats["eager_sent"] += 1
@@ -368,7 +366,7 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Requ
                     piggy: bool) -> tuple[bytes | memoryview, list[tuple[int, int]] | None]:
         """An eager message's wire bytes: its header, the credit owed to ``peer`` if ``piggy`` (taken
         from what is owed, and returned as the second item), then the ``size`` bytes of ``parts``.
-        From ``MIN_KEPT`` bytes on, in a buffer of the wire cache (a view of it: see ``_recycle_wire``)."""
+        From ``MIN_KEPT`` bytes on, a view of a buffer of the wire cache (see ``_recycle_wire``), else bytes."""
         returns = self._credit_returns
         items = None
         if not piggy or peer not in returns.pending:
@@ -396,11 +394,9 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Requ
         return wire, items
 
     def _recycle_wire(self, op: _Send) -> None:
-        """MPI is done with the eager message ``op`` sent: its buffer back to the wire cache if it came
-        from there (handed out again only once nothing else refers to it)."""
-        wire = op.keep
-        if type(wire) is memoryview and type(wire.obj) is np.ndarray:
-            self._wire_cache.put(wire.obj)
+        """MPI is done with the eager message ``op`` (``op.recycle``) sent: its buffer back to the wire
+        cache (handed out again only once nothing else refers to it)."""
+        self._wire_cache.put(op.keep.obj)
 
     def idle(self, peer: int, edge: int) -> bool:
         return (0 <= peer < self.world and not self._sendq[peer] and not self._credit_ledger.in_flight.get((peer, edge))
@@ -442,7 +438,7 @@ class MPIChannel(ReceiveMixin, RendezvousMixin, PrepostedMixin, SlotsMixin, Requ
             # (what _submit does, for a peer whose send queue is empty and below its limit of posted
             # sends, as tested above: no bookkeeping object unless MPI did not finish it at once)
             req = self._comm.Isend(wire, peer, TAG_DATA)
-            op = _Send(peer, wire, nbytes=nbytes, recycle=nbytes >= MIN_KEPT)
+            op = _Send(peer, wire, nbytes=nbytes, recycle=type(wire) is memoryview)
             if not req.Test():
                 self._track_send(req, op)
             elif op.recycle:
