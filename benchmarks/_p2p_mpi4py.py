@@ -1,11 +1,14 @@
 """Raw mpi4py baseline of benchmarks/p2p.py: Send/Recv into a reused buffer, run under mpiexec -n 2."""
 
 import json
+import statistics
 import sys
 import time
 
 import numpy as np
 from mpi4py import MPI
+
+from benchmarks._raw_sockets import pass_reps
 
 
 def main() -> None:
@@ -19,7 +22,7 @@ def main() -> None:
     out = {"bandwidth": {}, "latency": {}}
     for size in sizes:
         buf = np.ones(size, np.uint8)
-        reps = max(3, min(20000, budget // size // passes))
+        reps = pass_reps(size, budget, passes)
         comm.Barrier()
         if comm.rank == 0:
             comm.Send(buf, peer)
@@ -31,7 +34,7 @@ def main() -> None:
                     comm.Send(buf, peer)
                 comm.Recv(ack, peer)
                 rates.append(reps * size / (time.perf_counter() - t))
-            out["bandwidth"][size] = sorted(rates)[len(rates) // 2]
+            out["bandwidth"][size] = statistics.median(rates)
         else:
             comm.Recv(buf, peer)
             comm.Send(ack, peer)

@@ -1,12 +1,15 @@
 """Worker side of benchmarks/p2p.py: run under `twisternet run -n 2` (or mpiexec); prints one JSON line."""
 
 import json
+import statistics
 import sys
 import time
 
 import numpy as np
 
 import twisternet as tn
+
+from benchmarks._raw_sockets import pass_reps
 
 
 def main() -> None:
@@ -30,7 +33,7 @@ def main() -> None:
         expect = 0
         for size in sizes:
             arr = np.ones(size, np.uint8)
-            reps = max(3, min(20000, budget // size // passes))
+            reps = pass_reps(size, budget, passes)
             if ctx.rank == 0:
                 ctx.send(peer, 1, arr)      # warm-up (allocations, page faults)
                 ctx.flush()
@@ -45,7 +48,7 @@ def main() -> None:
                     expect += 1
                     ctx.wait_until(lambda expect=expect: got[0] == expect)
                     rates.append(reps * size / (time.perf_counter() - t))
-                out["bandwidth"][size] = sorted(rates)[len(rates) // 2]
+                out["bandwidth"][size] = statistics.median(rates)
             else:
                 expect += 1
                 ctx.wait_until(lambda expect=expect: got[0] == expect)

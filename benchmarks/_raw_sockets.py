@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import socket
+import statistics
 import time
 
 
@@ -83,7 +84,7 @@ def bandwidth(kind: str, size: int, budget: int, passes: int = 1) -> float:
         rates.append(reps * size / (time.perf_counter() - t))
     a.close()
     os.waitpid(pid, 0)
-    return sorted(rates)[len(rates) // 2]
+    return statistics.median(rates)
 
 
 def latency(kind: str, size: int) -> float:
